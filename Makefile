@@ -1,0 +1,39 @@
+# Set-up is part of every target: a fresh machine needs only python3 (3.11+), make and apt.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DATA = $(shell $(BIN)/python scripts/fetch_test_data.py --print-dir)
+DEMO_MODEL = $(DATA)/models/ppocrv4_det_int8.onnx
+DEMO_SHAPE = x=1x3x640x640
+
+.PHONY: run test data venv lint system-deps clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+# dtc checks our device-tree parser; installed when we are root, else its tests skip.
+system-deps:
+	@command -v dtc >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  { apt-get update -q >/dev/null; apt-get install -y -q device-tree-compiler >/dev/null; } || \
+	  echo "make: dtc not installed; its tests will skip (apt-get install device-tree-compiler)"; }
+
+data: venv
+	$(BIN)/python scripts/fetch_test_data.py
+
+run: data
+	$(BIN)/edgectl backends --model $(DEMO_MODEL) --shape $(DEMO_SHAPE)
+	$(BIN)/edgectl bench $(DEMO_MODEL) --backend all --shape $(DEMO_SHAPE) --runs 100
+
+test: data system-deps
+	$(BIN)/pytest -q
+
+lint: venv
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

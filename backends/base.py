@@ -1,0 +1,167 @@
+"""The one small interface every inference runtime sits behind.
+
+A backend lists its candidates for this hardware (with a reason when one is unavailable),
+loads a model on one candidate with a thread count and CPU set, and gives back a `Session`
+with input/output metadata and `run`. Backends know nothing of HTTP, MQTT or config files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from backends.model_info import ModelInfo
+    from sysconf.hardware import HardwareFacts
+
+
+class ModelError(ValueError):
+    """A model file that cannot be used; the message names the file and what is wrong."""
+
+
+class InputError(ValueError):
+    """An input of the wrong name, shape or dtype; the message names the input."""
+
+
+class BackendError(RuntimeError):
+    """The runtime failed on a model it had loaded (not the caller's fault)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name: "float32", "int8", "uint8", ...
+    shape: tuple[int | None, ...]  # None marks a dynamic dimension
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a model: a runtime, a device on it, and the compute precision asked."""
+
+    backend: str
+    device: str
+    precision: str  # "fp32", "bf16", "fp16", or "model" (runs what the model's graph says)
+    available: bool = True
+    reason: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.backend}:{self.device}:{self.precision}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["options"] = dict(self.options)
+        return data
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    threads: int | None = None
+    cpus: Sequence[int] | None = None
+    # Concrete input shapes for runtimes that compile statically (OpenVINO GPU/NPU, delegates).
+    shapes: Mapping[str, Sequence[int]] | None = None
+    cache_dir: Path | None = None
+
+    def thread_count(self) -> int:
+        if self.threads:
+            return self.threads
+        if self.cpus:
+            return len(self.cpus)
+        return len(os.sched_getaffinity(0))
+
+
+class Session(Protocol):
+    candidate: Candidate
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def info(self) -> dict[str, Any]:
+        """What really ran: `precision` (executed), and e.g. delegate coverage."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    name: str
+    formats: tuple[str, ...]  # model formats (ModelInfo.format) this runtime reads
+
+    def version(self) -> str | None:
+        """The runtime's version, or None when it is not installed."""
+        ...
+
+    def candidates(self, hw: HardwareFacts, model: ModelInfo | None) -> list[Candidate]: ...
+
+    def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions) -> Session: ...
+
+
+def dist_version(*dists: str) -> str | None:
+    """Installed version of the first distribution found, read from package metadata so that
+    asking (for a cache key, for `edgectl backends`) does not import the runtime."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in dists:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def unavailable(backend: str, device: str, reason: str, precision: str = "model") -> Candidate:
+    return Candidate(backend, device, precision, available=False, reason=reason)
+
+
+def shape_fits(spec_shape: Sequence[int | None], shape: Sequence[int]) -> bool:
+    """Same rank, and every static dim of the spec equal (None = dynamic, anything fits)."""
+    return len(spec_shape) == len(shape) and all(
+        want is None or want == got for want, got in zip(spec_shape, shape, strict=True)
+    )
+
+
+def format_shape(shape: Sequence[int | None]) -> str:
+    return "x".join("?" if d is None else str(d) for d in shape)
+
+
+def check_feeds(
+    specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray], model: str
+) -> None:
+    """Reject wrong names, dtypes and shapes before the runtime sees them.
+
+    Runtimes do check, but their messages name internal nodes or crash the process (LiteRT
+    on a wrong buffer size), so the caller gets one clear line naming the input instead.
+    """
+    expected = {s.name: s for s in specs}
+    unknown = sorted(set(feeds) - set(expected))
+    if unknown:
+        raise InputError(
+            f"{model}: unknown input {unknown[0]!r}; the model's inputs are {sorted(expected)}"
+        )
+    missing = sorted(set(expected) - set(feeds))
+    if missing:
+        raise InputError(f"{model}: input {missing[0]!r} is missing")
+    for name, array in feeds.items():
+        spec = expected[name]
+        if not isinstance(array, np.ndarray):
+            raise InputError(f"{model}: input {name!r} must be a numpy array, not "
+                             f"{type(array).__name__}")
+        if array.dtype.name != spec.dtype:
+            raise InputError(
+                f"{model}: input {name!r} has dtype {array.dtype.name}, expected {spec.dtype}"
+            )
+        if not shape_fits(spec.shape, array.shape):
+            raise InputError(
+                f"{model}: input {name!r} has shape {format_shape(array.shape)}, "
+                f"expected {format_shape(spec.shape)}"
+            )

@@ -1,0 +1,228 @@
+"""LiteRT (TensorFlow Lite): XNNPACK on the CPU by default, NPUs through external delegates.
+
+Imports `ai_edge_litert` (LiteRT, works with numpy 2) and falls back to `tflite_runtime` where
+that is the one installed on the board. NPU delegates come from a table keyed by SoC
+compatible and device node; a delegate that fails to load is a candidate marked unavailable
+with the loader's own message, and one that loads reports how much of the graph it took.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from backends.base import (
+    BackendError,
+    Candidate,
+    LoadOptions,
+    ModelError,
+    TensorSpec,
+    check_feeds,
+    dist_version,
+    unavailable,
+)
+from backends.model_info import ModelInfo
+
+NAME = "litert"
+
+
+@dataclass(frozen=True)
+class DelegateSpec:
+    name: str  # the candidate's device label
+    library: str
+    socs: tuple[str, ...]  # SoC compatible prefixes where the NPU exists
+    nodes: tuple[str, ...]  # device nodes the driver creates
+    note: str
+    options: tuple[tuple[str, str], ...] = ()
+
+
+# Vendor NPU delegates as the board vendors ship them (untested here: no NPU on this machine).
+DELEGATES = (
+    DelegateSpec("NPU-VX", "/usr/lib/libvx_delegate.so", ("fsl,imx8mp",), ("/dev/galcore",),
+                 "i.MX8M Plus VeriSilicon NPU (TIM-VX delegate)"),
+    DelegateSpec("NPU-EthosU", "/usr/lib/libethosu_delegate.so", ("fsl,imx93",),
+                 ("/dev/ethosu0",), "i.MX93 Ethos-U65 (needs a Vela-compiled model)"),
+    DelegateSpec("NPU-Neutron", "/usr/lib/libneutron_delegate.so", ("fsl,imx95",),
+                 ("/dev/neutron0",), "i.MX95 eIQ Neutron NPU"),
+    DelegateSpec("EdgeTPU", "libedgetpu.so.1", (), ("/dev/apex_0",),
+                 "Coral Edge TPU (needs an edgetpu-compiled model)", (("device", "pci:0"),)),
+    DelegateSpec("EdgeTPU-USB", "libedgetpu.so.1", (), (), "Coral USB Edge TPU",
+                 (("device", "usb"),)),
+)
+
+
+def _import():
+    """The interpreter module: LiteRT first, tflite_runtime where only that is installed."""
+    try:
+        from ai_edge_litert import interpreter
+    except ImportError:
+        from tflite_runtime import interpreter  # type: ignore[no-redef]
+    return interpreter
+
+
+def _applies(spec: DelegateSpec, hw) -> bool:
+    if spec.name == "EdgeTPU-USB":
+        return any(acc.kind == "tpu" and "USB" in acc.name for acc in hw.accelerators)
+    return hw.soc_matches(spec.socs) or any(hw.has_node(node) for node in spec.nodes)
+
+
+class LiteRtBackend:
+    name = NAME
+    formats = ("tflite",)
+
+    def version(self) -> str | None:
+        return dist_version("ai-edge-litert", "tflite-runtime")
+
+    def candidates(self, hw, model: ModelInfo | None) -> list[Candidate]:
+        try:
+            _import()
+        except ImportError as exc:
+            return [unavailable(NAME, "XNNPACK", f"neither ai-edge-litert nor tflite_runtime "
+                                                 f"is installed ({exc})")]
+        wrong_format = model is not None and model.format not in self.formats
+        result = []
+        for device, note in (("XNNPACK", "XNNPACK CPU delegate"),
+                             ("CPU", "built-in kernels, no delegate")):
+            if wrong_format:
+                result.append(unavailable(NAME, device, f"LiteRT reads only .tflite, not "
+                                                        f"{model.format}"))
+            else:
+                result.append(Candidate(NAME, device, "model", True, note))
+        for spec in DELEGATES:
+            if not _applies(spec, hw):
+                where = ", ".join(spec.nodes + spec.socs) or "a Coral USB device"
+                result.append(unavailable(NAME, spec.name, f"{spec.note}: not on this device "
+                                                           f"(looked for {where})"))
+                continue
+            error = _library_error(spec.library)
+            if error:
+                result.append(unavailable(NAME, spec.name, f"{spec.note}: delegate did not "
+                                                           f"load: {error}"))
+            elif wrong_format:
+                result.append(unavailable(NAME, spec.name, "LiteRT reads only .tflite"))
+            else:
+                result.append(Candidate(NAME, spec.name, "model", True, spec.note,
+                                        {"delegate": spec.library,
+                                         "delegate_options": dict(spec.options)}))
+        return result
+
+    def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
+        return LiteRtSession(model, candidate, options)
+
+
+def _library_error(library: str) -> str | None:
+    """The dynamic loader's message for a delegate library that cannot load, else None.
+
+    Checked with ctypes first: LiteRT's load_delegate raises too, but its Delegate object
+    then prints a traceback from __del__ on the way out.
+    """
+    try:
+        ctypes.CDLL(library)
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+class LiteRtSession:
+    def __init__(self, model: ModelInfo, candidate: Candidate, options: LoadOptions) -> None:
+        interp = _import()
+        self.candidate = candidate
+        self.model = model
+        delegates = []
+        if "delegate" in candidate.options:
+            try:
+                delegates.append(interp.load_delegate(candidate.options["delegate"],
+                                                      candidate.options.get("delegate_options")))
+            except (OSError, ValueError, RuntimeError) as exc:
+                raise BackendError(f"{candidate.device}: delegate "
+                                   f"{candidate.options['delegate']} failed: {exc}") from None
+        kwargs: dict[str, Any] = {"num_threads": options.thread_count()}
+        if candidate.device != "XNNPACK":
+            # No default XNNPACK delegate: the plain built-in kernels (the reference), or an
+            # external NPU delegate that should take the graph itself.
+            kwargs["experimental_op_resolver_type"] = (
+                interp.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        try:
+            self._interp = interp.Interpreter(model_path=str(model.path),
+                                              experimental_delegates=delegates or None, **kwargs)
+            self._resize(options)
+            self._interp.allocate_tensors()
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"{model.path}: LiteRT cannot load it: "
+                             f"{str(exc).splitlines()[0][:300]}") from None
+        self._in = self._interp.get_input_details()
+        self._out = self._interp.get_output_details()
+        self.inputs = [_spec(d) for d in self._in]
+        self.outputs = [_spec(d) for d in self._out]
+        self._coverage = _delegate_coverage(self._interp._get_ops_details())
+
+    def _resize(self, options: LoadOptions) -> None:
+        if not options.shapes:
+            return
+        for detail in self._interp.get_input_details():
+            shape = options.shapes.get(detail["name"])
+            if shape is not None and list(shape) != list(detail["shape"]):
+                self._interp.resize_tensor_input(detail["index"], list(shape))
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        check_feeds(self.inputs, feeds, self.model.name)
+        try:
+            for detail in self._in:
+                self._interp.set_tensor(detail["index"], feeds[detail["name"]])
+            self._interp.invoke()
+        except (ValueError, RuntimeError) as exc:
+            raise BackendError(f"{self.model.name}: LiteRT invoke failed: {exc}") from None
+        return {d["name"]: self._interp.get_tensor(d["index"]).copy() for d in self._out}
+
+    def info(self) -> dict[str, Any]:
+        precision = {"int8": "int8"}.get(self.model.precision, "fp32")
+        return {"precision": precision, **self._coverage}
+
+    def close(self) -> None:
+        self._interp = None
+
+
+def _delegate_coverage(ops: list[dict]) -> dict[str, Any]:
+    """How many of the graph's ops the delegate nodes took over.
+
+    The Python API lists the original nodes and appends one DELEGATE node per partition;
+    the nodes a partition replaced are those on the paths between its inputs and outputs,
+    found by walking producers back from the partition's outputs.
+    """
+    delegate_nodes = [op for op in ops if op["op_name"] == "DELEGATE"]
+    original = [op for op in ops if op["op_name"] != "DELEGATE"]
+    if not delegate_nodes:
+        return {"delegated_ops": 0, "total_ops": len(original), "delegate_coverage": 0.0}
+    producer = {int(t): op["index"] for op in original for t in op["outputs"]}
+    by_index = {op["index"]: op for op in original}
+    taken: set[int] = set()
+    for node in delegate_nodes:
+        boundary = {int(t) for t in node["inputs"]}
+        stack = [int(t) for t in node["outputs"]]
+        seen: set[int] = set()
+        while stack:
+            tensor = stack.pop()
+            if tensor in seen or tensor in boundary or tensor not in producer:
+                continue
+            seen.add(tensor)
+            index = producer[tensor]
+            taken.add(index)
+            stack.extend(int(t) for t in by_index[index]["inputs"] if t >= 0)
+    return {
+        "delegated_ops": len(taken),
+        "total_ops": len(original),
+        "delegate_coverage": round(len(taken) / len(original), 4) if original else 0.0,
+    }
+
+
+def _spec(detail: dict) -> TensorSpec:
+    signature = detail.get("shape_signature", detail["shape"])
+    shape = tuple(None if int(d) < 0 else int(d) for d in signature)
+    return TensorSpec(detail["name"], np.dtype(detail["dtype"]).name, shape)
+
+
+BACKEND = LiteRtBackend()

@@ -1,0 +1,185 @@
+"""OpenVINO: every device in `available_devices` (CPU, GPU, NPU); reads .onnx, IR .xml, .tflite.
+
+The precision is always set explicitly: on CPUs with AMX or AVX512-BF16 the CPU plugin's
+default is bf16, so "it ran fast" may mean "it ran in bf16". What really ran is read back from
+the compiled model's runtime graph (per-layer `runtimePrecision`) and reported.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from backends.base import (
+    BackendError,
+    Candidate,
+    LoadOptions,
+    ModelError,
+    TensorSpec,
+    check_feeds,
+    dist_version,
+    unavailable,
+)
+from backends.model_info import ModelInfo
+
+NAME = "openvino"
+# edged precision name -> OpenVINO INFERENCE_PRECISION_HINT
+PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+# Runtime layer precisions -> edged names.
+RUNTIME_NAMES = {"u8": "int8", "i8": "int8", "f32": "fp32", "bf16": "bf16", "f16": "fp16",
+                 "i32": "int32", "u1": "binary"}
+# Layers whose precision is the precision of the model's arithmetic.
+COMPUTE_LAYERS = {"Convolution", "GroupConvolution", "FullyConnected", "MatMul",
+                  "Deconvolution", "GroupDeconvolution", "ConvolutionBackpropData"}
+
+
+def _import():
+    import openvino
+
+    return openvino
+
+
+_core = None
+
+
+def core():
+    """One Core per process: creating it scans plugins, and the cache dir is per-compile."""
+    global _core
+    if _core is None:
+        _core = _import().Core()
+    return _core
+
+
+class OpenVinoBackend:
+    name = NAME
+    formats = ("onnx", "openvino-ir", "tflite")
+
+    def version(self) -> str | None:
+        return dist_version("openvino")
+
+    def candidates(self, hw, model: ModelInfo | None) -> list[Candidate]:
+        try:
+            ov_core = core()
+        except ImportError as exc:
+            return [unavailable(NAME, "CPU", f"openvino is not installed ({exc})")]
+        result = []
+        for device in ov_core.available_devices:
+            try:
+                caps = set(ov_core.get_property(device, "OPTIMIZATION_CAPABILITIES"))
+                full_name = str(ov_core.get_property(device, "FULL_DEVICE_NAME"))
+            except RuntimeError as exc:
+                result.append(unavailable(NAME, device, f"device does not answer: {exc}"))
+                continue
+            for precision in _precisions(device, caps):
+                if model is not None and model.format not in self.formats:
+                    result.append(unavailable(NAME, device, f"openvino cannot read "
+                                                            f"{model.format}", precision))
+                else:
+                    result.append(Candidate(NAME, device, precision, True, full_name))
+        return result
+
+    def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
+        return OvSession(model, candidate, options)
+
+
+def _precisions(device: str, caps: set[str]) -> list[str]:
+    base = device.split(".")[0]
+    if base == "CPU":
+        return ["fp32"] + [p for p, cap in (("bf16", "BF16"), ("fp16", "FP16")) if cap in caps]
+    if base == "NPU":
+        return ["fp16"]
+    return ["fp16", "fp32"] if "FP32" in caps else ["fp16"]
+
+
+class OvSession:
+    def __init__(self, model: ModelInfo, candidate: Candidate, options: LoadOptions) -> None:
+        ov = _import()
+        self.candidate = candidate
+        self.model = model
+        try:
+            ov_model = core().read_model(str(model.path))
+        except RuntimeError as exc:
+            raise ModelError(f"{model.path}: openvino cannot read it: "
+                             f"{_first_line(exc)}") from None
+        if options.shapes:
+            ov_model.reshape({name: ov.PartialShape(list(shape))
+                              for name, shape in options.shapes.items()})
+        config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        hint = PRECISION_HINTS.get(candidate.precision)
+        if hint:
+            config["INFERENCE_PRECISION_HINT"] = hint
+        if candidate.device.startswith("CPU"):
+            config["INFERENCE_NUM_THREADS"] = options.thread_count()
+            # Pinning keeps OpenVINO's stream threads on cores inside the caller's affinity
+            # mask; without a CPU set we let the scheduler place them.
+            config["ENABLE_CPU_PINNING"] = bool(options.cpus)
+        if options.cache_dir is not None:
+            options.cache_dir.mkdir(parents=True, exist_ok=True)
+            config["CACHE_DIR"] = str(options.cache_dir)
+        try:
+            self._compiled = core().compile_model(ov_model, candidate.device, config)
+        except RuntimeError as exc:
+            raise BackendError(f"{model.path}: openvino cannot compile it for "
+                               f"{candidate.device}: {_first_line(exc)}") from None
+        self._request = self._compiled.create_infer_request()
+        self.inputs = [_spec(port) for port in self._compiled.inputs]
+        self.outputs = [_spec(port) for port in self._compiled.outputs]
+        self._precision = self._executed_precision()
+
+    def _executed_precision(self) -> dict[str, Any]:
+        counts: Counter[str] = Counter()
+        try:
+            for op in self._compiled.get_runtime_model().get_ops():
+                rt = op.get_rt_info()
+                if "layerType" in rt and rt["layerType"].astype(str) in COMPUTE_LAYERS:
+                    runtime = rt["runtimePrecision"].astype(str)
+                    counts[RUNTIME_NAMES.get(runtime, runtime)] += 1
+        except RuntimeError:
+            pass  # GPU/NPU plugins may not expose a runtime graph; the hint is all we know
+        hint = self._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        total = sum(counts.values())
+        main = [p for p, n in counts.most_common() if total and n / total >= 0.1]
+        return {
+            "precision": "+".join(main) if main else RUNTIME_NAMES.get(hint, hint),
+            "precision_hint": hint,
+            "compute_layers": dict(counts),
+        }
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        check_feeds(self.inputs, feeds, self.model.name)
+        try:
+            result = self._request.infer(dict(feeds))
+        except RuntimeError as exc:
+            raise BackendError(f"{self.model.name}: openvino run failed: "
+                               f"{_first_line(exc)}") from None
+        return {spec.name: np.array(result[port], copy=True)
+                for spec, port in zip(self.outputs, self._compiled.outputs, strict=True)}
+
+    def info(self) -> dict[str, Any]:
+        return {**self._precision,
+                "execution_devices": list(self._compiled.get_property("EXECUTION_DEVICES"))}
+
+    def close(self) -> None:
+        self._request = None
+        self._compiled = None
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return (lines[-1] if lines else exc.__class__.__name__)[:300]
+
+
+def _spec(port) -> TensorSpec:
+    shape = tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape())
+    dtype = port.get_element_type().to_dtype().name
+    try:
+        name = port.get_any_name()
+    except RuntimeError:
+        name = f"output{port.get_index()}"
+    return TensorSpec(name, dtype, shape)
+
+
+BACKEND = OpenVinoBackend()

@@ -1,0 +1,368 @@
+"""edgectl: inspect and measure what edged would do on this device.
+
+Exit codes (documented in the README; scripts rely on them):
+  0  success
+  1  the work could not be done (no backend ran the model correctly, a runtime failed)
+  2  bad input: usage, a missing/corrupt/unsupported model, a wrong shape or input name
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from backends.base import BackendError, InputError, ModelError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+DEFAULT_STATE_DIR = Path("/var/lib/edged")
+
+
+class UsageError(ValueError):
+    pass
+
+
+def default_state_dir() -> Path:
+    """/var/lib/edged when writable (the daemon's), else a per-user cache folder."""
+    env = os.environ.get("EDGED_STATE_DIR")
+    if env:
+        return Path(env)
+    if os.access(DEFAULT_STATE_DIR, os.W_OK) or (
+        not DEFAULT_STATE_DIR.exists() and os.access(DEFAULT_STATE_DIR.parent, os.W_OK)
+    ):
+        return DEFAULT_STATE_DIR
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edged"
+
+
+def parse_cpus(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    from sysconf.cpulist import parse_cpulist
+
+    try:
+        cpus = parse_cpulist(text)
+    except ValueError as exc:
+        raise UsageError(f"--cpus: {exc}") from None
+    allowed = os.sched_getaffinity(0)
+    outside = [c for c in cpus if c not in allowed]
+    if outside:
+        raise UsageError(f"--cpus {text}: CPU {outside[0]} is not available to this process "
+                         f"(allowed: {sorted(allowed)})")
+    return tuple(cpus)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgectl", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("--state-dir", type=Path, default=None,
+                        help="selection cache and OpenVINO model cache (default: "
+                             "/var/lib/edged if writable, else ~/.cache/edged)")
+    common.add_argument("--threads", type=int, default=None, help="inference threads")
+    common.add_argument("--cpus", default=None, help="CPU list to run on, e.g. 2-3")
+    common.add_argument("--shape", action="append", metavar="NAME=DIMS",
+                        help="static input shape, e.g. x=1x3x640x640 (repeatable)")
+
+    backends = sub.add_parser("backends", parents=[common],
+                              help="hardware facts, candidates, and the pick for a model")
+    backends.add_argument("--model", type=Path, help="select the backend for this model")
+    backends.add_argument("--backend", default="auto",
+                          help="auto, or pin NAME[:DEVICE[:PRECISION]] (still verified)")
+    backends.add_argument("--root", type=Path, default=None,
+                          help="probe the hardware of an image/fixture root instead of /")
+    backends.add_argument("--refresh", action="store_true",
+                          help="measure again even if a cached decision exists")
+    backends.add_argument("--min-cosine", type=float, default=0.99)
+    backends.add_argument("--max-abs", type=float, default=None)
+
+    bench = sub.add_parser("bench", parents=[common], help="latency of a model per candidate")
+    bench.add_argument("model", type=Path)
+    bench.add_argument("--backend", default="auto",
+                       help="auto (the selected one), all, or NAME[:DEVICE[:PRECISION]]")
+    bench.add_argument("--runs", type=int, default=200)
+    bench.add_argument("--warmup", type=int, default=10)
+    return parser
+
+
+def _version() -> str:
+    from edged import __version__
+
+    return f"edgectl {__version__}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.threads is not None and args.threads < 1:
+            raise UsageError("--threads must be at least 1")
+        if args.command == "backends":
+            return cmd_backends(args)
+        return cmd_bench(args)
+    except (UsageError, InputError, ModelError) as exc:
+        print(f"edgectl: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BackendError as exc:
+        print(f"edgectl: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def _policy(args, **extra):
+    from edged.inputs import parse_shape_args
+    from edged.selection import Policy
+
+    return Policy(threads=args.threads, cpus=parse_cpus(args.cpus),
+                  shapes=parse_shape_args(args.shape) or None, **extra)
+
+
+class _Progress:
+    """A tqdm bar on stderr for long phases; silent when stderr is not a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        if self.bar is None or self.bar.desc != phase:
+            self.close()
+            self.bar = tqdm(total=total, desc=phase, file=sys.stderr, leave=False)
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def cmd_backends(args) -> int:
+    from edged.selection import SelectionError, all_candidates, runtime_versions, select
+    from sysconf import SysRoot
+    from sysconf.hardware import probe
+
+    hw = probe(SysRoot.at(args.root))
+    model_info = None
+    selection = None
+    error = None
+    if args.model is not None:
+        from backends.model_info import inspect_model
+
+        model_info = inspect_model(args.model)
+        state_dir = args.state_dir or default_state_dir()
+        policy = _policy(args, backend=args.backend, min_cosine=args.min_cosine,
+                         max_abs=args.max_abs)
+        if args.refresh:
+            from edged.selection import _cache_path, cache_key
+
+            _cache_path(state_dir, cache_key(model_info, hw, policy)).unlink(missing_ok=True)
+        progress = _Progress(not args.json)
+        try:
+            selection = select(args.model, hw, policy, state_dir, progress)
+        except SelectionError as exc:
+            error = str(exc)
+        finally:
+            progress.close()
+    candidates = all_candidates(hw, model_info)
+    report: dict[str, Any] = {
+        "hardware": hw.to_dict(),
+        "runtimes": runtime_versions(),
+        "candidates": [
+            {"backend": c.backend, "device": c.device, "precision": c.precision,
+             "available": c.available, "reason": c.reason}
+            for c in candidates
+        ],
+        "selected": selection.summary() if selection else None,
+    }
+    if model_info is not None:
+        report["model"] = model_info.to_dict()
+        report["evidence"] = [e.to_dict() for e in selection.evidence] if selection else []
+        if error:
+            report["error"] = error
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(format_backends(report, selection))
+    if error:
+        print(f"edgectl: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / 2**30:.1f} GiB" if n else "?"
+
+
+def format_backends(report: dict[str, Any], selection) -> str:
+    from sysconf.cpulist import format_cpulist
+
+    hw = report["hardware"]
+    lines = ["Hardware"]
+    lines.append(f"  arch        {hw['arch']}, {hw['cpu_count']} CPUs online "
+                 f"({format_cpulist(hw['cpus_online'])})")
+    lines.append(f"  cpu         {hw['cpu_model']}")
+    cores = ", ".join(f"{name} x{len(cpus)} ({format_cpulist(cpus)})"
+                      for name, cpus in hw["core_types"].items())
+    lines.append(f"  cores       {cores or '?'}")
+    lines.append(f"  int8 isa    {' '.join(hw['isa_int8']) or 'none found'}")
+    lines.append(f"  board       {hw['board_model'] or '?'}")
+    if hw["soc_compatible"]:
+        lines.append(f"  compatible  {', '.join(hw['soc_compatible'])}")
+    lines.append(f"  memory      {_gib(hw['memory_bytes'])}")
+    accs = hw["accelerators"]
+    lines.append("  accel       " + ("; ".join(
+        f"{a['name']} ({a['node'] or 'no node'}, driver {a['driver'] or '?'})" for a in accs)
+        if accs else "none found"))
+    lines.append("Runtimes      " + ", ".join(f"{k} {v or 'not installed'}"
+                                             for k, v in report["runtimes"].items()))
+    lines.append("Candidates")
+    for c in report["candidates"]:
+        mark = "yes" if c["available"] else "no "
+        key = f"{c['backend']}:{c['device']}:{c['precision']}"
+        lines.append(f"  {mark}  {key:32} {c['reason']}")
+    model = report.get("model")
+    if model:
+        flag = "" if model["int8"] else "   <- not INT8: runs, but quantize it for speed"
+        lines.append(f"Model         {model['path']} ({model['format']}, {model['precision']}: "
+                     f"{model['precision_detail']}){flag}")
+        if selection is not None:
+            lines.append(format_evidence(selection))
+    return "\n".join(lines)
+
+
+def format_evidence(selection) -> str:
+    lines = [f"Evidence      (reference inputs {', '.join(f'{k}={chr(120).join(map(str, v))}' for k, v in selection.shapes.items())}"  # noqa: E501
+             f"{'; cached decision' if selection.from_cache else ''})"]
+    lines.append(f"  {'candidate':28} {'status':10} {'ran as':10} {'cosine':>8} {'max-abs':>9} "
+                 f"{'p50 ms':>8} {'p99 ms':>8}")
+    for ev in selection.evidence:
+        if ev.status == "unavailable":
+            continue
+        lat = ev.latency
+        lines.append(
+            f"  {ev.candidate.key:28} {ev.status:10} {ev.precision or '-':10} "
+            f"{_num(ev.cosine, 4):>8} {_num(ev.max_abs, 4):>9} "
+            f"{_num(lat.p50_ms if lat else None, 3):>8} {_num(lat.p99_ms if lat else None, 3):>8}"
+        )
+        if ev.reason and ev.status != "selected":
+            lines.append(f"      {ev.reason}")
+    sel = selection.selected
+    lines.append(f"Selected      {sel.candidate.backend}:{sel.candidate.device} "
+                 f"(requested {sel.candidate.precision}, ran as {sel.precision}), "
+                 f"p99 {sel.latency.p99_ms:.3f} ms")
+    return "\n".join(lines)
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def cmd_bench(args) -> int:
+    from backends import LoadOptions, get_backend
+    from backends.model_info import inspect_model
+    from edged.bench import benchmark, pinned_thread
+    from edged.inputs import make_inputs, resolve_shapes
+    from edged.selection import SelectionError, all_candidates, matches, select
+    from sysconf.hardware import probe
+
+    if args.runs < 1 or args.warmup < 0:
+        raise UsageError("--runs must be at least 1 and --warmup at least 0")
+    model = inspect_model(args.model)
+    hw = probe()
+    policy = _policy(args)
+    state_dir = args.state_dir or default_state_dir()
+    progress = _Progress(not args.json)
+    if args.backend == "auto":
+        try:
+            selection = select(args.model, hw, policy, state_dir, progress)
+        except SelectionError as exc:
+            print(f"edgectl: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        finally:
+            progress.close()
+        chosen = [selection.load_candidate()]
+    else:
+        matching = [c for c in all_candidates(hw, model) if matches(c, args.backend)]
+        chosen = [c for c in matching if c.available]
+        if not chosen:
+            why = "; ".join(f"{c.key}: {c.reason}" for c in matching) or "no such backend"
+            raise UsageError(f"--backend {args.backend}: nothing available to run "
+                             f"{model.name} ({why})")
+    options = LoadOptions(threads=args.threads, cpus=policy.cpus,
+                          cache_dir=state_dir / "openvino-cache")
+    results: list[dict[str, Any]] = []
+    sessions = {}
+    with pinned_thread(policy.cpus):
+        feeds = None
+        for candidate in chosen:
+            try:
+                session = get_backend(candidate.backend).load(model, candidate, options)
+                if feeds is None:
+                    shapes = resolve_shapes(session.inputs, policy.shapes, model.name)
+                    options = LoadOptions(threads=args.threads, cpus=policy.cpus,
+                                          shapes=shapes, cache_dir=options.cache_dir)
+                    feeds = make_inputs(session.inputs, shapes)
+                    session.close()
+                    session = get_backend(candidate.backend).load(model, candidate, options)
+                session.run(feeds)
+            except BackendError as exc:
+                results.append({"backend": candidate.backend, "device": candidate.device,
+                                "requested_precision": candidate.precision,
+                                "precision": None, "error": str(exc)})
+                continue
+            sessions[candidate] = session
+        total = args.runs * len(sessions)
+        done = [0]
+
+        def tick(n: int) -> None:
+            done[0] += n
+            progress("bench", done[0], total)
+
+        stats = benchmark({c.key: (lambda s=s: s.run(feeds)) for c, s in sessions.items()},
+                          args.runs, args.warmup, progress=tick)
+        progress.close()
+    for candidate, session in sessions.items():
+        results.append({"backend": candidate.backend, "device": candidate.device,
+                        "requested_precision": candidate.precision,
+                        "precision": session.info().get("precision"),
+                        **stats[candidate.key].to_dict()})
+        session.close()
+    report = {"model": str(args.model), "model_precision": model.precision,
+              "threads": args.threads, "cpus": list(policy.cpus) if policy.cpus else None,
+              "results": results}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_bench(report))
+    return EXIT_OK if any("error" not in r for r in results) else EXIT_FAILED
+
+
+def format_bench(report: dict[str, Any]) -> str:
+    cols = ["p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms", "stdev_ms"]
+    head = f"{'candidate':26} {'ran as':10} {'runs':>5} " + " ".join(
+        f"{c.removesuffix('_ms'):>8}" for c in cols) + f" {'inf/s':>8}"
+    lines = [f"{report['model']} (model precision {report['model_precision']}); "
+             f"latency in ms", head]
+    for r in report["results"]:
+        name = f"{r['backend']}:{r['device']}:{r['requested_precision']}"
+        if "error" in r:
+            lines.append(f"{name:26} failed: {r['error']}")
+            continue
+        lines.append(f"{name:26} {r['precision'] or '-':10} {r['runs']:>5} " + " ".join(
+            f"{r[c]:>8.3f}" for c in cols) + f" {r['throughput_ips']:>8.1f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

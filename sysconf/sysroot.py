@@ -1,0 +1,71 @@
+"""One filesystem object rooted at a configurable path (`/` live, or an image/fixture folder).
+
+All of sysconf reads through it, the way node_exporter's collectors read through one procfs/sysfs
+object, so tests point the probes at a tree built from a real board's files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SysRoot:
+    root: Path = Path("/")
+
+    @classmethod
+    def at(cls, root: str | os.PathLike[str] | None) -> SysRoot:
+        return cls(Path(root or "/"))
+
+    @property
+    def is_live(self) -> bool:
+        return self.root.resolve() == Path("/")
+
+    def path(self, path: str) -> Path:
+        """`path` is absolute as seen on the device; the result is under this root."""
+        return self.root / path.lstrip("/")
+
+    def exists(self, path: str) -> bool:
+        return self.path(path).exists()
+
+    def read_text(self, path: str, default: str | None = None) -> str | None:
+        """The file's text, or `default` when it is missing or unreadable (sysfs answers EIO,
+        EINVAL or EACCES for some attributes; to a probe that means "not known")."""
+        try:
+            return self.path(path).read_text(errors="replace")
+        except OSError:
+            return default
+
+    def read_bytes(self, path: str) -> bytes | None:
+        try:
+            return self.path(path).read_bytes()
+        except OSError:
+            return None
+
+    def read_line(self, path: str) -> str | None:
+        text = self.read_text(path)
+        return None if text is None else text.strip().rstrip("\x00")
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path(path)))
+        except OSError:
+            return []
+
+    def glob(self, pattern: str) -> Iterator[str]:
+        """Device-side paths matching `pattern` (absolute, as on the device)."""
+        for match in sorted(self.root.glob(pattern.lstrip("/"))):
+            yield "/" + str(match.relative_to(self.root))
+
+    def link_name(self, path: str) -> str | None:
+        """Last component of a symlink's target, e.g. a device's `driver` link -> its name.
+
+        Read with readlink, not resolve: in an image root the absolute target would point at
+        the host."""
+        try:
+            return os.path.basename(os.readlink(self.path(path)))
+        except OSError:
+            return None
