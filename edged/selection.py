@@ -30,6 +30,9 @@ from edged.inputs import make_inputs, resolve_shapes
 from sysconf.hardware import HardwareFacts
 
 TIE_FRACTION = 0.02  # p99s this close are a tie: measurement noise on a busy device
+# Reference input sets compared per candidate: one small output (a 2-class softmax) makes a
+# cosine that swings with a single sample; several make the comparison about the runtime.
+VERIFY_SAMPLES = 4
 CACHE_VERSION = 1
 
 
@@ -275,13 +278,14 @@ def select(
     options = LoadOptions(threads=policy.threads, cpus=policy.cpus,
                           cache_dir=state_dir / "openvino-cache" if state_dir else None)
     with pinned_thread(policy.cpus):
-        shapes, feeds, reference = _reference(model, policy, options)
+        shapes, samples, reference = _reference(model, policy, options)
+        feeds = samples[0]
         options = replace(options, shapes=shapes)
         sessions: dict[str, Session] = {}
         for index, candidate in enumerate(usable):
             if progress:
                 progress(f"verify {candidate.key}", index, len(usable))
-            ev, session = _verify(model, candidate, options, feeds, reference, policy)
+            ev, session = _verify(model, candidate, options, samples, reference, policy)
             evidence.append(ev)
             if session is not None:
                 sessions[candidate.key] = session
@@ -326,9 +330,10 @@ def _reference(model: ModelInfo, policy: Policy, options: LoadOptions):
             continue
         try:
             shapes = resolve_shapes(session.inputs, policy.shapes, model.name)
-            feeds = make_inputs(session.inputs, shapes)
+            samples = [make_inputs(session.inputs, shapes, seed) for seed in
+                       range(VERIFY_SAMPLES)]
             try:
-                return shapes, feeds, session.run(feeds)
+                return shapes, samples, _run_all(session, samples)
             except BackendError as exc:
                 raise InputError(f"{model.path}: the reference run failed with input shapes "
                                  f"{_fmt_shapes(shapes)}: {exc}; give the shapes the model "
@@ -339,17 +344,24 @@ def _reference(model: ModelInfo, policy: Policy, options: LoadOptions):
                          f"({'; '.join(errors)})")
 
 
+def _run_all(session: Session, samples: Sequence[Mapping[str, np.ndarray]]
+             ) -> dict[str, np.ndarray]:
+    """Outputs of every sample, concatenated per output name (compared as one vector)."""
+    runs = [session.run(feeds) for feeds in samples]
+    return {name: np.concatenate([np.ravel(r[name]) for r in runs]) for name in runs[0]}
+
+
 def _fmt_shapes(shapes: Mapping[str, Sequence[int]]) -> str:
     return ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
 
 
-def _verify(model, candidate, options, feeds, reference, policy
+def _verify(model, candidate, options, samples, reference, policy
             ) -> tuple[Evidence, Session | None]:
     rss_before = psutil.Process().memory_info().rss
     start = time.perf_counter()
     try:
         session = get_backend(candidate.backend).load(model, candidate, options)
-        outputs = session.run(feeds)
+        outputs = _run_all(session, samples)
     except (ModelError, BackendError, InputError, ImportError) as exc:
         return Evidence(candidate, "failed", str(exc)), None
     load_s = round(time.perf_counter() - start, 4)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+# The largest NR_CPUS the kernel can be built with (x86 MAXSMP); also keeps a typo such as
+# "0-4000000000" from building a four-billion-element list.
+MAX_CPUS = 8192
+
 
 def parse_cpulist(text: str) -> list[int]:
     """Sorted unique CPU numbers. Accepts the kernel's `a-b:step/group` only as `a-b`."""
@@ -14,22 +18,24 @@ def parse_cpulist(text: str) -> list[int]:
         return []
     for part in text.split(","):
         part = part.strip()
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if lo > hi or lo < 0:
-                    raise ValueError
-                cpus.update(range(lo, hi + 1))
-            else:
-                value = int(part)
-                if value < 0:
-                    raise ValueError
-                cpus.add(value)
-        except ValueError:
+        lo, dash, hi = part.partition("-")
+        lo, hi = lo.strip(), hi.strip()
+        # Plain ASCII digits only: int() would also take "1_0", "+1" and other scripts' digits.
+        if not (_is_number(lo) and (_is_number(hi) if dash else True)):
+            raise ValueError(f"bad CPU list {text!r}: {part!r} is not a CPU number or range")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if first > last:
+            raise ValueError(f"bad CPU list {text!r}: range {part!r} runs backwards")
+        if last >= MAX_CPUS:
             raise ValueError(
-                f"bad CPU list {text!r}: {part!r} is not a CPU number or range"
-            ) from None
+                f"bad CPU list {text!r}: CPU {last} is beyond the kernel's limit of {MAX_CPUS}"
+            )
+        cpus.update(range(first, last + 1))
     return sorted(cpus)
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def format_cpulist(cpus: Iterable[int]) -> str:

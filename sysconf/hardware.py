@@ -35,6 +35,10 @@ ARM_CORE_NAMES = {
     (0x4E, 0x004): "NVIDIA Carmel",
 }
 
+# The same names keyed by the device tree's spelling ("arm,cortex-a53" -> "cortex-a53"), so an
+# image probed from its DT alone names its cores as the live board's cpuinfo does.
+_DT_CORE_NAMES = {name.lower(): name for name in ARM_CORE_NAMES.values()}
+
 # DRM render-node drivers that are inference-capable GPUs or NPUs (kind, human name).
 DRM_DRIVERS = {
     "i915": ("gpu", "Intel GPU"), "xe": ("gpu", "Intel GPU"), "amdgpu": ("gpu", "AMD GPU"),
@@ -43,7 +47,7 @@ DRM_DRIVERS = {
     "msm": ("gpu", "Qualcomm Adreno GPU"), "nouveau": ("gpu", "NVIDIA GPU (nouveau)"),
     "tegra": ("gpu", "NVIDIA Tegra GPU"), "nvgpu": ("gpu", "NVIDIA Tegra GPU"),
     "rknpu": ("npu", "Rockchip NPU (rknpu)"), "vc4": ("gpu", "Broadcom VC4 GPU"),
-}
+}  # keys are lower case: Rockchip's vendor NPU driver registers itself as "RKNPU"
 ACCEL_DRIVERS = {
     "intel_vpu": "Intel NPU", "rocket": "Rockchip NPU (rocket)", "amdxdna": "AMD XDNA NPU",
     "ethosu": "Arm Ethos-U NPU", "qaic": "Qualcomm Cloud AI", "habanalabs": "Habana Gaudi",
@@ -108,8 +112,7 @@ def probe(root: SysRoot | None = None) -> HardwareFacts:
     cpuinfo = _parse_cpuinfo(root.read_text("/proc/cpuinfo", ""))
     dt_base = _device_tree_base(root)
     compatible = _dt_strings(root, f"{dt_base}/compatible") if dt_base else []
-    online_text = root.read_line("/sys/devices/system/cpu/online")
-    cpus = parse_cpulist(online_text) if online_text else [int(p["processor"]) for p in cpuinfo]
+    cpus = _read_cpulist(root, "/sys/devices/system/cpu/online") or _cpuinfo_cpus(cpuinfo)
     if not cpus and dt_base:
         cpus = list(range(len(_dt_cpu_nodes(root, dt_base))))
     dmi = _read_dmi(root)
@@ -146,6 +149,25 @@ def _parse_cpuinfo(text: str) -> list[dict[str, str]]:
     return blocks
 
 
+def _read_cpulist(root: SysRoot, path: str) -> list[int]:
+    """A kernel CPU-list file; missing or malformed (a damaged image) means "not known"."""
+    try:
+        return parse_cpulist(root.read_line(path) or "")
+    except ValueError:
+        return []
+
+
+def _processor_number(block: dict[str, str]) -> int | None:
+    try:
+        return int(block["processor"])
+    except (KeyError, ValueError):  # a damaged cpuinfo must not stop the probe
+        return None
+
+
+def _cpuinfo_cpus(cpuinfo: list[dict[str, str]]) -> list[int]:
+    return sorted({n for n in map(_processor_number, cpuinfo) if n is not None})
+
+
 def _arch(root: SysRoot, cpuinfo: list[dict[str, str]], compatible: list[str]) -> str:
     if root.is_live:
         return platform.machine()
@@ -179,19 +201,20 @@ def _core_types(
     types: dict[str, list[int]] = {}
     # Intel hybrid (Alder Lake and later): the PMU folders list P- and E-cores.
     for pmu, label in (("cpu_core", "P-core"), ("cpu_atom", "E-core")):
-        text = root.read_line(f"/sys/devices/{pmu}/cpus")
-        if text:
-            types[label] = parse_cpulist(text)
+        pmu_cpus = _read_cpulist(root, f"/sys/devices/{pmu}/cpus")
+        if pmu_cpus:
+            types[label] = pmu_cpus
     if types:
         return types
     for block in cpuinfo:
-        if "CPU part" in block:
-            types.setdefault(_arm_core_name(block), []).append(int(block["processor"]))
+        number = _processor_number(block)
+        if "CPU part" in block and number is not None:
+            types.setdefault(_arm_core_name(block), []).append(number)
     if not types and dt_base:
         for index, node in enumerate(_dt_cpu_nodes(root, dt_base)):
             compat = _dt_strings(root, f"{node}/compatible")
             name = compat[0].split(",")[-1] if compat else "unknown"
-            types.setdefault(name, []).append(index)
+            types.setdefault(_DT_CORE_NAMES.get(name.lower(), name), []).append(index)
     if not types and cpuinfo:
         types[_cpu_model(cpuinfo)] = cpus
     return types
@@ -221,12 +244,23 @@ def _dt_strings(root: SysRoot, path: str) -> list[str]:
 
 
 def _dt_cpu_nodes(root: SysRoot, dt_base: str) -> list[str]:
-    return [
-        f"{dt_base}/cpus/{name}"
+    """CPU nodes in the order the kernel numbers them (the tree's order, which on real boards
+    is ascending `reg`). A folder has no tree order and its names sort as text, which puts
+    cpu@100 before cpu@2 and scrambles big.LITTLE clusters, so sort by the unit address."""
+    names = [
+        name
         for name in root.listdir(f"{dt_base}/cpus")
-        if name.startswith("cpu@") and _dt_strings(root, f"{dt_base}/cpus/{name}/device_type")
-        == ["cpu"]
+        if name.startswith("cpu@")
+        and _dt_strings(root, f"{dt_base}/cpus/{name}/device_type") == ["cpu"]
     ]
+    return [f"{dt_base}/cpus/{name}" for name in sorted(names, key=_unit_address_key)]
+
+
+def _unit_address_key(name: str) -> tuple[int, tuple[int, ...]]:
+    try:
+        return (0, tuple(int(part, 16) for part in name.partition("@")[2].split(",")))
+    except ValueError:  # not a hex address: after the numbered ones, in name order
+        return (1, ())
 
 
 def _read_dmi(root: SysRoot) -> dict[str, str]:
@@ -240,8 +274,9 @@ def _read_dmi(root: SysRoot) -> dict[str, str]:
 
 def _memory_bytes(root: SysRoot, dt_base: str | None) -> int | None:
     for line in (root.read_text("/proc/meminfo", "") or "").splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024  # meminfo counts kB; facts leave in bytes
+        fields = line.split()
+        if fields[:1] == ["MemTotal:"] and len(fields) > 1 and fields[1].isdecimal():
+            return int(fields[1]) * 1024  # meminfo counts kB; facts leave in bytes
     if dt_base:
         return _dt_memory_bytes(root, dt_base)
     return None
@@ -254,6 +289,8 @@ def _dt_memory_bytes(root: SysRoot, dt_base: str) -> int | None:
     addr_n = struct.unpack(">I", cells)[0] if cells and len(cells) == 4 else 2
     size_n = struct.unpack(">I", size_cells)[0] if size_cells and len(size_cells) == 4 else 1
     stride = 4 * (addr_n + size_n)
+    if size_n == 0:  # a malformed root (#size-cells = 0) describes no sizes at all
+        return None
     total = 0
     for name in root.listdir(dt_base):
         if not (name == "memory" or name.startswith("memory@")):
@@ -304,7 +341,9 @@ def _classify(rec: DeviceRecord) -> Accelerator | None:
         name = ACCEL_DRIVERS.get(rec.driver or "", f"accelerator ({rec.driver or 'no driver'})")
         return Accelerator("npu", name, rec.node, rec.driver)
     if rec.subsystem == "drm" and rec.sys_name.startswith("renderD"):
-        kind, name = DRM_DRIVERS.get(rec.driver or "", ("gpu", f"GPU ({rec.driver or '?'})"))
+        kind, name = DRM_DRIVERS.get(
+            (rec.driver or "").lower(), ("gpu", f"GPU ({rec.driver or '?'})")
+        )
         return Accelerator(kind, name, rec.node, rec.driver)
     if rec.subsystem == "apex":
         return Accelerator("tpu", "Coral Edge TPU (PCIe)", rec.node, rec.driver)

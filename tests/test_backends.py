@@ -1,0 +1,197 @@
+"""The three runtimes on the real models: metadata, runs, threads/CPU sets, what really ran."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends import LoadOptions, get_backend
+from backends.base import Candidate, InputError
+from backends.model_info import inspect_model
+from edged.inputs import make_inputs
+from edged.selection import compare
+from sysconf.hardware import probe
+
+CLS_SHAPE = {"x": (1, 3, 48, 192)}
+
+
+def candidate(hw, backend: str, device: str, model, precision: str | None = None) -> Candidate:
+    for cand in get_backend(backend).candidates(hw, model):
+        if cand.device == device and (precision is None or cand.precision == precision):
+            return cand
+    pytest.fail(f"no {backend}:{device}:{precision} candidate")
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return probe()
+
+
+def test_onnxruntime_runs_int8_cls(hw, models_dir: Path) -> None:
+    model = inspect_model(models_dir / "ppocr_cls_int8.onnx")
+    session = get_backend("onnxruntime").load(
+        model, candidate(hw, "onnxruntime", "CPU", model), LoadOptions(threads=1))
+    [inp] = session.inputs
+    assert (inp.name, inp.dtype, inp.shape) == ("x", "float32", (None, 3, None, None))
+    assert session.outputs[0].shape == (None, 2)
+    out = session.run(make_inputs(session.inputs, CLS_SHAPE))
+    probs = next(iter(out.values()))
+    assert probs.shape == (1, 2)
+    assert np.allclose(probs.sum(), 1.0, atol=1e-2)  # softmax over the two directions
+    assert session.info()["precision"] == "int8"
+
+
+def _task_affinities() -> dict[int, str]:
+    result = {}
+    for tid in os.listdir("/proc/self/task"):
+        status = Path(f"/proc/self/task/{tid}/status").read_text()
+        line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list"))
+        result[int(tid)] = line.split(":", 1)[1].strip()
+    return result
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_onnxruntime_pins_its_pool(hw, models_dir: Path) -> None:
+    """The pool threads onnxruntime creates run on the CPU set (checked in /proc)."""
+    target = max(os.sched_getaffinity(0))
+    before = set(_task_affinities())
+    model = inspect_model(models_dir / "ppocr_cls.onnx")
+    session = get_backend("onnxruntime").load(
+        model, candidate(hw, "onnxruntime", "CPU", model), LoadOptions(threads=2, cpus=[target]))
+    session.run(make_inputs(session.inputs, CLS_SHAPE))
+    new = {tid: cpus for tid, cpus in _task_affinities().items() if tid not in before}
+    assert new, "onnxruntime created no pool thread"
+    assert set(new.values()) == {str(target)}, new
+
+
+def test_openvino_reports_the_precision_that_ran(hw, models_dir: Path, tmp_path: Path) -> None:
+    model = inspect_model(models_dir / "ppocr_cls.onnx")
+    options = LoadOptions(threads=1, shapes=CLS_SHAPE, cache_dir=tmp_path / "ov-cache")
+    fp32 = get_backend("openvino").load(model, candidate(hw, "openvino", "CPU", model, "fp32"),
+                                        options)
+    info = fp32.info()
+    assert info["precision"] == "fp32" and info["precision_hint"] == "f32"
+    assert fp32.inputs[0].shape == (1, 3, 48, 192)
+    feeds = make_inputs(fp32.inputs, CLS_SHAPE)
+    ref = fp32.run(feeds)
+    assert any((tmp_path / "ov-cache").iterdir()), "the model cache dir stayed empty"
+    bf16_candidates = [c for c in get_backend("openvino").candidates(hw, model)
+                       if c.precision == "bf16"]
+    if bf16_candidates:  # this CPU can do bf16: the plugin's default, made explicit
+        bf16 = get_backend("openvino").load(model, bf16_candidates[0], options)
+        assert bf16.info()["precision"] == "bf16"
+        cosine, _ = compare(ref, bf16.run(feeds))
+        assert cosine > 0.99
+    int8 = inspect_model(models_dir / "ppocr_cls_int8.onnx")
+    q = get_backend("openvino").load(int8, candidate(hw, "openvino", "CPU", int8, "fp32"),
+                                     options)
+    assert q.info()["precision"] == "int8"
+    assert q.info()["compute_layers"].get("int8", 0) > 0
+
+
+def test_openvino_reads_tflite(hw, models_dir: Path) -> None:
+    model = inspect_model(models_dir / "face_detection_short_range.tflite")
+    session = get_backend("openvino").load(
+        model, candidate(hw, "openvino", "CPU", model, "fp32"), LoadOptions(threads=1))
+    out = session.run(make_inputs(session.inputs, {"input": (1, 128, 128, 3)}))
+    assert sorted(v.shape for v in out.values()) == [(1, 896, 1), (1, 896, 16)]
+
+
+def test_litert_xnnpack_and_builtin(hw, models_dir: Path) -> None:
+    model = inspect_model(models_dir / "face_detection_short_range.tflite")
+    litert = get_backend("litert")
+    xnn = litert.load(model, candidate(hw, "litert", "XNNPACK", model), LoadOptions(threads=2))
+    plain = litert.load(model, candidate(hw, "litert", "CPU", model), LoadOptions(threads=1))
+    assert [s.name for s in xnn.inputs] == ["input"]
+    assert xnn.inputs[0].shape == (1, 128, 128, 3)
+    # XNNPACK took the whole graph; the built-in path has no delegate at all.
+    assert xnn.info()["delegate_coverage"] == 1.0
+    assert xnn.info()["delegated_ops"] == xnn.info()["total_ops"] > 100
+    assert plain.info()["delegated_ops"] == 0
+    feeds = make_inputs(xnn.inputs, {"input": (1, 128, 128, 3)})
+    cosine, max_abs = compare(plain.run(feeds), xnn.run(feeds))
+    assert cosine > 0.9999 and max_abs < 1e-2
+
+
+def test_npu_delegates_are_candidates_with_reasons(hw, models_dir: Path) -> None:
+    """No NPU here: every delegate is listed, unavailable, and says what it looked for."""
+    model = inspect_model(models_dir / "face_detection_short_range.tflite")
+    npu = [c for c in get_backend("litert").candidates(hw, model) if c.device.startswith(
+        ("NPU", "EdgeTPU"))]
+    assert {c.device for c in npu} >= {"NPU-VX", "NPU-EthosU", "NPU-Neutron", "EdgeTPU"}
+    for cand in npu:
+        assert not cand.available
+        assert "not on this device" in cand.reason
+
+
+def test_delegate_load_failure_is_reported(hw, models_dir: Path) -> None:
+    """On an i.MX8MP root (NPU node present) without the vendor delegate library installed,
+    the VX candidate is unavailable with the dynamic loader's own message."""
+    from dataclasses import replace
+
+    from sysconf.hardware import Accelerator
+
+    imx = replace(hw, soc_compatible=["fsl,imx8mp-evk", "fsl,imx8mp"],
+                  accelerators=[Accelerator("npu", "Vivante NPU (galcore)", "/dev/galcore", None)])
+    model = inspect_model(models_dir / "face_detection_short_range.tflite")
+    [vx] = [c for c in get_backend("litert").candidates(imx, model) if c.device == "NPU-VX"]
+    assert not vx.available
+    assert "delegate did not load" in vx.reason
+    assert "libvx_delegate.so" in vx.reason
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_wrong_inputs_name_the_input(hw, models_dir: Path, backend: str) -> None:
+    model = inspect_model(models_dir / "ppocr_cls.onnx")
+    cand = next(c for c in get_backend(backend).candidates(hw, model) if c.available)
+    session = get_backend(backend).load(model, cand, LoadOptions(threads=1, shapes=CLS_SHAPE))
+    good = make_inputs(session.inputs, CLS_SHAPE)["x"]
+    with pytest.raises(InputError, match="unknown input 'image'"):
+        session.run({"image": good})
+    with pytest.raises(InputError, match="input 'x' has dtype float64, expected float32"):
+        session.run({"x": good.astype(np.float64)})
+    with pytest.raises(InputError, match=r"input 'x' has shape 3x48x192, expected"):
+        session.run({"x": good[0]})
+    with pytest.raises(InputError, match="'x' is missing"):
+        session.run({})
+
+
+def test_litert_wrong_shape(hw, models_dir: Path) -> None:
+    model = inspect_model(models_dir / "face_detection_short_range.tflite")
+    session = get_backend("litert").load(model, candidate(hw, "litert", "XNNPACK", model),
+                                         LoadOptions(threads=1))
+    with pytest.raises(InputError, match=r"'input' has shape 1x64x64x3, expected 1x128x128x3"):
+        session.run({"input": np.zeros((1, 64, 64, 3), np.float32)})
+
+
+def test_wrong_format_is_an_unavailable_candidate(hw, models_dir: Path) -> None:
+    tflite = inspect_model(models_dir / "face_detection_short_range.tflite")
+    [ort_cpu] = [c for c in get_backend("onnxruntime").candidates(hw, tflite) if c.device == "CPU"]
+    assert not ort_cpu.available and "reads only ONNX" in ort_cpu.reason
+    onnx = inspect_model(models_dir / "ppocr_cls.onnx")
+    assert not any(c.available for c in get_backend("litert").candidates(hw, onnx))
+
+
+def test_loading_litert_does_not_import_openvino(models_dir: Path) -> None:
+    """Lazy imports: running a .tflite with LiteRT imports neither OpenVINO nor onnxruntime."""
+    code = textwrap.dedent(f"""
+        import sys
+        from backends import LoadOptions, get_backend
+        from backends.base import Candidate
+        from backends.model_info import inspect_model
+        from edged.inputs import make_inputs
+        model = inspect_model({str(models_dir / "face_detection_short_range.tflite")!r})
+        s = get_backend("litert").load(model, Candidate("litert", "XNNPACK", "model"),
+                                       LoadOptions(threads=1))
+        s.run(make_inputs(s.inputs, {{"input": (1, 128, 128, 3)}}))
+        print(sorted(m for m in ("openvino", "onnxruntime", "ai_edge_litert") if m in sys.modules))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "['ai_edge_litert']"

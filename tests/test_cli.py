@@ -1,0 +1,124 @@
+"""edgectl as a user runs it: JSON shapes scripts rely on, text output, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def edgectl(*args: str, state: Path, check_rc: int | None = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EDGED_STATE_DIR": str(state)}
+    proc = subprocess.run([sys.executable, "-m", "edged.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=300)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, proc.stderr
+    return proc
+
+
+def test_backends_json(tmp_path: Path) -> None:
+    report = json.loads(edgectl("backends", "--json", state=tmp_path).stdout)
+    assert set(report) >= {"hardware", "candidates", "selected"}
+    assert report["selected"] is None
+    assert report["hardware"]["cpu_count"] == len(report["hardware"]["cpus_online"]) >= 1
+    for cand in report["candidates"]:
+        assert set(cand) >= {"backend", "device", "available", "reason"}
+    available = {(c["backend"], c["device"]) for c in report["candidates"] if c["available"]}
+    assert ("onnxruntime", "CPU") in available and ("openvino", "CPU") in available
+    assert ("litert", "XNNPACK") in available
+
+
+def test_backends_with_model(models_dir: Path, tmp_path: Path) -> None:
+    model = str(models_dir / "ppocr_cls.onnx")
+    args = ("backends", "--model", model, "--shape", "x=1x3x48x192", "--threads", "1")
+    report = json.loads(edgectl(*args, "--json", state=tmp_path).stdout)
+    sel = report["selected"]
+    assert set(sel) >= {"backend", "device", "precision", "p50_ms", "p99_ms"}
+    assert sel["p99_ms"] >= sel["p50_ms"] > 0
+    assert sel["from_cache"] is False
+    assert report["model"]["precision"] == "fp32" and report["model"]["int8"] is False
+    again = json.loads(edgectl(*args, "--json", state=tmp_path).stdout)
+    assert again["selected"]["from_cache"] is True
+    text = edgectl(*args, state=tmp_path).stdout
+    assert "not INT8" in text  # a float model runs but is flagged
+    assert f"Selected      {sel['backend']}:{sel['device']}" in text
+    assert "cached decision" in text
+
+
+def test_bench_json_all(models_dir: Path, tmp_path: Path) -> None:
+    out = edgectl("bench", str(models_dir / "ppocr_cls_int8.onnx"), "--backend", "all",
+                  "--shape", "x=1x3x48x192", "--runs", "20", "--warmup", "2", "--threads", "1",
+                  "--json", state=tmp_path).stdout
+    report = json.loads(out)
+    assert report["model"].endswith("ppocr_cls_int8.onnx")
+    keys = {"backend", "device", "precision", "runs", "p50_ms", "p90_ms", "p99_ms",
+            "p999_ms", "max_ms", "mean_ms", "stdev_ms"}
+    backends = set()
+    for result in report["results"]:
+        assert keys <= set(result)
+        assert result["runs"] == 20
+        assert result["p50_ms"] <= result["p90_ms"] <= result["p99_ms"] <= result["max_ms"]
+        backends.add(result["backend"])
+    assert backends == {"onnxruntime", "openvino"}
+
+
+def test_bench_tflite_text(models_dir: Path, tmp_path: Path) -> None:
+    out = edgectl("bench", str(models_dir / "face_detection_short_range.tflite"), "--backend",
+                  "litert:XNNPACK", "--runs", "15", "--cpus", "0", state=tmp_path).stdout
+    assert "litert:XNNPACK:model" in out and "p99" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("bench", "{missing}"), "no such file"),
+        (("bench", "{truncated}"), "not a valid ONNX model"),
+        (("bench", "{text}"), "unsupported model format"),
+        (("bench", "{cls}", "--shape", "image=1x3x48x192"), "unknown input 'image'"),
+        (("bench", "{cls}", "--shape", "x=1x3"), "the model takes ?x3x?x?"),
+        (("bench", "{cls}", "--shape", "x=1xAx3"), "--shape 'x=1xAx3'"),
+        (("bench", "{cls}", "--cpus", "4096"), "CPU 4096 is not available"),
+        (("bench", "{cls}", "--cpus", "3-1"), "bad CPU list"),
+        (("bench", "{cls}", "--backend", "litert"), "nothing available"),
+        (("backends", "--model", "{truncated}"), "not a valid ONNX model"),
+        (("bench", "{cls}", "--runs", "0"), "--runs must be at least 1"),
+    ],
+)
+def test_bad_input_exit_2(models_dir: Path, tmp_path: Path, args, message: str) -> None:
+    data = (models_dir / "ppocr_cls.onnx").read_bytes()
+    (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 3])
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    paths = {"missing": str(tmp_path / "missing.onnx"), "truncated":
+             str(tmp_path / "truncated.onnx"), "text": str(tmp_path / "notes.txt"),
+             "cls": str(models_dir / "ppocr_cls.onnx")}
+    argv = [a.format(**paths) for a in args]
+    proc = edgectl(*argv, state=tmp_path / "state", check_rc=2)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgectl: error: "), proc.stderr
+    assert message in lines[0]
+    assert not (tmp_path / "state" / "selection").exists() or not list(
+        (tmp_path / "state" / "selection").iterdir())
+
+
+def test_backends_on_board_root(dtb_corpus: Path, tmp_path: Path) -> None:
+    """`--root`: the hardware facts of an image/fixture root (an i.MX8MP EVK tree)."""
+    from sysconf.fdt import load_fdt, materialize
+
+    root = tmp_path / "root"
+    materialize(load_fdt(dtb_corpus / "freescale" / "imx8mp-evk.dtb"),
+                root / "sys" / "firmware" / "devicetree" / "base")
+    (root / "dev").mkdir()
+    (root / "dev" / "galcore").touch()
+    report = json.loads(edgectl("backends", "--root", str(root), "--json",
+                                state=tmp_path).stdout)
+    hw = report["hardware"]
+    assert "fsl,imx8mp" in hw["soc_compatible"]
+    assert [a["name"] for a in hw["accelerators"]] == ["Vivante NPU (galcore)"]
+    [vx] = [c for c in report["candidates"] if c["device"] == "NPU-VX"]
+    assert not vx["available"] and "delegate did not load" in vx["reason"]

@@ -1,0 +1,118 @@
+"""Measured selection on this machine: verification, benchmark, choice, cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import edged.selection as selection_mod
+from backends.base import InputError, ModelError
+from edged.selection import Policy, SelectionError, select
+from sysconf.hardware import probe
+
+FAST = {"runs": 12, "warmup": 2, "time_budget_s": 2.0, "threads": 1}
+CLS = {"x": (1, 3, 48, 192)}
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return probe()
+
+
+def test_selects_and_caches(hw, models_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    model = models_dir / "ppocr_cls.onnx"
+    first = select(model, hw, Policy(shapes=CLS, **FAST), tmp_path)
+    assert not first.from_cache
+    sel = first.selected
+    assert sel is not None and sel.status == "selected"
+    assert sel.candidate.backend in ("onnxruntime", "openvino")
+    passed = [e for e in first.evidence if e.status in ("selected", "passed")]
+    # float32 model: onnxruntime CPU and OpenVINO CPU fp32 (+ bf16 where the CPU has it).
+    assert len(passed) >= 2
+    for ev in passed:
+        assert ev.cosine >= 0.99 and ev.latency is not None and ev.latency.runs >= 10
+    # The pick has the lowest p99 up to the stated tie band.
+    best = min(e.latency.p99_ms for e in passed)
+    assert sel.latency.p99_ms <= best * (1 + selection_mod.TIE_FRACTION)
+    [cache_file] = (tmp_path / "selection").glob("*.json")
+    stored = json.loads(cache_file.read_text())
+    assert stored["model_sha256"] == first.model.sha256
+
+    # A second start reads the decision and must not benchmark again.
+    def no_benchmark(*args, **kwargs):
+        raise AssertionError("re-benchmarked despite a cached decision")
+
+    monkeypatch.setattr(selection_mod, "benchmark", no_benchmark)
+    monkeypatch.setattr(selection_mod, "_verify", no_benchmark)
+    second = select(model, hw, Policy(shapes=CLS, **FAST), tmp_path)
+    assert second.from_cache
+    assert second.summary()["backend"] == first.summary()["backend"]
+    assert second.summary()["p99_ms"] == first.summary()["p99_ms"]
+
+
+def test_int8_model_runs_int8(hw, models_dir: Path, tmp_path: Path) -> None:
+    result = select(models_dir / "ppocr_cls_int8.onnx", hw, Policy(shapes=CLS, **FAST),
+                    tmp_path)
+    assert result.model.is_int8
+    for ev in result.evidence:
+        if ev.status in ("selected", "passed", "rejected"):
+            assert ev.precision == "int8", ev  # QDQ runs int8 kernels on both CPU paths
+
+
+def test_cache_key_follows_settings(hw, models_dir: Path) -> None:
+    from backends.model_info import inspect_model
+
+    model = inspect_model(models_dir / "ppocr_cls_int8.onnx")
+    base = selection_mod.cache_key(model, hw, Policy(shapes=CLS))
+    assert base == selection_mod.cache_key(model, hw, Policy(shapes=CLS))
+    assert base != selection_mod.cache_key(model, hw, Policy(shapes=CLS, threads=1))
+    assert base != selection_mod.cache_key(model, hw, Policy(shapes={"x": (1, 3, 48, 96)}))
+    other = inspect_model(models_dir / "ppocr_cls.onnx")
+    assert base != selection_mod.cache_key(other, hw, Policy(shapes=CLS))
+
+
+def test_pinned_backend_is_still_verified(hw, models_dir: Path, tmp_path: Path) -> None:
+    result = select(models_dir / "ppocr_cls.onnx", hw,
+                    Policy(shapes=CLS, backend="openvino:CPU:fp32", **FAST), tmp_path)
+    measured = [e for e in result.evidence if e.status != "unavailable"]
+    assert [e.candidate.key for e in measured] == ["openvino:CPU:fp32"]
+    assert measured[0].cosine > 0.999 and measured[0].precision == "fp32"
+
+
+def test_tflite_selection(hw, models_dir: Path, tmp_path: Path) -> None:
+    result = select(models_dir / "face_detection_short_range.tflite", hw, Policy(**FAST),
+                    tmp_path)
+    keys = {e.candidate.key: e for e in result.evidence}
+    assert keys["litert:XNNPACK:model"].status in ("selected", "passed")
+    assert keys["litert:XNNPACK:model"].info["delegate_coverage"] == 1.0
+    assert keys["onnxruntime:CPU:model"].status == "unavailable"
+
+
+def test_nothing_passes_nothing_cached(hw, models_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(SelectionError, match=r"no candidate ran it correctly.*cosine"):
+        select(models_dir / "ppocr_cls.onnx", hw,
+               Policy(shapes=CLS, min_cosine=1.5, **FAST), tmp_path)
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_unknown_pinned_backend(hw, models_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(SelectionError, match="no backend matches 'tensorrt'"):
+        select(models_dir / "ppocr_cls.onnx", hw, Policy(backend="tensorrt", **FAST), tmp_path)
+    with pytest.raises(SelectionError, match=r"no available backend.*reads only \.tflite"):
+        select(models_dir / "ppocr_cls.onnx", hw, Policy(backend="litert", **FAST), tmp_path)
+
+
+def test_bad_inputs(hw, models_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="unknown input 'image'"):
+        select(models_dir / "ppocr_cls.onnx", hw, Policy(shapes={"image": (1, 3, 48, 192)},
+                                                         **FAST), tmp_path)
+    with pytest.raises(InputError, match=r"--shape for 'x' is 1x48x192, the model takes \?x3"):
+        select(models_dir / "ppocr_cls.onnx", hw, Policy(shapes={"x": (1, 48, 192)}, **FAST),
+               tmp_path)
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes((models_dir / "ppocr_cls.onnx").read_bytes()[:1000])
+    with pytest.raises(ModelError, match=r"broken\.onnx"):
+        select(broken, hw, Policy(**FAST), tmp_path)
+    assert not list(tmp_path.rglob("*.json"))
