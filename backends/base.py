@@ -69,6 +69,8 @@ class LoadOptions:
     cpus: Sequence[int] | None = None
     # Concrete input shapes for runtimes that compile statically (OpenVINO GPU/NPU, delegates).
     shapes: Mapping[str, Sequence[int]] | None = None
+    # Keep the batch dim dynamic when compiling `shapes` (the daemon batches requests).
+    dynamic_batch: bool = False
     cache_dir: Path | None = None
 
     def thread_count(self) -> int:

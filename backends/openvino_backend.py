@@ -105,7 +105,8 @@ class OvSession:
             raise ModelError(f"{model.path}: openvino cannot read it: "
                              f"{_first_line(exc)}") from None
         if options.shapes:
-            ov_model.reshape({name: ov.PartialShape(list(shape))
+            first = -1 if options.dynamic_batch else None
+            ov_model.reshape({name: ov.PartialShape([first or shape[0], *shape[1:]])
                               for name, shape in options.shapes.items()})
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
         hint = PRECISION_HINTS.get(candidate.precision)

@@ -1,24 +1,312 @@
 """edged: the inference daemon.
 
-Serving (Open Inference Protocol over HTTP and a Unix socket, dynamic batching, systemd) is
-the next issue's work and is not here yet; until then this entry point says so plainly
-instead of pretending to serve.
+Start: read and validate the config (exit 2 naming file and key on error), select and load
+every model (a cached selection makes this fast), bind TCP and the Unix socket, serve the Open
+Inference Protocol with uvicorn, then tell systemd READY=1. SIGHUP reloads the config (models
+that changed load beside the old ones and swap in atomically; a model that fails keeps its old
+version). SIGTERM: STOPPING=1, stop accepting, drain in-flight requests (bounded), exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from edged import __version__
+from edged.config import DEFAULT_CONFIG_PATH, Config, ConfigError, ModelConfig, load_config
+from edged.engine import BatchingConfig
+from edged.metrics import ServingMetrics
+from edged.sdnotify import Notifier, watchdog_interval_s
+from edged.serving import ServedModel, load_model
+
+log = logging.getLogger("edged")
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+DRAIN_S = 10.0  # bound on finishing in-flight requests at shutdown or after a swap
+STALL_S = 30.0  # a worker busy on one batch longer than this is hung: stop watchdog pings
+
+
+def model_key(mc: ModelConfig) -> tuple:
+    """What a served model depends on; a reload reloads a model when this changes."""
+    try:
+        st = mc.path.stat()
+        file_id = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        file_id = None
+    return (str(mc.path), file_id, mc.backend, mc.threads, mc.cpus,
+            tuple(sorted((mc.shapes or {}).items())), mc.max_batch_size,
+            mc.preferred_batch_sizes, mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms)
+
+
+def batching_of(mc: ModelConfig) -> BatchingConfig:
+    return BatchingConfig(mc.max_batch_size, tuple(mc.preferred_batch_sizes),
+                          mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms)
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        from sysconf.hardware import probe
+
+        self.config = config
+        self.hw = probe()
+        self.notifier = Notifier()
+        self.metrics = ServingMetrics()
+        self.models: dict[str, ServedModel] = {}
+        self.failed: dict[str, str] = {}
+        self.started = time.time()
+        self.reloads = 0
+        self.last_reload_error: str | None = None
+        self._server = None
+
+    # -- models ------------------------------------------------------------------------------
+    def load_models(self, config: Config, current: dict[str, ServedModel]
+                    ) -> tuple[dict[str, ServedModel], dict[str, str]]:
+        """Models for `config`: unchanged ones are kept, the rest loaded. A model that fails
+        keeps its current version when it has one."""
+        models: dict[str, ServedModel] = {}
+        failed: dict[str, str] = {}
+        state_dir = config.server.state_dir
+        for mc in config.models:
+            key = model_key(mc)
+            old = current.get(mc.name)
+            if old is not None and old.config_key == key:
+                models[mc.name] = old
+                continue
+            self.notifier.notify(f"STATUS=loading model {mc.name}")
+            start = time.perf_counter()
+            try:
+                served = load_model(mc.name, mc.path, mc.policy(config.selection),
+                                    batching_of(mc), self.hw, state_dir, key)
+            except Exception as exc:  # any failure: this model is not served, others are
+                reason = str(exc) or exc.__class__.__name__
+                log.error("model %s: not loaded: %s", mc.name, reason)
+                failed[mc.name] = reason
+                if old is not None:
+                    models[mc.name] = old
+                continue
+            sel = served.selection.selected
+            log.info("model %s: %s:%s (%s) p99 %.3f ms, %s in %.2f s", mc.name,
+                     sel.candidate.backend, sel.candidate.device, sel.precision,
+                     sel.latency.p99_ms if sel.latency else float("nan"),
+                     "cached selection" if served.selection.from_cache else "measured",
+                     time.perf_counter() - start)
+            models[mc.name] = served
+        return models, failed
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "config": str(self.config.source),
+            "uptime_s": round(time.time() - self.started, 1),
+            "reloads": self.reloads,
+            "last_reload_error": self.last_reload_error,
+            "models": [m.status() for m in self.models.values()],
+            "failed": dict(self.failed),
+            "threads": thread_affinities(),
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def run(self) -> int:
+        import uvicorn
+
+        from edged.api import Api
+
+        self.notifier.notify("STATUS=loading models")
+        self.models, self.failed = await asyncio.to_thread(self.load_models, self.config, {})
+        try:
+            sockets = bind_sockets(self.config)
+        except OSError as exc:
+            log.error("cannot listen: %s", exc)
+            self.notifier.notify(f"STATUS=cannot listen: {exc}")
+            self._stop_workers(self.models.values())
+            return EXIT_FAILED
+        api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
+                  self.status, lambda: self.failed)
+        uv_config = uvicorn.Config(api, lifespan="off", access_log=False, log_config=None,
+                                   timeout_graceful_shutdown=int(DRAIN_S), http="auto")
+        self._server = server = _Server(uv_config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        tasks = [asyncio.ensure_future(self._announce_ready(server, sockets))]
+        interval = watchdog_interval_s()
+        if interval:
+            tasks.append(asyncio.ensure_future(self._watchdog(interval)))
+        try:
+            await server.serve(sockets=sockets)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.to_thread(self._stop_workers, list(self.models.values()))
+            _remove_socket_file(self.config)
+        log.info("stopped")
+        return EXIT_OK
+
+    def _on_stop(self, sig: int) -> None:
+        log.info("signal %s: draining and stopping", signal.Signals(sig).name)
+        self.notifier.notify("STOPPING=1", "STATUS=draining")
+        if self._server is not None:
+            self._server.should_exit = True
+
+    async def _announce_ready(self, server, sockets: list[socket.socket]) -> None:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        where = ", ".join(_describe(s) for s in sockets)
+        log.info("serving %d model(s) on %s", len(self.models), where)
+        self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
+
+    def _status_line(self) -> str:
+        text = f"serving {len(self.models)} model(s)"
+        if self.failed:
+            text += f"; not loaded: {', '.join(sorted(self.failed))}"
+        return text
+
+    async def _watchdog(self, interval: float) -> None:
+        """WATCHDOG=1 only while every worker thread is alive and none is hung, so systemd
+        restarts a daemon whose inference path died even though its HTTP side answers."""
+        while True:
+            workers = [m.worker for m in self.models.values()]
+            if all(w.alive() and not w.stalled(STALL_S) for w in workers):
+                self.notifier.notify("WATCHDOG=1")
+            else:
+                log.error("a worker is dead or hung; withholding watchdog pings")
+            await asyncio.sleep(interval)
+
+    async def reload(self) -> None:
+        log.info("reloading %s", self.config.source)
+        self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}",
+                             "STATUS=reloading")
+        try:
+            config = await asyncio.to_thread(load_config, self.config.source)
+        except ConfigError as exc:
+            self.last_reload_error = str(exc)
+            log.error("reload: keeping the running config: %s", exc)
+            self.notifier.notify("READY=1", f"STATUS={self._status_line()}; reload failed")
+            return
+        old = self.models
+        models, failed = await asyncio.to_thread(self.load_models, config, old)
+        self.models, self.failed, self.config = models, failed, config  # the atomic swap
+        self.reloads += 1
+        self.last_reload_error = "; ".join(f"{k}: {v}" for k, v in failed.items()) or None
+        retired = [m for name, m in old.items() if models.get(name) is not m]
+        await asyncio.to_thread(self._stop_workers, retired)
+        self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
+
+    @staticmethod
+    def _stop_workers(models) -> None:
+        for served in models:
+            served.worker.stop(DRAIN_S)
+
+
+class _Server:
+    """uvicorn's Server without its own signal handling.
+
+    uvicorn installs SIGTERM/SIGINT handlers for the duration of serve() and re-raises the
+    signal afterwards, which would kill the process before our drain and exit 0; the daemon
+    handles signals itself (see Daemon.run)."""
+
+    def __new__(cls, config):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        return Server(config)
+
+
+def bind_sockets(config: Config) -> list[socket.socket]:
+    server = config.server
+    sockets = []
+    if server.listen_host is not None:
+        family = socket.AF_INET6 if ":" in server.listen_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((server.listen_host, server.listen_port or 0))
+        sockets.append(sock)
+    if server.socket is not None:
+        path = server.socket
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()  # a stale socket from a previous run
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        os.chmod(path, server.socket_mode)
+        sockets.append(sock)
+    for sock in sockets:
+        sock.listen(1024)
+        sock.set_inheritable(False)
+    return sockets
+
+
+def _remove_socket_file(config: Config) -> None:
+    if config.server.socket is not None:
+        with contextlib.suppress(OSError):
+            config.server.socket.unlink()
+
+
+def _describe(sock: socket.socket) -> str:
+    name = sock.getsockname()
+    return f"unix:{name}" if sock.family == socket.AF_UNIX else f"http://{name[0]}:{name[1]}"
+
+
+def thread_affinities() -> list[dict[str, Any]]:
+    """Per-thread CPU sets of this process, as the kernel reports them."""
+    rows = []
+    for tid in sorted(os.listdir("/proc/self/task"), key=int):
+        try:
+            comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            status = Path(f"/proc/self/task/{tid}/status").read_text()
+        except OSError:
+            continue  # the thread ended while we looked
+        cpus = next((line.split(":", 1)[1].strip() for line in status.splitlines()
+                     if line.startswith("Cpus_allowed_list")), "?")
+        rows.append({"tid": int(tid), "name": comm, "cpus": cpus})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edged", description="edged inference daemon")
-    parser.add_argument("--version", action="version", version="edged 0.1.0")
-    parser.add_argument("--config", default="/etc/edged/edged.toml")
-    parser.parse_args(argv)
-    print("edged: the serving daemon is not built yet (see the README's status table); "
-          "use `edgectl backends` and `edgectl bench`", file=sys.stderr)
-    return 1
+    parser.add_argument("--version", action="version", version=f"edged {__version__}")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH,
+                        help=f"TOML config (default {DEFAULT_CONFIG_PATH})")
+    parser.add_argument("--check-config", action="store_true",
+                        help="validate the config and exit (0 valid, 2 invalid)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"edged: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.check_config:
+        print(f"edged: {config.source}: OK ({len(config.models)} model(s))")
+        return EXIT_OK
+    logging.basicConfig(level=config.server.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not config.models:
+        log.warning("%s: no [[models]]; serving nothing", config.source)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    return runner(Daemon(config).run())
 
 
 if __name__ == "__main__":

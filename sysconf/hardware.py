@@ -215,7 +215,7 @@ def _core_types(
             compat = _dt_strings(root, f"{node}/compatible")
             name = compat[0].split(",")[-1] if compat else "unknown"
             types.setdefault(_DT_CORE_NAMES.get(name.lower(), name), []).append(index)
-    if not types and cpuinfo:
+    if not types and cpuinfo and cpus:
         types[_cpu_model(cpuinfo)] = cpus
     return types
 

@@ -1,0 +1,233 @@
+"""The HTTP API as a plain ASGI application: Open Inference Protocol (KServe v2), /metrics,
+and /edged/status for edgectl.
+
+Plain ASGI rather than a framework: the routes are few and fixed, and every framework layer
+is added latency on a path whose floor is a few hundred microseconds (see BENCHMARKS.md).
+uvicorn (httptools, uvloop) does the HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from backends.base import BackendError, InputError
+from edged import __version__
+from edged.engine import EngineError
+from edged.metrics import ServingMetrics
+from edged.protocol import ProtocolError, decode_request, encode_response, tensor_metadata
+from edged.serving import ServedModel
+
+log = logging.getLogger("edged.api")
+
+EXTENSIONS = ["binary_tensor_data", "model_repository(metadata only)", "statistics(metrics)"]
+JSON = [(b"content-type", b"application/json")]
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Api:
+    def __init__(self, models: Callable[[], Mapping[str, ServedModel]],
+                 metrics: ServingMetrics, max_body_bytes: int,
+                 status: Callable[[], dict[str, Any]] | None = None,
+                 failed: Callable[[], Mapping[str, str]] | None = None) -> None:
+        self._models = models  # a callable: reload swaps the mapping atomically
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self._status = status
+        self._failed = failed or dict
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        try:
+            if method == "POST" and path.endswith("/infer"):
+                await self._infer(scope, receive, send, path)
+                return
+            if method not in ("GET", "HEAD"):
+                raise HttpError(405, f"{method} {path} is not supported")
+            await self._get(send, path)
+        except HttpError as exc:
+            await _send_json(send, exc.status, {"error": str(exc)})
+
+    # -- GET routes --------------------------------------------------------------------------
+    async def _get(self, send, path: str) -> None:
+        parts = [p for p in path.split("/") if p]
+        if parts == ["v2", "health", "live"]:
+            await _send_json(send, 200, {"live": True})
+        elif parts == ["v2", "health", "ready"]:
+            ready = self._ready()
+            await _send_json(send, 200 if ready else 503, {"ready": ready})
+        elif parts == ["v2"]:
+            await _send_json(send, 200, {"name": "edged", "version": __version__,
+                                         "extensions": EXTENSIONS})
+        elif parts == ["metrics"]:
+            self._update_gauges()
+            await _send(send, 200, generate_latest(self.metrics.registry),
+                        [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+        elif parts == ["edged", "status"]:
+            await _send_json(send, 200, self._status() if self._status else {})
+        elif len(parts) >= 3 and parts[:2] == ["v2", "models"]:
+            served, rest = self._model(parts[2:])
+            if rest == []:
+                await _send_json(send, 200, _metadata(served))
+            elif rest == ["ready"]:
+                ready = served.worker.alive()
+                await _send_json(send, 200 if ready else 503, {"ready": ready})
+            elif rest == ["config"]:
+                await _send_json(send, 200, _model_config(served))
+            else:
+                raise HttpError(404, f"no route {path}")
+        else:
+            raise HttpError(404, f"no route {path}")
+
+    def _ready(self) -> bool:
+        models = self._models()
+        return not self._failed() and all(m.worker.alive() for m in models.values())
+
+    def _model(self, parts: list[str]) -> tuple[ServedModel, list[str]]:
+        name, rest = parts[0], parts[1:]
+        served = self._models().get(name)
+        if served is None:
+            reason = self._failed().get(name)
+            if reason:
+                raise HttpError(503, f"model {name!r} is not loaded: {reason}")
+            raise HttpError(404, f"unknown model {name!r}")
+        if rest[:1] == ["versions"]:
+            if len(rest) < 2 or rest[1] != "1":
+                version = rest[1] if len(rest) > 1 else ""
+                raise HttpError(404, f"model {name!r} has no version {version!r} (only '1')")
+            rest = rest[2:]
+        return served, rest
+
+    def _update_gauges(self) -> None:
+        for name, served in self._models().items():
+            self.metrics.queue_depth.labels(name).set(served.worker.queue_depth)
+
+    # -- infer -------------------------------------------------------------------------------
+    async def _infer(self, scope, receive, send, path: str) -> None:
+        start = time.perf_counter()
+        parts = [p for p in path.split("/") if p]
+        if len(parts) < 4 or parts[:2] != ["v2", "models"]:
+            raise HttpError(404, f"no route {path}")
+        served, rest = self._model(parts[2:])
+        if rest != ["infer"]:
+            raise HttpError(404, f"no route {path}")
+        name = served.name
+        headers = dict(scope["headers"])
+        try:
+            body = await self._read_body(headers, receive)
+        except HttpError as exc:
+            self.metrics.requests.labels(name, str(exc.status)).inc()
+            raise
+        if body is None:
+            return  # the client went away; nothing to answer
+        code = 200
+        try:
+            header_length = _header_length(headers)
+            request = decode_request(body, header_length, served.session.inputs)
+            outputs, timing = await served.worker.infer(request.inputs, request.timeout_ms)
+            payload, json_length = encode_response(name, request, outputs)
+        except (ProtocolError, InputError) as exc:
+            code = 400
+            raise HttpError(400, str(exc)) from None
+        except EngineError as exc:
+            code = exc.status
+            raise HttpError(exc.status, str(exc)) from None
+        except BackendError as exc:
+            code = 500
+            raise HttpError(500, str(exc)) from None
+        finally:
+            self.metrics.requests.labels(name, str(code)).inc()
+        extra = [] if json_length is None else [
+            (b"inference-header-content-length", str(json_length).encode()),
+            (b"content-type", b"application/octet-stream")]
+        await _send(send, 200, payload, extra or JSON)
+        self.metrics.observe(name, timing.queue_s, timing.compute_s,
+                             time.perf_counter() - start, timing.batch_size)
+
+    async def _read_body(self, headers: dict[bytes, bytes], receive) -> bytes | None:
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                raise HttpError(400, "Content-Length is not a number") from None
+            if size > self.max_body_bytes:
+                raise HttpError(413, f"request body of {size} bytes is over the limit of "
+                                     f"{self.max_body_bytes}")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.max_body_bytes:
+                raise HttpError(413, f"request body is over the limit of "
+                                     f"{self.max_body_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _header_length(headers: dict[bytes, bytes]) -> int | None:
+    raw = headers.get(b"inference-header-content-length")
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ProtocolError(f"Inference-Header-Content-Length {raw.decode(errors='replace')!r}"
+                            f" is not a number") from None
+
+
+def _metadata(served: ServedModel) -> dict[str, Any]:
+    session = served.session
+    return {"name": served.name, "versions": ["1"], "platform": served.platform,
+            "inputs": tensor_metadata(session.inputs),
+            "outputs": tensor_metadata(session.outputs)}
+
+
+def _model_config(served: ServedModel) -> dict[str, Any]:
+    batching = served.worker.batching
+    return {"name": served.name, "platform": served.platform,
+            "max_batch_size": batching.max_batch_size if served.worker.batchable else 0,
+            "dynamic_batching": {"preferred_batch_size": list(batching.preferred_batch_sizes),
+                                 "max_queue_delay_microseconds": batching.max_queue_delay_us},
+            "input": tensor_metadata(served.session.inputs),
+            "output": tensor_metadata(served.session.outputs)}
+
+
+async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send, status: int, doc: Any) -> None:
+    await _send(send, status, json.dumps(doc, separators=(",", ":")).encode(), JSON)
+
+
+async def _lifespan(receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

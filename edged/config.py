@@ -1,0 +1,406 @@
+"""The daemon's one TOML config file, validated completely at load.
+
+A broken config must stop the daemon before it binds a socket or loads a model, with one line
+that names the file, the key and the problem (`edged.toml: models[1].threads: must be an
+integer >= 1, got 0`), so an operator can fix it without reading code. Unknown keys are errors
+too: a misspelt `max_batch_szie` silently falling back to a default would be a latency bug that
+nobody can see. After `load_config` returns, the objects are frozen and trusted everywhere.
+
+Paths (`models[].path`, `server.socket`, `server.state_dir`) expand `$VAR`/`${VAR}` and `~`,
+and a relative path is taken from the config file's folder, not the working directory, so a
+config means the same thing whoever starts the daemon from wherever.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from edged.selection import Policy
+from sysconf.cpulist import MAX_CPUS, parse_cpulist
+
+DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
+# The test data folder's default, as in scripts/fetch_test_data.py: the demo config names
+# ${EDGED_TEST_DATA} and must work on a machine where only `make data` has run.
+TEST_DATA_VAR = "EDGED_TEST_DATA"
+TEST_DATA_DEFAULT = "~/.cache/edged/test-data"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# sun_path is 108 bytes on Linux, one of them the terminating NUL; bind() fails beyond that.
+MAX_SOCKET_PATH = 107
+_VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+SERVER_KEYS = ("listen", "socket", "socket_mode", "state_dir", "max_body_bytes", "log_level")
+SELECTION_KEYS = ("runs", "warmup", "time_budget_s", "min_cosine", "max_abs")
+MODEL_KEYS = ("name", "path", "backend", "threads", "cpus", "shapes", "max_batch_size",
+              "preferred_batch_sizes", "max_queue_delay_us", "max_queue_size", "timeout_ms")
+TOP_KEYS = {"server": SERVER_KEYS, "selection": SELECTION_KEYS, "models": MODEL_KEYS}
+
+
+class ConfigError(ValueError):
+    """One line: `<file>: <key>: <problem>` (no key for file-level problems)."""
+
+    def __init__(self, source: str | Path, key: str | None, problem: str):
+        self.source, self.key, self.problem = str(source), key, problem
+        super().__init__(": ".join(p for p in (self.source, key, problem) if p))
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    listen_host: str | None = "127.0.0.1"  # None: no TCP listener
+    listen_port: int | None = 8000  # 0: the kernel picks a free port
+    socket: Path | None = Path("/run/edged/edged.sock")  # None: no Unix socket
+    socket_mode: int = 0o660
+    state_dir: Path = Path("/var/lib/edged")
+    max_body_bytes: int = 64 * 1024 * 1024
+    log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    path: Path  # absolute, and the file existed at load
+    backend: str = "auto"  # or "backend[:device[:precision]]", backend name canonical
+    threads: int | None = None
+    cpus: tuple[int, ...] | None = None  # sorted, unique
+    # A plain dict (not a MappingProxyType: that breaks dataclasses.asdict, pickle and
+    # deepcopy), left out of the hash so the config stays hashable. Do not mutate it.
+    shapes: dict[str, tuple[int, ...]] | None = field(default=None, hash=False)
+    max_batch_size: int = 1
+    preferred_batch_sizes: tuple[int, ...] = ()  # sorted, each <= max_batch_size
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 64
+    timeout_ms: int = 1000
+
+    def policy(self, base: Policy) -> Policy:
+        """The selection policy for this model: measurement settings from `base`, what the
+        model runs with (threads, cpus, shapes, backend) from the model."""
+        return replace(base, threads=self.threads, cpus=self.cpus, shapes=self.shapes,
+                       backend=self.backend)
+
+
+@dataclass(frozen=True)
+class Config:
+    source: Path  # absolute
+    server: ServerConfig = field(default_factory=ServerConfig)
+    selection: Policy = field(default_factory=Policy)
+    models: tuple[ModelConfig, ...] = ()
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def load_config(path: str | Path = DEFAULT_CONFIG_PATH) -> Config:
+    """Read and validate the file; every problem raises ConfigError naming it."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(path, None, "no such file") from None
+    except PermissionError:
+        raise ConfigError(path, None, "permission denied") from None
+    except IsADirectoryError:
+        raise ConfigError(path, None, "is a directory, not a config file") from None
+    except OSError as exc:
+        raise ConfigError(path, None, exc.strerror or str(exc)) from None
+    try:
+        text = data.decode("utf-8-sig")  # tolerate the BOM some editors write
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, None, f"not UTF-8 text (byte {exc.start})") from None
+    return parse_config(text, Path(path))
+
+
+def parse_config(text: str, source: Path) -> Config:
+    """Validate TOML text; relative paths resolve against `source`'s folder."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib says "... (at line 3, column 7)"; lead with the place, like a compiler.
+        msg = str(exc)
+        where = re.search(r" \(at (line \d+, column \d+|end of document)\)$", msg)
+        if where:
+            msg = f"{where.group(1)}: {msg[: where.start()]}"
+        raise ConfigError(source, None, msg) from None
+    v = _Validator(source)
+    v.keys(doc, None, tuple(TOP_KEYS))
+    server = v.server(v.table(doc, "server"))
+    selection = v.selection(v.table(doc, "selection"))
+    models = v.models(doc.get("models", []))
+    return Config(v.absolute, server, selection, models)
+
+
+class _Validator:
+    """Per-type checks; each takes the dotted key it is checking so errors can name it."""
+
+    def __init__(self, source: Path):
+        self.source = source
+        # Absolute but not symlink-resolved: a model symlinked into a content-addressed
+        # cache keeps its own name (and extension).
+        self.absolute = Path(os.path.normpath(Path(source).absolute()))
+        self.base = self.absolute.parent
+
+    def fail(self, key: str | None, problem: str) -> ConfigError:
+        return ConfigError(self.source, key, problem)
+
+    # -- structure ------------------------------------------------------------------------
+
+    def keys(self, table: Mapping[str, Any], prefix: str | None, allowed: tuple[str, ...]):
+        for key in table:
+            if key in allowed:
+                continue
+            hint = "".join(f"; did you mean {m!r}?"
+                           for m in difflib.get_close_matches(key, allowed, n=1))
+            if not hint and prefix is None:  # a section's key written above all sections
+                hint = "".join(f"; it belongs in {'[[models]]' if s == 'models' else f'[{s}]'}"
+                               for s, keys in TOP_KEYS.items() if key in keys)
+            raise self.fail(f"{prefix}.{key}" if prefix else key,
+                            f"unknown key{hint}; allowed: {', '.join(allowed)}")
+
+    def table(self, doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = doc.get(key, {})
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected a table ([{key}]), got {_show(value)}")
+        return value
+
+    # -- scalars --------------------------------------------------------------------------
+
+    def integer(self, table, key: str, prefix: str, default: int, low: int) -> int:
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise self.fail(f"{prefix}.{key}", f"must be an integer >= {low}, "
+                                               f"got {_show(value)}")
+        return value
+
+    def number(self, table, key: str, prefix: str, default: float,
+               ok: Callable[[float], bool], rule: str) -> float:
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+            raise self.fail(f"{prefix}.{key}", f"must be {rule}, got {_show(value)}")
+        return float(value)
+
+    def string(self, table, key: str, prefix: str, default: str | None) -> str:
+        value = table.get(key, default)
+        if value is None:
+            raise self.fail(f"{prefix}.{key}", "required")
+        if not isinstance(value, str):
+            raise self.fail(f"{prefix}.{key}", f"must be a string, got {_show(value)}")
+        return value
+
+    def int_list(self, value: Any, key: str, low: int, high: int | None = None
+                 ) -> tuple[int, ...]:
+        rule = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
+        if not isinstance(value, list):
+            raise self.fail(key, f"must be an array of integers, got {_show(value)}")
+        for index, item in enumerate(value):
+            if (isinstance(item, bool) or not isinstance(item, int) or item < low
+                    or (high is not None and item > high)):
+                raise self.fail(f"{key}[{index}]", f"must be {rule}, got {_show(item)}")
+        return tuple(value)
+
+    def path(self, raw: str, key: str) -> Path:
+        """`$VAR`, `${VAR}` and `~` expanded; relative to the config file's folder."""
+
+        def var(match: re.Match[str]) -> str:
+            name = match.group(1) or match.group(2)
+            value = os.environ.get(name)
+            if not value and name == TEST_DATA_VAR:
+                return TEST_DATA_DEFAULT
+            if value is None:
+                raise self.fail(key, f"environment variable {name} is not set (in {raw!r})")
+            return value
+
+        expanded = os.path.expanduser(_VAR.sub(var, raw))
+        return Path(os.path.normpath(self.base / expanded))  # an absolute one stays itself
+
+    # -- sections -------------------------------------------------------------------------
+
+    def server(self, table: Mapping[str, Any]) -> ServerConfig:
+        self.keys(table, "server", SERVER_KEYS)
+        d = ServerConfig()
+        host, port = self.listen(self.string(table, "listen", "server", "127.0.0.1:8000"))
+        raw_socket = self.string(table, "socket", "server", str(d.socket))
+        socket = self.path(raw_socket, "server.socket") if raw_socket else None
+        if socket is not None and len(os.fsencode(socket)) > MAX_SOCKET_PATH:
+            raise self.fail("server.socket", f"{socket} is {len(os.fsencode(socket))} bytes; "
+                                             f"a Unix socket path takes at most "
+                                             f"{MAX_SOCKET_PATH}")
+        if host is None and socket is None:
+            raise self.fail("server.listen", 'is "" and so is server.socket: nothing could '
+                                             "reach the daemon")
+        raw_mode = table.get("socket_mode", "0660")
+        if not (isinstance(raw_mode, str) and re.fullmatch(r"(0o)?[0-7]{1,4}", raw_mode)
+                and int(raw_mode.removeprefix("0o"), 8) <= 0o777):
+            raise self.fail("server.socket_mode", f'must be an octal string such as "0660", '
+                                                  f"got {_show(raw_mode)}")
+        raw_state = self.string(table, "state_dir", "server", str(d.state_dir))
+        if not raw_state:
+            raise self.fail("server.state_dir", "must not be empty")
+        level = self.string(table, "log_level", "server", d.log_level)
+        if level.lower() not in LOG_LEVELS:
+            raise self.fail("server.log_level", f"must be one of {', '.join(LOG_LEVELS)}, "
+                                                f"got {level!r}")
+        return ServerConfig(
+            listen_host=host,
+            listen_port=port,
+            socket=socket,
+            socket_mode=int(raw_mode.removeprefix("0o"), 8),
+            state_dir=self.path(raw_state, "server.state_dir"),
+            max_body_bytes=self.integer(table, "max_body_bytes", "server", d.max_body_bytes,
+                                        1),
+            log_level=level.lower(),
+        )
+
+    def listen(self, text: str) -> tuple[str | None, int | None]:
+        if text == "":
+            return None, None
+        host, sep, port = text.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+            try:
+                ipaddress.IPv6Address(host)
+            except ValueError:
+                raise self.fail("server.listen", f"[{host}] is not an IPv6 address") from None
+        elif ":" in host:
+            raise self.fail("server.listen", f"an IPv6 address needs brackets, as in "
+                                             f"[::1]:8000; got {text!r}")
+        if not sep or not host or any(c.isspace() for c in host):
+            raise self.fail("server.listen", f"expected HOST:PORT, got {text!r}")
+        if not (port.isascii() and port.isdigit() and int(port) <= 65535):
+            raise self.fail("server.listen", f"port must be 0..65535, got {text!r}")
+        return host, int(port)
+
+    def selection(self, table: Mapping[str, Any]) -> Policy:
+        self.keys(table, "selection", SELECTION_KEYS)
+        d = Policy()
+        max_abs = self.number(table, "max_abs", "selection", math.nan,
+                              lambda x: math.isnan(x) or x >= 0, "a number >= 0 (nan: not gated)")
+        return Policy(
+            runs=self.integer(table, "runs", "selection", d.runs, 1),
+            warmup=self.integer(table, "warmup", "selection", d.warmup, 0),
+            time_budget_s=self.number(table, "time_budget_s", "selection", d.time_budget_s,
+                                      lambda x: 0 < x < math.inf, "a number of seconds > 0"),
+            min_cosine=self.number(table, "min_cosine", "selection", d.min_cosine,
+                                   lambda x: -1 <= x <= 1, "a number between -1 and 1"),
+            max_abs=None if math.isnan(max_abs) else max_abs,
+        )
+
+    def models(self, value: Any) -> tuple[ModelConfig, ...]:
+        if isinstance(value, dict):
+            raise self.fail("models", "expected an array of tables ([[models]]), got one "
+                                      "table ([models])")
+        if not isinstance(value, list):
+            raise self.fail("models", f"expected an array of tables ([[models]]), "
+                                      f"got {_show(value)}")
+        models: list[ModelConfig] = []
+        seen: dict[str, int] = {}
+        for index, table in enumerate(value):
+            model = self.model(table, f"models[{index}]")
+            if model.name in seen:
+                raise self.fail(f"models[{index}].name", f"duplicate model name "
+                                                         f"{model.name!r} (also "
+                                                         f"models[{seen[model.name]}])")
+            seen[model.name] = index
+            models.append(model)
+        return tuple(models)
+
+    def model(self, table: Any, prefix: str) -> ModelConfig:
+        if not isinstance(table, dict):
+            raise self.fail(prefix, f"expected a table, got {_show(table)}")
+        if not table:
+            raise self.fail(prefix, "empty [[models]] table; name and path are required")
+        self.keys(table, prefix, MODEL_KEYS)
+        name = self.string(table, "name", prefix, None)
+        # Names are URL path segments (/v2/models/<name>): "." and ".." would be rewritten.
+        if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
+            raise self.fail(f"{prefix}.name", f"must be letters, digits, '_', '.' or '-' "
+                                              f"(not only dots), got {name!r}")
+        path = self.path(self.string(table, "path", prefix, None), f"{prefix}.path")
+        if not path.exists():
+            raise self.fail(f"{prefix}.path", f"no such file: {path}")
+        if not path.is_file():
+            raise self.fail(f"{prefix}.path", f"not a file: {path}")
+        if not os.access(path, os.R_OK):
+            raise self.fail(f"{prefix}.path", f"permission denied: {path}")
+        threads = None
+        if "threads" in table:
+            threads = self.integer(table, "threads", prefix, 0, 1)
+        max_batch = self.integer(table, "max_batch_size", prefix, 1, 1)
+        preferred = self.int_list(table.get("preferred_batch_sizes", []),
+                                  f"{prefix}.preferred_batch_sizes", 1, max_batch)
+        if len(set(preferred)) != len(preferred):
+            raise self.fail(f"{prefix}.preferred_batch_sizes",
+                            f"lists a size twice: {list(preferred)}")
+        return ModelConfig(
+            name=name,
+            path=path,
+            backend=self.backend(self.string(table, "backend", prefix, "auto"),
+                                 f"{prefix}.backend"),
+            threads=threads,
+            cpus=self.cpus(table["cpus"], f"{prefix}.cpus") if "cpus" in table else None,
+            shapes=self.shapes(table["shapes"], f"{prefix}.shapes")
+            if "shapes" in table else None,
+            max_batch_size=max_batch,
+            preferred_batch_sizes=tuple(sorted(preferred)),
+            max_queue_delay_us=self.integer(table, "max_queue_delay_us", prefix, 0, 0),
+            max_queue_size=self.integer(table, "max_queue_size", prefix, 64, 1),
+            timeout_ms=self.integer(table, "timeout_ms", prefix, 1000, 1),
+        )
+
+    def backend(self, spec: str, key: str) -> str:
+        """"auto" or "backend[:device[:precision]]"; the backend name made canonical (so
+        "ov:CPU" and "openvino:CPU" share one cached selection). Devices and precisions
+        depend on the machine and are checked by selection, not here."""
+        from backends import REGISTRY, canonical_name  # names only; no runtime is imported
+
+        if spec == "auto":
+            return spec
+        parts = spec.split(":")
+        name = canonical_name(parts[0])
+        if name not in REGISTRY or len(parts) > 3 or not all(p.strip() for p in parts):
+            raise self.fail(key, f'must be "auto" or BACKEND[:DEVICE[:PRECISION]] with '
+                                 f"BACKEND one of {', '.join(REGISTRY)}; got {spec!r}")
+        return ":".join([name, *parts[1:]])
+
+    def cpus(self, value: Any, key: str) -> tuple[int, ...]:
+        if isinstance(value, str):
+            try:
+                cpus = tuple(parse_cpulist(value))
+            except ValueError as exc:
+                raise self.fail(key, str(exc)) from None
+        elif isinstance(value, list):
+            cpus = tuple(sorted(set(self.int_list(value, key, 0, MAX_CPUS - 1))))
+        else:
+            raise self.fail(key, f'must be a CPU list string such as "0-1,3" or an array '
+                                 f"of integers, got {_show(value)}")
+        if not cpus:
+            raise self.fail(key, "empty; leave the key out to run the model unpinned")
+        return cpus
+
+    def shapes(self, value: Any, key: str) -> dict[str, tuple[int, ...]]:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a table of input name = [dims], got "
+                                 f"{_show(value)}")
+        shapes = {}
+        for name, dims in value.items():
+            shape = self.int_list(dims, f"{key}.{name}", 1)
+            if not shape:
+                raise self.fail(f"{key}.{name}", "must list at least one dimension")
+            shapes[name] = shape
+        return shapes
+
+
+def _show(value: Any) -> str:
+    """A value as the TOML file spells it, short enough for a one-line error."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,249 @@
+"""Per-model inference worker: bounded queue, deadlines, dynamic batching, pinned thread.
+
+The API side (asyncio) only appends to a deque under a short lock and awaits a future; the
+worker thread takes requests, forms batches and runs the session (the runtimes release the
+GIL while they compute). Nothing on the inference path waits for the API or telemetry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.base import BackendError, InputError, Session, check_feeds
+
+log = logging.getLogger("edged.engine")
+
+
+class EngineError(Exception):
+    status = 500
+
+
+class QueueFull(EngineError):
+    status = 503
+
+
+class DeadlineExceeded(EngineError):
+    status = 504
+
+
+class NotServing(EngineError):
+    status = 503
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_batch_size: int = 1
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 64
+    timeout_ms: int = 1000
+
+
+@dataclass(frozen=True)
+class Timing:
+    queue_s: float
+    compute_s: float
+    batch_size: int
+
+
+Done = Callable[[dict[str, np.ndarray] | None, BaseException | None, Timing | None], None]
+
+
+@dataclass
+class _Pending:
+    feeds: Mapping[str, np.ndarray]
+    deadline: float  # time.monotonic()
+    enqueued: float  # time.perf_counter()
+    done: Done
+
+    def batch_key(self) -> tuple:
+        return tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(self.feeds.items()))
+
+
+class ModelWorker:
+    """Serves one model from one thread. `submit` never blocks: a full queue is an error."""
+
+    def __init__(self, name: str, session: Session, batching: BatchingConfig,
+                 cpus: Sequence[int] | None = None,
+                 fallbacks: Callable[[], Session | None] | None = None) -> None:
+        self.name = name
+        self.session = session
+        self.batching = batching
+        self.cpus = tuple(cpus) if cpus else None
+        self._next_session = fallbacks
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.batchable = batching.max_batch_size > 1 and all(
+            spec.shape and spec.shape[0] is None for spec in session.inputs)
+        self.failovers = 0
+        self.last_error: str | None = None
+        self.batches_run = 0
+        self._busy_since: float | None = None  # monotonic start of the batch being run
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"edged-infer-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, drain_s: float = 5.0) -> None:
+        """Finish what is queued (bounded by `drain_s`), then fail the rest and stop."""
+        deadline = time.monotonic() + drain_s
+        while self._queue and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with self._cond:
+            self._stopping = True
+            left = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for item in left:
+            item.done(None, NotServing(f"{self.name}: shutting down"), None)
+        if self._thread is not None:
+            self._thread.join(timeout=drain_s)
+
+    def stalled(self, bound_s: float) -> bool:
+        """True while one batch has been running for longer than `bound_s` (a hung runtime)."""
+        busy = self._busy_since
+        return busy is not None and time.monotonic() - busy > bound_s
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    # -- submitting ------------------------------------------------------------------------
+    def submit(self, feeds: Mapping[str, np.ndarray], done: Done,
+               timeout_ms: float | None = None) -> None:
+        check_feeds(self.session.inputs, feeds, self.name)
+        limit = self.batching.timeout_ms
+        timeout = min(limit, timeout_ms) if timeout_ms and timeout_ms > 0 else limit
+        item = _Pending(feeds, time.monotonic() + timeout / 1000.0, time.perf_counter(), done)
+        with self._cond:
+            if self._stopping:
+                raise NotServing(f"{self.name}: shutting down")
+            if len(self._queue) >= self.batching.max_queue_size:
+                raise QueueFull(f"{self.name}: queue full ({self.batching.max_queue_size} "
+                                f"requests waiting)")
+            self._queue.append(item)
+            self._cond.notify()
+
+    async def infer(self, feeds: Mapping[str, np.ndarray], timeout_ms: float | None = None
+                    ) -> tuple[dict[str, np.ndarray], Timing]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def done(outputs, error, timing) -> None:
+            loop.call_soon_threadsafe(_settle, future, outputs, error, timing)
+
+        self.submit(feeds, done, timeout_ms)
+        return await future
+
+    # -- the worker thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        if self.cpus:
+            os.sched_setaffinity(0, set(self.cpus))  # this thread only (Linux semantics)
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            self._run(batch)
+
+    def _take(self) -> list[_Pending] | None:
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            first = self._queue.popleft()
+            batch = [first]
+            if not self.batchable:
+                return batch
+            # Zero-wait fast path: alone in the queue means no one to batch with.
+            if not self._queue:
+                return batch
+            key = first.batch_key()
+            limit = self.batching.max_batch_size
+            wait_until = time.perf_counter() + self.batching.max_queue_delay_us / 1e6
+            while len(batch) < limit:
+                if self._queue and self._queue[0].batch_key() == key:
+                    batch.append(self._queue.popleft())
+                    continue
+                if self._queue or len(batch) in self.batching.preferred_batch_sizes:
+                    break  # next request does not fit this batch, or a preferred size is met
+                remaining = wait_until - time.perf_counter()
+                if remaining <= 0 or self._stopping:
+                    break
+                self._cond.wait(remaining)
+            return batch
+
+    def _run(self, batch: list[_Pending]) -> None:
+        now = time.monotonic()
+        live = []
+        for item in batch:
+            if item.deadline < now:
+                waited_ms = (time.perf_counter() - item.enqueued) * 1e3
+                item.done(None, DeadlineExceeded(f"{self.name}: deadline passed after "
+                                                 f"{waited_ms:.1f} ms in the queue"), None)
+            else:
+                live.append(item)
+        if not live:
+            return
+        feeds = live[0].feeds if len(live) == 1 else {
+            name: np.concatenate([item.feeds[name] for item in live]) for name in live[0].feeds}
+        start = time.perf_counter()
+        self._busy_since = time.monotonic()
+        try:
+            outputs = self._run_with_failover(feeds)
+        except Exception as exc:  # report to every caller; the worker keeps serving
+            for item in live:
+                item.done(None, exc, None)
+            return
+        finally:
+            self._busy_since = None
+        end = time.perf_counter()
+        self.batches_run += 1
+        offset = 0
+        for item in live:
+            n = next(iter(item.feeds.values())).shape[0] if len(live) > 1 else 0
+            result = outputs if len(live) == 1 else {
+                k: v[offset : offset + n] for k, v in outputs.items()}
+            offset += n
+            item.done(result, None, Timing(start - item.enqueued, end - start, len(live)))
+
+    def _run_with_failover(self, feeds) -> dict[str, np.ndarray]:
+        try:
+            return self.session.run(feeds)
+        except InputError:
+            raise
+        except BackendError as exc:
+            self.last_error = str(exc)
+            replacement = self._next_session() if self._next_session else None
+            if replacement is None:
+                raise
+            log.warning("%s: %s; failing over to %s", self.name, exc,
+                        replacement.candidate.key)
+            self.failovers += 1
+            self.session = replacement
+            return self.session.run(feeds)  # the failed request is retried once, there
+
+
+def _settle(future: asyncio.Future, outputs, error, timing) -> None:
+    if future.done():
+        return  # the client went away and the handler was cancelled
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result((outputs, timing))

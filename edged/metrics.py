@@ -1,0 +1,42 @@
+"""Prometheus metrics of the serving path (prometheus_client, one registry per daemon)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+# Log-spaced buckets from 50 µs to 10 s: edge models answer in well under a millisecond up to
+# seconds, and the tail is what matters.
+LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+
+class ServingMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.duration = Histogram(
+            "edged_request_duration_seconds", "Inference request time by phase",
+            ["model", "phase"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "edged_requests", "Inference requests by HTTP status code", ["model", "code"],
+            registry=self.registry)
+        self.queue_depth = Gauge(
+            "edged_queue_depth", "Requests waiting in the model's queue", ["model"],
+            registry=self.registry)
+        self.batch_size = Histogram(
+            "edged_batch_size", "Requests per executed batch", ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
+        self.backend = Info(
+            "edged_backend", "Active backend per model", ["model"], registry=self.registry)
+        self.failovers = Counter(
+            "edged_failovers", "Switches to another verified backend", ["model"],
+            registry=self.registry)
+
+    def observe(self, model: str, queue_s: float, compute_s: float, total_s: float,
+                batch_size: int) -> None:
+        self.duration.labels(model, "queue").observe(queue_s)
+        self.duration.labels(model, "compute").observe(compute_s)
+        self.duration.labels(model, "total").observe(total_s)
+        # Every request of a batch reports it; the histogram counts requests by batch size.
+        self.batch_size.labels(model).observe(batch_size)

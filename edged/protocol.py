@@ -1,0 +1,227 @@
+"""Open Inference Protocol (KServe v2) request decoding and response encoding.
+
+Pure functions over bytes, so the decoder can be fuzzed on its own. JSON tensors and the
+binary tensor extension (the one Triton and tritonclient speak): a JSON header of
+`Inference-Header-Content-Length` bytes followed by raw tensor bytes in input order, each
+input saying its size in `parameters.binary_data_size`; and the raw-binary form where the
+whole body is the one input's bytes (header length 0).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from backends.base import TensorSpec
+
+# OIP datatype <-> numpy dtype (little-endian, as the extension specifies).
+DATATYPES = {
+    "BOOL": np.dtype("bool"), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+}
+NAMES = {dtype.name: name for name, dtype in DATATYPES.items()}
+
+
+class ProtocolError(ValueError):
+    """A malformed request (HTTP 400); the message says what and where."""
+
+
+def datatype_of(dtype_name: str) -> str:
+    return NAMES.get(np.dtype(dtype_name).name, dtype_name.upper())
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    binary_outputs: dict[str, bool] = field(default_factory=dict)  # requested output -> binary
+    binary_default: bool = False  # `binary_data_output` request parameter
+    timeout_ms: float | None = None
+
+
+def decode_request(body: bytes, header_length: int | None, specs: Sequence[TensorSpec]
+                   ) -> InferRequest:
+    """Decode an infer request. `header_length` is Inference-Header-Content-Length (None when
+    absent: the whole body is JSON)."""
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise ProtocolError(f"Inference-Header-Content-Length {header_length} is outside "
+                                f"the {len(body)}-byte body")
+        if header_length == 0:
+            return _decode_raw(body, specs)
+        header, binary = body[:header_length], memoryview(body)[header_length:]
+    else:
+        header, binary = body, memoryview(b"")
+    try:
+        doc = json.loads(header)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        hint = "" if header_length is not None or not _looks_binary(body) else (
+            " (binary body without an Inference-Header-Content-Length header?)")
+        raise ProtocolError(f"request is not valid JSON: {exc}{hint}") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError("request must be a JSON object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise ProtocolError("request has no 'inputs' list")
+    params = _object(doc.get("parameters", {}), "parameters")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for index, item in enumerate(raw_inputs):
+        where = f"inputs[{index}]"
+        item = _object(item, where)
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise ProtocolError(f"{where}.name must be a string")
+        if name in inputs:
+            raise ProtocolError(f"{where}: input {name!r} given twice")
+        shape = _shape(item.get("shape"), f"{where}.shape")
+        dtype = _dtype(item.get("datatype"), f"{where}.datatype")
+        in_params = _object(item.get("parameters", {}), f"{where}.parameters")
+        size = in_params.get("binary_data_size")
+        count = int(np.prod(shape, dtype=np.int64))
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ProtocolError(f"{where}.parameters.binary_data_size must be a "
+                                    f"non-negative integer")
+            if offset + size > len(binary):
+                raise ProtocolError(f"input {name!r}: binary_data_size {size} runs past the "
+                                    f"end of the body ({len(binary) - offset} bytes left)")
+            if size != count * dtype.itemsize:
+                raise ProtocolError(f"input {name!r}: binary_data_size {size} does not match "
+                                    f"shape {shape} of {_name(dtype)} "
+                                    f"({count * dtype.itemsize} bytes)")
+            array = np.frombuffer(binary[offset:offset + size], dtype=dtype).reshape(shape)
+            offset += size
+        else:
+            array = _json_tensor(item.get("data"), shape, dtype, name)
+        inputs[name] = array.astype(dtype.newbyteorder("="), copy=False)
+    if offset != len(binary):
+        raise ProtocolError(f"{len(binary) - offset} bytes of binary data after the last "
+                            f"input (binary_data_size values do not add up to the body)")
+    binary_default = bool(params.get("binary_data_output", False))
+    outputs = {}
+    for index, out in enumerate(doc.get("outputs") or []):
+        out = _object(out, f"outputs[{index}]")
+        if not isinstance(out.get("name"), str):
+            raise ProtocolError(f"outputs[{index}].name must be a string")
+        out_params = _object(out.get("parameters", {}), f"outputs[{index}].parameters")
+        outputs[out["name"]] = bool(out_params.get("binary_data", binary_default))
+    timeout = params.get("timeout")
+    if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+        raise ProtocolError("parameters.timeout must be a positive number (microseconds)")
+    request_id = doc.get("id")
+    return InferRequest(
+        id=str(request_id) if request_id is not None else None,
+        inputs=inputs,
+        binary_outputs=outputs,
+        binary_default=binary_default,
+        # The protocol's timeout parameter is in microseconds; edged deadlines are in ms.
+        timeout_ms=timeout / 1000.0 if timeout is not None else None,
+    )
+
+
+def _looks_binary(body: bytes) -> bool:
+    return bool(body) and body[:1] not in (b"{", b"[", b" ", b"\n")
+
+
+def _decode_raw(body: bytes, specs: Sequence[TensorSpec]) -> InferRequest:
+    if len(specs) != 1:
+        raise ProtocolError(f"raw binary request (header length 0) needs a single-input "
+                            f"model; this one has {len(specs)} inputs")
+    spec = specs[0]
+    if any(d is None for d in spec.shape):
+        raise ProtocolError(f"raw binary request: input {spec.name!r} has dynamic dims "
+                            f"{list(spec.shape)}; send a JSON header with the shape")
+    dtype = np.dtype(spec.dtype)
+    expected = int(np.prod(spec.shape, dtype=np.int64)) * dtype.itemsize
+    if len(body) != expected:
+        raise ProtocolError(f"raw binary request: body is {len(body)} bytes, input "
+                            f"{spec.name!r} needs {expected}")
+    array = np.frombuffer(body, dtype=dtype).reshape(spec.shape)
+    return InferRequest(None, {spec.name: array}, binary_default=True)
+
+
+def _object(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{where} must be a JSON object")
+    return value
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise ProtocolError(f"{where} must be a list of non-negative integers")
+    if len(value) > 16 or int(np.prod(value, dtype=np.float64)) > 2**31:
+        raise ProtocolError(f"{where} {value} is too large")
+    return tuple(value)
+
+
+def _dtype(value: Any, where: str) -> np.dtype:
+    if value not in DATATYPES:
+        raise ProtocolError(f"{where} {value!r} is not supported (one of "
+                            f"{', '.join(DATATYPES)})")
+    return DATATYPES[value]
+
+
+def _name(dtype: np.dtype) -> str:
+    return NAMES[dtype.name]
+
+
+def _json_tensor(data: Any, shape: tuple[int, ...], dtype: np.dtype, name: str) -> np.ndarray:
+    if data is None:
+        raise ProtocolError(f"input {name!r} has neither 'data' nor binary_data_size")
+    try:
+        array = np.asarray(data)
+        if array.dtype == object:
+            raise ValueError("ragged or mixed data")
+        if dtype.kind in "iu" and array.dtype.kind == "f":
+            raise ValueError("floats given for an integer datatype")
+        array = array.astype(dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ProtocolError(f"input {name!r}: data is not a {_name(dtype)} tensor ({exc})"
+                            ) from None
+    expected = int(np.prod(shape, dtype=np.int64))
+    if array.size != expected:
+        raise ProtocolError(f"input {name!r}: {array.size} values for shape {list(shape)} "
+                            f"({expected} expected)")
+    return array.reshape(shape)
+
+
+def encode_response(model_name: str, request: InferRequest, outputs: Mapping[str, np.ndarray],
+                    ) -> tuple[bytes, int | None]:
+    """(body, header length or None). Binary outputs when asked (per output or by the
+    request-wide `binary_data_output`), else JSON data."""
+    wanted = request.binary_outputs or dict.fromkeys(outputs, request.binary_default)
+    unknown = sorted(set(wanted) - set(outputs))
+    if unknown:
+        raise ProtocolError(f"unknown output {unknown[0]!r}; outputs are {sorted(outputs)}")
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": []}
+    if request.id is not None:
+        doc["id"] = request.id
+    chunks: list[bytes] = []
+    for name, binary in wanted.items():
+        array = np.ascontiguousarray(outputs[name])
+        entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array.dtype.name),
+                                 "shape": list(array.shape)}
+        if binary:
+            data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(data)}
+            chunks.append(data)
+        else:
+            entry["data"] = array.ravel().tolist()
+        doc["outputs"].append(entry)
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    if not chunks:
+        return header, None
+    return header + b"".join(chunks), len(header)
+
+
+def tensor_metadata(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
+    return [{"name": s.name, "datatype": datatype_of(s.dtype),
+             "shape": [-1 if d is None else d for d in s.shape]} for s in specs]

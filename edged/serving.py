@@ -1,0 +1,94 @@
+"""The served models: selection (cached), the loaded session, its worker and fail-over order."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backends import LoadOptions, get_backend
+from backends.base import BackendError, ModelError, Session
+from edged.engine import BatchingConfig, ModelWorker
+from edged.selection import Policy, Selection, all_candidates, select
+from sysconf.hardware import HardwareFacts
+
+log = logging.getLogger("edged.serving")
+
+PLATFORMS = {"onnx": "onnxruntime_onnx", "tflite": "tensorflow_lite",
+             "openvino-ir": "openvino"}
+
+
+@dataclass
+class ServedModel:
+    name: str
+    selection: Selection
+    worker: ModelWorker
+    config_key: tuple  # what the model was loaded from; a reload reloads when it changes
+    loaded_at: float = field(default_factory=time.time)
+
+    @property
+    def platform(self) -> str:
+        return PLATFORMS.get(self.selection.model.format, self.selection.model.format)
+
+    @property
+    def session(self) -> Session:
+        return self.worker.session
+
+    def status(self) -> dict:
+        sel = self.selection.selected
+        session = self.worker.session
+        return {
+            "name": self.name,
+            "path": str(self.selection.model.path),
+            "model_precision": self.selection.model.precision,
+            "backend": session.candidate.backend,
+            "device": session.candidate.device,
+            "precision": session.info().get("precision"),
+            "selected_p99_ms": sel.latency.p99_ms if sel and sel.latency else None,
+            "from_cache": self.selection.from_cache,
+            "ready": self.worker.alive(),
+            "queue_depth": self.worker.queue_depth,
+            "batching": self.worker.batchable,
+            "failovers": self.worker.failovers,
+            "last_error": self.worker.last_error,
+        }
+
+
+def _ranked_fallbacks(selection: Selection) -> Iterator[str]:
+    """Keys of the other verified candidates, fastest p99 first."""
+    others = [e for e in selection.evidence if e.status == "passed" and e.latency]
+    for ev in sorted(others, key=lambda e: e.latency.p99_ms):
+        yield ev.candidate.key
+
+
+def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
+               hw: HardwareFacts, state_dir: Path, config_key: tuple = ()) -> ServedModel:
+    """Select (or read the cached choice), load the pick and start its worker thread.
+
+    Raises ModelError / InputError / SelectionError / BackendError with the reason."""
+    selection = select(path, hw, policy, state_dir)
+    options = LoadOptions(threads=policy.threads, cpus=policy.cpus, shapes=selection.shapes,
+                          dynamic_batch=batching.max_batch_size > 1,
+                          cache_dir=state_dir / "openvino-cache")
+    candidates = {c.key: c for c in all_candidates(hw, selection.model)}
+    chosen = candidates.get(selection.selected.candidate.key, selection.load_candidate())
+    session = get_backend(chosen.backend).load(selection.model, chosen, options)
+    queue = list(_ranked_fallbacks(selection))
+
+    def next_session() -> Session | None:
+        while queue:
+            key = queue.pop(0)
+            candidate = candidates.get(key)
+            if candidate is None:
+                continue
+            try:
+                return get_backend(candidate.backend).load(selection.model, candidate, options)
+            except (ModelError, BackendError) as exc:
+                log.warning("%s: fallback %s failed to load: %s", name, key, exc)
+        return None
+
+    worker = ModelWorker(name, session, batching, policy.cpus, next_session)
+    worker.start()
+    return ServedModel(name, selection, worker, config_key)

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Is the backend `edged.selection.select` picks within 10 % of the best p99 here?
+
+Per model: `select` runs `--rounds` times, each in a fresh temporary state dir (default
+Policy with shapes), to show how stable the pick is; right after each, a second `select` on
+the same state dir shows the cache hit (its wall time, and that it ran no benchmark). Then,
+in the same process, every candidate that passed verification is loaded as `select` loads it
+and timed with many more runs (`--runs`, interleaved in one `edged.bench.benchmark` call per
+confirmation round); the pick's p99 is compared with the best p99 of the same round, and the
+median of the per-round ratios is reported.
+
+Run from a checkout: `.venv/bin/python scripts/bench_selection.py [--json]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout
+
+import edged.selection as selection_mod  # noqa: E402
+from backends import LoadOptions, get_backend  # noqa: E402
+from backends.base import BackendError, Candidate, ModelError  # noqa: E402
+from backends.model_info import inspect_model  # noqa: E402
+from edged.bench import benchmark, pinned_thread  # noqa: E402
+from edged.inputs import make_inputs  # noqa: E402
+from edged.selection import Policy, SelectionError, all_candidates, runtime_versions  # noqa: E402
+from sysconf.hardware import HardwareFacts, probe  # noqa: E402
+
+WITHIN = 0.10  # the pick should be within 10 % of the best p99
+
+
+def model_table(det_size: int) -> dict[str, tuple[str, dict[str, tuple[int, ...]] | None]]:
+    """name -> (file in the test-data models folder, Policy shapes)."""
+    det = {"x": (1, 3, det_size, det_size)}
+    return {
+        "det_fp32": ("ppocrv4_det.onnx", det),
+        "det_int8": ("ppocrv4_det_int8.onnx", det),
+        "cls_int8": ("ppocr_cls_int8.onnx", {"x": (1, 3, 48, 192)}),
+        "face_tflite": ("face_detection_short_range.tflite", None),  # static 1x128x128x3
+    }
+
+
+def models_dir(files: list[str]) -> Path:
+    """The fetched test models (scripts/fetch_test_data.py --print-dir); fetched if missing."""
+    fetch = ROOT / "scripts" / "fetch_test_data.py"
+    root = Path(subprocess.run([sys.executable, str(fetch), "--print-dir"], check=True,
+                               capture_output=True, text=True).stdout.strip())
+    models = root / "models"
+    if not all((models / name).exists() for name in files):
+        subprocess.run([sys.executable, str(fetch), "--only", "models"], check=True)
+    return models
+
+
+class BenchmarkCounter:
+    """Counts the benchmark calls `select` makes (wraps edged.selection.benchmark), so the
+    cache hit is shown to skip measuring, not just assumed from its speed."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._original = selection_mod.benchmark
+
+    def __enter__(self) -> BenchmarkCounter:
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self._original(*args, **kwargs)
+
+        selection_mod.benchmark = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        selection_mod.benchmark = self._original
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def select_rounds(path: Path, hw: HardwareFacts, policy: Policy, rounds: int, log
+                  ) -> tuple[list[dict[str, Any]], list[Any]]:
+    results, selections = [], []
+    for r in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="edged-bench-sel-") as tmp:
+            state = Path(tmp)
+            with BenchmarkCounter() as first_count:
+                t0 = time.perf_counter()
+                first = selection_mod.select(path, hw, policy, state)
+                first_s = time.perf_counter() - t0
+            with BenchmarkCounter() as second_count:
+                t0 = time.perf_counter()
+                second = selection_mod.select(path, hw, policy, state)
+                second_s = time.perf_counter() - t0
+        sel = first.selected
+        results.append({
+            "round": r + 1,
+            "selected": sel.candidate.key,
+            "ran_as": sel.precision,
+            "selection_p50_ms": sel.latency.p50_ms,
+            "selection_p99_ms": sel.latency.p99_ms,
+            "selection_runs": sel.latency.runs,
+            "evidence": {e.candidate.key: {"status": e.status, "cosine": e.cosine,
+                                           "p99_ms": e.latency.p99_ms if e.latency else None}
+                         for e in first.evidence if e.status != "unavailable"},
+            "first_select_s": round(first_s, 4),
+            "first_benchmark_calls": first_count.calls,
+            "second_select_s": round(second_s, 4),
+            "second_from_cache": second.from_cache,
+            "second_benchmark_calls": second_count.calls,
+            "second_same_pick": second.selected.candidate.key == sel.candidate.key,
+        })
+        selections.append(first)
+        log(f"{path.name}: round {r + 1}: picked {sel.candidate.key} in {first_s:.1f} s; "
+            f"cached select {second_s * 1000:.0f} ms")
+    return results, selections
+
+
+def confirm(selection, hw: HardwareFacts, policy: Policy, runs: int, warmup: int,
+            rounds: int, passed: list[str], log) -> list[dict[str, Any]]:
+    """Every candidate that passed, loaded as `select` loads it, timed interleaved."""
+    by_key: dict[str, Candidate] = {c.key: c for c in all_candidates(hw, selection.model)}
+    per_round = []
+    with tempfile.TemporaryDirectory(prefix="edged-bench-confirm-") as tmp, \
+            pinned_thread(policy.cpus):
+        options = LoadOptions(threads=policy.threads, cpus=policy.cpus,
+                              shapes=selection.shapes, cache_dir=Path(tmp) / "openvino-cache")
+        sessions = {}
+        for key in passed:
+            try:
+                sessions[key] = get_backend(by_key[key].backend).load(
+                    selection.model, by_key[key], options)
+            except (BackendError, ModelError, KeyError) as exc:
+                log(f"{selection.model.name}: {key} did not load for confirmation: {exc}")
+        feeds = make_inputs(next(iter(sessions.values())).inputs, selection.shapes)
+        keys = list(sessions)
+        for r in range(rounds):
+            order = keys[r % len(keys):] + keys[: r % len(keys)]
+            t0 = time.perf_counter()
+            stats = benchmark({k: (lambda s=sessions[k]: s.run(feeds)) for k in order},
+                              runs, warmup)
+            per_round.append({k: stats[k] for k in keys})
+            log(f"{selection.model.name}: confirmation round {r + 1}/{rounds} "
+                f"({len(keys)} candidates x {runs} runs) in {time.perf_counter() - t0:.1f} s")
+        for s in sessions.values():
+            s.close()
+    return per_round
+
+
+def run_model(name: str, path: Path, shapes, hw: HardwareFacts, args, log) -> dict[str, Any]:
+    policy = Policy(shapes=shapes)
+    rounds, selections = select_rounds(path, hw, policy, args.rounds, log)
+    picks = collections.Counter(r["selected"] for r in rounds)
+    passed = [k for k, e in rounds[0]["evidence"].items() if e["status"] in ("passed",
+                                                                           "selected")]
+    for r in rounds[1:]:  # a candidate that passed in any round
+        passed += [k for k, e in r["evidence"].items()
+                   if e["status"] in ("passed", "selected") and k not in passed]
+    block: dict[str, Any] = {
+        "model": name, "path": str(path), "precision": selections[0].model.precision,
+        "shapes": {k: list(v) for k, v in selections[0].shapes.items()},
+        "policy": {"runs": policy.runs, "warmup": policy.warmup,
+                   "time_budget_s": policy.time_budget_s, "min_cosine": policy.min_cosine},
+        "rounds": rounds,
+        "picks": dict(picks),
+        "passed": passed,
+        "rejected": sorted({k for r in rounds for k, e in r["evidence"].items()
+                            if e["status"] in ("rejected", "failed")}),
+        "first_select_s_median": round(median([r["first_select_s"] for r in rounds]), 3),
+        "second_select_s_median": round(median([r["second_select_s"] for r in rounds]), 4),
+        "cache_hits": sum(r["second_from_cache"] and r["second_benchmark_calls"] == 0
+                          and r["second_same_pick"] for r in rounds),
+    }
+    block["cache_speedup"] = round(block["first_select_s_median"]
+                                   / max(block["second_select_s_median"], 1e-9), 1)
+    if len(passed) < 2:
+        block["confirmation"] = None
+        block["verdict"] = (f"only {passed[0] if passed else 'nothing'} passed verification: "
+                            "the pick is the best by definition (ratio 1.00)")
+        block["within_10pct"] = bool(passed)
+        return block
+    per_round = confirm(selections[0], hw, policy, args.runs, args.warmup, args.confirm_rounds,
+                        passed, log)
+    table = {}
+    for key in passed:
+        if key not in per_round[0]:
+            continue
+        table[key] = {
+            "p50_ms": round(median([rs[key].p50_ms for rs in per_round]), 3),
+            "p99_ms": round(median([rs[key].p99_ms for rs in per_round]), 3),
+            "p99_over_best": round(median([rs[key].p99_ms / min(v.p99_ms for v in rs.values())
+                                           for rs in per_round]), 3),
+            "picked_in_rounds": picks.get(key, 0),
+        }
+    best = min(table, key=lambda k: table[k]["p99_over_best"])
+    # Each round's pick against the best of the confirmation; the headline is the worst.
+    ratios = [table[r["selected"]]["p99_over_best"] for r in rounds if r["selected"] in table]
+    worst = max(ratios) if ratios else float("inf")
+    block["confirmation"] = {"runs": args.runs, "rounds": args.confirm_rounds,
+                             "warmup": args.warmup, "candidates": table, "best": best,
+                             "per_round": [{k: v.to_dict() for k, v in rs.items()}
+                                           for rs in per_round]}
+    block["selected_over_best_p99"] = [round(x, 3) for x in ratios]
+    block["within_10pct"] = worst <= 1 + WITHIN
+    block["verdict"] = (f"pick(s) {', '.join(f'{k} x{n}' for k, n in picks.items())}; best p99 "
+                        f"{best}; selected/best p99 {', '.join(f'{x:.2f}' for x in ratios)} -> "
+                        f"{'within' if block['within_10pct'] else 'NOT within'} 10 %")
+    return block
+
+
+def format_block(b: dict[str, Any]) -> str:
+    shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in b["shapes"].items())
+    lines = [f"{b['model']} ({Path(b['path']).name}, {b['precision']}, {shapes})"]
+    for r in b["rounds"]:
+        lines.append(f"  select round {r['round']}: {r['selected']} (ran as {r['ran_as']}), "
+                     f"its p99 {r['selection_p99_ms']:.3f} ms over {r['selection_runs']} runs; "
+                     f"{r['first_select_s']:.2f} s, cached {r['second_select_s'] * 1000:.1f} ms "
+                     f"(from_cache={r['second_from_cache']}, "
+                     f"benchmark calls {r['second_benchmark_calls']})")
+    if b["rejected"]:
+        lines.append(f"  rejected/failed: {', '.join(b['rejected'])}")
+    conf = b.get("confirmation")
+    if conf:
+        lines.append(f"  confirmation: {len(conf['candidates'])} candidates x {conf['runs']} runs "
+                     f"x {conf['rounds']} rounds, interleaved (medians of per-round figures)")
+        lines.append(f"    {'candidate':24} {'p50 ms':>8} {'p99 ms':>8} {'p99/best':>9} "
+                     f"{'picked':>7}")
+        for key, row in sorted(conf["candidates"].items(), key=lambda kv: kv[1]["p99_ms"]):
+            lines.append(f"    {key:24} {row['p50_ms']:8.3f} {row['p99_ms']:8.3f} "
+                         f"{row['p99_over_best']:9.3f} {row['picked_in_rounds']:>4}/"
+                         f"{len(b['rounds'])}")
+    lines.append(f"  cache: first select {b['first_select_s_median']:.2f} s, second "
+                 f"{b['second_select_s_median'] * 1000:.1f} ms (median; x{b['cache_speedup']}), "
+                 f"cache hits without benchmark {b['cache_hits']}/{len(b['rounds'])}")
+    lines.append(f"  => {b['verdict']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="selections per model, each in a fresh state dir")
+    parser.add_argument("--runs", type=int, default=300,
+                        help="timed runs per candidate per confirmation round")
+    parser.add_argument("--confirm-rounds", type=int, default=2,
+                        help="confirmation benchmark rounds (medians)")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--det-size", type=int, default=640, help="det input size (square)")
+    parser.add_argument("--model", action="append", choices=list(model_table(640)),
+                        help="only these models (repeatable; default all)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    if min(args.rounds, args.runs, args.confirm_rounds) < 1 or args.warmup < 0:
+        parser.error("--rounds, --runs and --confirm-rounds must be at least 1")
+
+    def log(msg: str) -> None:
+        print(f"bench_selection: {msg}", file=sys.stderr, flush=True)
+
+    table = model_table(args.det_size)
+    names = args.model or list(table)
+    folder = models_dir([table[n][0] for n in names])
+    hw = probe()
+    report: dict[str, Any] = {
+        "benchmark": "selection_vs_best",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpu_model": hw.cpu_model, "cpus": hw.cpu_count, "arch": hw.arch,
+                    "isa_int8": hw.isa_int8, "runtimes": runtime_versions()},
+        "loadavg_1min_start": round(os.getloadavg()[0], 2),
+        "models": [],
+    }
+    status = 0
+    for name in names:
+        file, shapes = table[name]
+        try:
+            inspect_model(folder / file)
+            block = run_model(name, folder / file, shapes, hw, args, log)
+        except (ModelError, SelectionError) as exc:
+            log(f"{name}: {exc}")
+            block = {"model": name, "error": str(exc)}
+            status = 1
+        report["models"].append(block)
+        if not args.json:
+            print(format_block(block) if "error" not in block else f"{name}: {block['error']}",
+                  flush=True)
+    report["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        ok = [b for b in report["models"] if b.get("within_10pct")]
+        print(f"summary: pick within 10 % of the best p99 for {len(ok)}/{len(report['models'])} "
+              f"models; loadavg {report['loadavg_1min_start']} -> {report['loadavg_1min_end']}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""edged.config: the shipped example loads, defaults hold, and every broken config is refused
+with one line naming the file and the exact key."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from edged.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    ConfigError,
+    ModelConfig,
+    ServerConfig,
+    load_config,
+    parse_config,
+)
+from edged.selection import Policy
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "edged.toml"
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A config folder with a (content-free) model file: the config only checks it exists."""
+    (tmp_path / "m.onnx").write_bytes(b"")
+    return tmp_path
+
+
+def parse(folder: Path, text: str) -> Config:
+    return parse_config(textwrap.dedent(text), folder / "edged.toml")
+
+
+def error(folder: Path, text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse(folder, text)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{folder / 'edged.toml'}: "), message
+    return info.value
+
+
+MODEL = '[[models]]\nname = "m"\npath = "m.onnx"\n'
+
+
+def test_example_config_loads(test_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGED_TEST_DATA", str(test_data))
+    config = load_config(EXAMPLE)
+    assert config.source == EXAMPLE
+    assert config.server == ServerConfig(
+        listen_host="127.0.0.1", listen_port=8000, socket=REPO / "state" / "edged.sock",
+        socket_mode=0o660, state_dir=REPO / "state", max_body_bytes=64 * 1024 * 1024,
+        log_level="info")
+    assert config.selection == Policy(runs=50, warmup=5, min_cosine=0.99, max_abs=None)
+    det, face = config.models
+    assert det == ModelConfig(
+        name="ocr-det", path=test_data / "models" / "ppocrv4_det_int8.onnx", backend="auto",
+        threads=2, cpus=None, shapes={"x": (1, 3, 640, 640)}, max_batch_size=4,
+        preferred_batch_sizes=(), max_queue_delay_us=500, max_queue_size=64, timeout_ms=2000)
+    assert face.path == test_data / "models" / "face_detection_short_range.tflite"
+    assert face.backend == "auto" and face.max_batch_size == 1
+    assert config.model("face") is face and config.model("nope") is None
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_example_falls_back_to_the_default_test_data_folder(
+    value: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if value is None:
+        monkeypatch.delenv("EDGED_TEST_DATA", raising=False)
+    else:
+        monkeypatch.setenv("EDGED_TEST_DATA", value)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    models = tmp_path / ".cache" / "edged" / "test-data" / "models"
+    models.mkdir(parents=True)
+    for name in ("ppocrv4_det_int8.onnx", "face_detection_short_range.tflite"):
+        (models / name).write_bytes(b"")
+    config = load_config(EXAMPLE)
+    assert config.model("ocr-det").path == models / "ppocrv4_det_int8.onnx"
+
+
+def test_defaults(folder: Path) -> None:
+    config = parse(folder, "")
+    assert config == Config(source=folder / "edged.toml")
+    assert config.server == ServerConfig(
+        listen_host="127.0.0.1", listen_port=8000, socket=Path("/run/edged/edged.sock"),
+        socket_mode=0o660, state_dir=Path("/var/lib/edged"), max_body_bytes=67108864,
+        log_level="info")
+    assert config.selection == Policy()
+    assert config.models == ()
+    (model,) = parse(folder, MODEL).models
+    assert model == ModelConfig(name="m", path=folder / "m.onnx")
+    assert (model.backend, model.threads, model.cpus, model.shapes) == ("auto", None, None, None)
+    assert (model.max_batch_size, model.preferred_batch_sizes, model.max_queue_delay_us,
+            model.max_queue_size, model.timeout_ms) == (1, (), 0, 64, 1000)
+    assert Path("/etc/edged/edged.toml") == DEFAULT_CONFIG_PATH
+    assert parse(folder, "models = []").models == ()
+
+
+def test_every_key_set(folder: Path) -> None:
+    config = parse(folder, """
+        [server]
+        listen = "[::1]:0"
+        socket = ""
+        socket_mode = "0600"
+        state_dir = "/srv/edged"
+        max_body_bytes = 1024
+        log_level = "DEBUG"
+
+        [selection]
+        runs = 10
+        warmup = 0
+        time_budget_s = 2
+        min_cosine = 1
+        max_abs = 0.5
+
+        [[models]]
+        name = "m.v2_a-b"
+        path = "m.onnx"
+        backend = "ov:CPU:bf16"
+        threads = 3
+        cpus = [3, 1, 2, 3]
+        shapes = { x = [1, 3, 32, 32], "mask" = [1, 32] }
+        max_batch_size = 8
+        preferred_batch_sizes = [8, 4]
+        max_queue_delay_us = 0
+        max_queue_size = 1
+        timeout_ms = 1
+        """)
+    assert config.server == ServerConfig("::1", 0, None, 0o600, Path("/srv/edged"), 1024,
+                                         "debug")
+    assert config.selection == Policy(runs=10, warmup=0, time_budget_s=2.0, min_cosine=1.0,
+                                      max_abs=0.5)
+    (model,) = config.models
+    assert model.backend == "openvino:CPU:bf16"  # canonical name: one cache entry per backend
+    assert model.cpus == (1, 2, 3)
+    assert model.shapes == {"x": (1, 3, 32, 32), "mask": (1, 32)}
+    assert model.preferred_batch_sizes == (4, 8)
+    assert (model.threads, model.max_queue_delay_us, model.max_queue_size,
+            model.timeout_ms) == (3, 0, 1, 1)
+    assert hash(config)  # frozen and hashable (shapes is left out of the hash)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        model.threads = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("listen", "host", "port"), [
+    ("127.0.0.1:8000", "127.0.0.1", 8000),
+    ("localhost:0", "localhost", 0),
+    ("0.0.0.0:65535", "0.0.0.0", 65535),
+    ("[::1]:8001", "::1", 8001),
+    ("", None, None),
+])
+def test_listen(folder: Path, listen: str, host: str | None, port: int | None) -> None:
+    server = parse(folder, f'[server]\nlisten = "{listen}"').server
+    assert (server.listen_host, server.listen_port) == (host, port)
+
+
+def test_cpus_kernel_list(folder: Path) -> None:
+    (model,) = parse(folder, MODEL + 'cpus = "0-1,3"').models
+    assert model.cpus == (0, 1, 3)
+
+
+def test_policy_mapping(folder: Path) -> None:
+    config = parse(folder, """
+        [selection]
+        runs = 7
+        warmup = 1
+        min_cosine = 0.95
+        max_abs = 0.1
+        [[models]]
+        name = "m"
+        path = "m.onnx"
+        backend = "onnxruntime"
+        threads = 2
+        cpus = "2-3"
+        shapes = { x = [1, 3, 8, 8] }
+        """)
+    policy = config.models[0].policy(config.selection)
+    assert policy == Policy(runs=7, warmup=1, time_budget_s=Policy().time_budget_s,
+                            min_cosine=0.95, max_abs=0.1, threads=2, cpus=(2, 3),
+                            shapes={"x": (1, 3, 8, 8)}, backend="onnxruntime")
+    assert policy.key_parts()["shapes"] == {"x": [1, 3, 8, 8]}
+    # A model without settings leaves the base's model fields at their unpinned defaults.
+    (plain,) = parse(folder, MODEL).models
+    base = Policy(runs=3, threads=9, cpus=(0,), backend="litert")
+    assert plain.policy(base) == Policy(runs=3)
+
+
+def test_relative_paths_resolve_against_the_config_folder(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    sub = folder / "etc"
+    sub.mkdir()
+    (sub / "edged.toml").write_text(textwrap.dedent("""
+        [server]
+        socket = "../run/edged.sock"
+        state_dir = "state"
+        [[models]]
+        name = "a"
+        path = "../m.onnx"
+        [[models]]
+        name = "b"
+        path = "${MODELS}/m.onnx"
+        [[models]]
+        name = "c"
+        path = "~/m.onnx"
+        """))
+    monkeypatch.setenv("MODELS", str(folder))
+    monkeypatch.setenv("HOME", str(folder))
+    monkeypatch.chdir(sub)  # a relative config path names the file as given, resolves fully
+    config = load_config("edged.toml")
+    assert config.source == sub / "edged.toml"
+    assert config.server.socket == folder / "run" / "edged.sock"
+    assert config.server.state_dir == sub / "state"
+    assert [m.path for m in config.models] == [folder / "m.onnx"] * 3
+    monkeypatch.chdir("/")  # the working directory does not matter
+    assert load_config(sub / "edged.toml") == config
+
+
+def test_model_symlink_keeps_its_name(folder: Path) -> None:
+    (folder / "link.onnx").symlink_to(folder / "m.onnx")
+    (model,) = parse(folder, '[[models]]\nname = "m"\npath = "link.onnx"').models
+    assert model.path == folder / "link.onnx"
+
+
+# (config text, the key the error must name, a piece of the problem it must state)
+ERRORS = [
+    # TOML structure and types
+    ("[server\n", None, "line 1, column 8: "),
+    ("a = 1\n\nb = = 2\n", None, "line 3, column 5: "),
+    ("colour = 1", "colour", "unknown key; allowed: server, selection, models"),
+    ("sever = {}", "sever", "did you mean 'server'?"),
+    ('listen = "x:1"', "listen", "it belongs in [server]"),
+    ('name = "m"', "name", "it belongs in [[models]]"),
+    ("server = 1", "server", "expected a table ([server]), got 1"),
+    ('[models]\nname = "m"', "models", "expected an array of tables ([[models]])"),
+    ('models = "m"', "models", "expected an array of tables"),
+    ("models = [1]", "models[0]", "expected a table, got 1"),
+    ("[[models]]", "models[0]", "empty [[models]] table; name and path are required"),
+    # [server]
+    ("[server]\nlistne = ''", "server.listne", "did you mean 'listen'?"),
+    ('[server]\nlisten = "localhost"', "server.listen", "expected HOST:PORT, got 'localhost'"),
+    ('[server]\nlisten = ":8000"', "server.listen", "expected HOST:PORT"),
+    ('[server]\nlisten = "h:65536"', "server.listen", "port must be 0..65535"),
+    ('[server]\nlisten = "h:-1"', "server.listen", "port must be 0..65535"),
+    ('[server]\nlisten = "h:http"', "server.listen", "port must be 0..65535"),
+    ('[server]\nlisten = "::1:80"', "server.listen", "needs brackets"),
+    ('[server]\nlisten = "[nope]:80"', "server.listen", "not an IPv6 address"),
+    ("[server]\nlisten = 8000", "server.listen", "must be a string, got 8000"),
+    ('[server]\nlisten = ""\nsocket = ""', "server.listen", "nothing could reach the daemon"),
+    ("[server]\nsocket_mode = 660", "server.socket_mode", 'octal string such as "0660"'),
+    ('[server]\nsocket_mode = "0869"', "server.socket_mode", "got '0869'"),
+    ('[server]\nsocket_mode = "01777"', "server.socket_mode", "got '01777'"),
+    (f'[server]\nsocket = "/{"x" * 120}"', "server.socket", "at most 107"),
+    ('[server]\nsocket = "$EDGED_UNSET_VAR/s"', "server.socket",
+     "environment variable EDGED_UNSET_VAR is not set"),
+    ('[server]\nstate_dir = ""', "server.state_dir", "must not be empty"),
+    ("[server]\nmax_body_bytes = 0", "server.max_body_bytes", "must be an integer >= 1, got 0"),
+    ('[server]\nmax_body_bytes = "64M"', "server.max_body_bytes", "got '64M'"),
+    ('[server]\nlog_level = "verbose"', "server.log_level",
+     "must be one of debug, info, warning, error, got 'verbose'"),
+    # [selection]
+    ("[selection]\nthreads = 2", "selection.threads", "unknown key"),
+    ("[selection]\nruns = 0", "selection.runs", "must be an integer >= 1, got 0"),
+    ("[selection]\nruns = 1.5", "selection.runs", "got 1.5"),
+    ("[selection]\nwarmup = -1", "selection.warmup", "must be an integer >= 0"),
+    ("[selection]\nwarmup = true", "selection.warmup", "got true"),
+    ("[selection]\nmin_cosine = 1.5", "selection.min_cosine", "between -1 and 1"),
+    ("[selection]\nmin_cosine = nan", "selection.min_cosine", "got nan"),
+    ('[selection]\nmin_cosine = "0.9"', "selection.min_cosine", "got '0.9'"),
+    ("[selection]\nmax_abs = -0.1", "selection.max_abs", "a number >= 0"),
+    ("[selection]\ntime_budget_s = 0", "selection.time_budget_s", "seconds > 0"),
+    # [[models]]
+    ('[[models]]\npath = "m.onnx"', "models[0].name", "required"),
+    ('[[models]]\nname = "m"', "models[0].path", "required"),
+    ('[[models]]\nname = "m"\npath = 1', "models[0].path", "must be a string, got 1"),
+    ('[[models]]\nname = "a b"\npath = "m.onnx"', "models[0].name", "got 'a b'"),
+    ('[[models]]\nname = ".."\npath = "m.onnx"', "models[0].name", "not only dots"),
+    ('[[models]]\nname = 5\npath = "m.onnx"', "models[0].name", "must be a string"),
+    (MODEL + MODEL, "models[1].name", "duplicate model name 'm' (also models[0])"),
+    (MODEL + "nmae = 'x'", "models[0].nmae", "did you mean 'name'?"),
+    (MODEL + "max_batch_szie = 4", "models[0].max_batch_szie", "did you mean 'max_batch_size'?"),
+    (MODEL + "threads = 0", "models[0].threads", "must be an integer >= 1, got 0"),
+    (MODEL + 'threads = "2"', "models[0].threads", "got '2'"),
+    (MODEL + 'backend = "tensorrt"', "models[0].backend", "got 'tensorrt'"),
+    (MODEL + 'backend = "openvino:"', "models[0].backend", "got 'openvino:'"),
+    (MODEL + 'backend = "all"', "models[0].backend", "BACKEND one of onnxruntime"),
+    (MODEL + "backend = 1", "models[0].backend", "must be a string"),
+    (MODEL + 'cpus = "0-x"', "models[0].cpus", "bad CPU list '0-x'"),
+    (MODEL + 'cpus = "3-1"', "models[0].cpus", "runs backwards"),
+    (MODEL + 'cpus = ""', "models[0].cpus", "leave the key out"),
+    (MODEL + "cpus = []", "models[0].cpus", "leave the key out"),
+    (MODEL + "cpus = [0, -1]", "models[0].cpus[1]", "must be an integer >= 0"),
+    (MODEL + 'cpus = ["0"]', "models[0].cpus[0]", "got '0'"),
+    (MODEL + "cpus = 1", "models[0].cpus", 'CPU list string such as "0-1,3"'),
+    (MODEL + "shapes = [1, 3]", "models[0].shapes", "must be a table"),
+    (MODEL + "shapes = { x = [1, 0] }", "models[0].shapes.x[1]", "must be an integer >= 1"),
+    (MODEL + 'shapes = { x = "1x3" }', "models[0].shapes.x", "must be an array of integers"),
+    (MODEL + "shapes = { x = [] }", "models[0].shapes.x", "at least one dimension"),
+    (MODEL + "max_batch_size = 0", "models[0].max_batch_size", "must be an integer >= 1"),
+    (MODEL + "preferred_batch_sizes = [2]", "models[0].preferred_batch_sizes[0]",
+     "must be an integer >= 1 and <= 1, got 2"),
+    (MODEL + "max_batch_size = 8\npreferred_batch_sizes = [4, 4]",
+     "models[0].preferred_batch_sizes", "lists a size twice"),
+    (MODEL + "preferred_batch_sizes = 4", "models[0].preferred_batch_sizes",
+     "must be an array of integers"),
+    (MODEL + "max_queue_delay_us = -1", "models[0].max_queue_delay_us", ">= 0, got -1"),
+    (MODEL + "max_queue_size = 0", "models[0].max_queue_size", ">= 1, got 0"),
+    (MODEL + "timeout_ms = 0", "models[0].timeout_ms", ">= 1, got 0"),
+    (MODEL + "[models.shapes]\nx = [1]\n[[models]]\nname = 'm2'\npath = 'm.onnx'\n"
+     "threads = 0", "models[1].threads", "got 0"),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "problem"), ERRORS)
+def test_errors_name_file_and_key(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, text: str, key: str | None, problem: str
+) -> None:
+    monkeypatch.delenv("EDGED_UNSET_VAR", raising=False)
+    err = error(folder, text)
+    assert err.key == key
+    assert problem in err.problem
+    expected = f"{folder / 'edged.toml'}: {key}: " if key else f"{folder / 'edged.toml'}: "
+    assert str(err).startswith(expected)
+
+
+def test_missing_model_file_names_the_absolute_path(folder: Path) -> None:
+    err = error(folder, '[[models]]\nname = "m"\npath = "models/gone.onnx"')
+    assert str(err) == (f"{folder / 'edged.toml'}: models[0].path: no such file: "
+                        f"{folder / 'models' / 'gone.onnx'}")
+    err = error(folder, f'[[models]]\nname = "m"\npath = "{folder}"')
+    assert err.key == "models[0].path" and err.problem == f"not a file: {folder}"
+
+
+def test_typo_is_an_error_not_a_default(folder: Path) -> None:
+    err = error(folder, "[server]\nmax_body_byte = 10")
+    assert str(err) == (
+        f"{folder / 'edged.toml'}: server.max_body_byte: unknown key; did you mean "
+        f"'max_body_bytes'?; allowed: listen, socket, socket_mode, state_dir, max_body_bytes, "
+        f"log_level")
+
+
+def test_the_file_is_named_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("edged.toml").write_text('[server]\nlisten = "localhost"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config("edged.toml")
+    assert str(info.value) == "edged.toml: server.listen: expected HOST:PORT, got 'localhost'"
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    missing = tmp_path / "none.toml"
+    with pytest.raises(ConfigError, match=f"^{missing}: no such file$"):
+        load_config(missing)
+    with pytest.raises(ConfigError, match=f"^{tmp_path}: is a directory"):
+        load_config(tmp_path)
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"a = '\xff'\n")
+    with pytest.raises(ConfigError, match=f"^{binary}: not UTF-8 text"):
+        load_config(binary)
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf[server]\nlog_level = 'error'\n")
+    assert load_config(bom).server.log_level == "error"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_permission_denied(tmp_path: Path) -> None:
+    locked = tmp_path / "locked.toml"
+    locked.write_text("")
+    locked.chmod(0)
+    with pytest.raises(ConfigError, match=f"^{locked}: permission denied$"):
+        load_config(locked)
