@@ -18,6 +18,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,9 @@ class Daemon:
         self.reloads = 0
         self.last_reload_error: str | None = None
         self._server = None
+        self._reload_lock: asyncio.Lock | None = None
+        self._reload_pending = False
+        self._tasks: set[asyncio.Task] = set()
 
     # -- models ------------------------------------------------------------------------------
     def load_models(self, config: Config, current: dict[str, ServedModel]
@@ -140,13 +144,17 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop, sig)
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        self._reload_lock = asyncio.Lock()
+        loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         tasks = [asyncio.ensure_future(self._announce_ready(server, sockets))]
         interval = watchdog_interval_s()
         if interval:
             tasks.append(asyncio.ensure_future(self._watchdog(interval)))
         try:
             await server.serve(sockets=sockets)
+            if not server.started:
+                log.error("the HTTP server did not start")
+                return EXIT_FAILED
         finally:
             for task in tasks:
                 task.cancel()
@@ -154,6 +162,24 @@ class Daemon:
             _remove_socket_file(self.config)
         log.info("stopped")
         return EXIT_OK
+
+    def _on_hup(self) -> None:
+        """Reloads never overlap: a HUP during a reload runs one more reload after it."""
+        assert self._reload_lock is not None
+        if self._reload_lock.locked():
+            self._reload_pending = True
+            return
+        task = asyncio.ensure_future(self._reload_serialized())
+        self._tasks.add(task)  # keep a reference until done (the loop holds only a weak one)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reload_serialized(self) -> None:
+        assert self._reload_lock is not None
+        async with self._reload_lock:
+            await self.reload()
+            while self._reload_pending:
+                self._reload_pending = False
+                await self.reload()
 
     def _on_stop(self, sig: int) -> None:
         log.info("signal %s: draining and stopping", signal.Signals(sig).name)
@@ -167,6 +193,8 @@ class Daemon:
         where = ", ".join(_describe(s) for s in sockets)
         log.info("serving %d model(s) on %s", len(self.models), where)
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
+        if _hup_during_start.is_set():  # a HUP that came while models were loading
+            self._on_hup()
 
     def _status_line(self) -> str:
         text = f"serving {len(self.models)} model(s)"
@@ -207,8 +235,13 @@ class Daemon:
 
     @staticmethod
     def _stop_workers(models) -> None:
-        for served in models:
-            served.worker.stop(DRAIN_S)
+        """Stop all workers at once, each bounded by DRAIN_S, so N models take DRAIN_S."""
+        workers = [served.worker for served in models]
+        threads = [threading.Thread(target=w.stop, args=(DRAIN_S,)) for w in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
 
 class _Server:
@@ -280,6 +313,9 @@ def thread_affinities() -> list[dict[str, Any]]:
     return rows
 
 
+_hup_during_start = threading.Event()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edged", description="edged inference daemon")
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
@@ -288,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-config", action="store_true",
                         help="validate the config and exit (0 valid, 2 invalid)")
     args = parser.parse_args(argv)
+    # Until the event loop takes over, a SIGHUP (systemctl reload during a long first start)
+    # must not kill the daemon: remember it and reload once serving.
+    signal.signal(signal.SIGHUP, lambda *_: _hup_during_start.set())
     try:
         config = load_config(args.config)
     except ConfigError as exc:

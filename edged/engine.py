@@ -113,7 +113,8 @@ class ModelWorker:
         for item in left:
             item.done(None, NotServing(f"{self.name}: shutting down"), None)
         if self._thread is not None:
-            self._thread.join(timeout=drain_s)
+            # One deadline for draining and joining: a hung runtime cannot hold the stop.
+            self._thread.join(timeout=max(0.1, deadline - time.monotonic()))
 
     def stalled(self, bound_s: float) -> bool:
         """True while one batch has been running for longer than `bound_s` (a hung runtime)."""
@@ -153,6 +154,7 @@ class ModelWorker:
 
     # -- the worker thread -----------------------------------------------------------------
     def _loop(self) -> None:
+        _name_thread(f"infer-{self.name}")
         if self.cpus:
             os.sched_setaffinity(0, set(self.cpus))  # this thread only (Linux semantics)
         while True:
@@ -238,6 +240,15 @@ class ModelWorker:
             self.failovers += 1
             self.session = replacement
             return self.session.run(feeds)  # the failed request is retried once, there
+
+
+def _name_thread(name: str) -> None:
+    """Name the OS thread (comm, 15 chars) so ps, top and `edgectl status` show what it is."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
+            comm.write(name[:15])
+    except OSError:
+        pass  # cosmetic only
 
 
 def _settle(future: asyncio.Future, outputs, error, timing) -> None:

@@ -10,6 +10,7 @@ whole body is the one input's bytes (header length 0).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ DATATYPES = {
     "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
 }
 NAMES = {dtype.name: name for name, dtype in DATATYPES.items()}
+MAX_DIMS = 16
+MAX_ELEMENTS = 2**31  # per tensor, and per product of its non-zero dims
 
 
 class ProtocolError(ValueError):
@@ -60,9 +63,11 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
         header, binary = body, memoryview(b"")
     try:
         doc = json.loads(header)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        hint = "" if header_length is not None or not _looks_binary(body) else (
-            " (binary body without an Inference-Header-Content-Length header?)")
+    except RecursionError:
+        raise ProtocolError("request JSON is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
+        hint = "" if header_length is not None or not _looks_binary(body, exc) else (
+            " (binary tensor data needs an Inference-Header-Content-Length header)")
         raise ProtocolError(f"request is not valid JSON: {exc}{hint}") from None
     if not isinstance(doc, dict):
         raise ProtocolError("request must be a JSON object")
@@ -84,7 +89,7 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
         dtype = _dtype(item.get("datatype"), f"{where}.datatype")
         in_params = _object(item.get("parameters", {}), f"{where}.parameters")
         size = in_params.get("binary_data_size")
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise ProtocolError(f"{where}.parameters.binary_data_size must be a "
@@ -94,9 +99,9 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
                                     f"end of the body ({len(binary) - offset} bytes left)")
             if size != count * dtype.itemsize:
                 raise ProtocolError(f"input {name!r}: binary_data_size {size} does not match "
-                                    f"shape {shape} of {_name(dtype)} "
+                                    f"shape {list(shape)} of {_name(dtype)} "
                                     f"({count * dtype.itemsize} bytes)")
-            array = np.frombuffer(binary[offset:offset + size], dtype=dtype).reshape(shape)
+            array = _from_bytes(binary[offset:offset + size], dtype).reshape(shape)
             offset += size
         else:
             array = _json_tensor(item.get("data"), shape, dtype, name)
@@ -104,16 +109,20 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
     if offset != len(binary):
         raise ProtocolError(f"{len(binary) - offset} bytes of binary data after the last "
                             f"input (binary_data_size values do not add up to the body)")
-    binary_default = bool(params.get("binary_data_output", False))
+    binary_default = _flag(params, "binary_data_output", False, "parameters")
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None and not isinstance(raw_outputs, list):
+        raise ProtocolError("'outputs' must be a list")
     outputs = {}
-    for index, out in enumerate(doc.get("outputs") or []):
+    for index, out in enumerate(raw_outputs or []):
         out = _object(out, f"outputs[{index}]")
         if not isinstance(out.get("name"), str):
             raise ProtocolError(f"outputs[{index}].name must be a string")
-        out_params = _object(out.get("parameters", {}), f"outputs[{index}].parameters")
-        outputs[out["name"]] = bool(out_params.get("binary_data", binary_default))
+        where = f"outputs[{index}].parameters"
+        out_params = _object(out.get("parameters", {}), where)
+        outputs[out["name"]] = _flag(out_params, "binary_data", binary_default, where)
     timeout = params.get("timeout")
-    if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+    if timeout is not None and not _positive_finite(timeout):
         raise ProtocolError("parameters.timeout must be a positive number (microseconds)")
     request_id = doc.get("id")
     return InferRequest(
@@ -126,8 +135,39 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
     )
 
 
-def _looks_binary(body: bytes) -> bool:
-    return bool(body) and body[:1] not in (b"{", b"[", b" ", b"\n")
+def _looks_binary(body: bytes, exc: Exception) -> bool:
+    """A JSON header followed by raw bytes fails as undecodable bytes or "Extra data"."""
+    if isinstance(exc, UnicodeDecodeError):
+        return True
+    return bool(body) and (body[:1] not in (b"{", b"[", b" ", b"\n")
+                           or "Extra data" in str(exc))
+
+
+def _flag(params: dict, key: str, default: bool, where: str) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{where}.{key} must be true or false, not {_brief(value)}")
+    return value
+
+
+def _positive_finite(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return 0 < float(value) < math.inf
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _brief(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _from_bytes(data: bytes | memoryview, dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "b":  # any non-zero byte is true; hand runtimes canonical 0/1 bytes
+        return np.frombuffer(data, dtype=np.uint8) != 0
+    return np.frombuffer(data, dtype=dtype)
 
 
 def _decode_raw(body: bytes, specs: Sequence[TensorSpec]) -> InferRequest:
@@ -139,11 +179,11 @@ def _decode_raw(body: bytes, specs: Sequence[TensorSpec]) -> InferRequest:
         raise ProtocolError(f"raw binary request: input {spec.name!r} has dynamic dims "
                             f"{list(spec.shape)}; send a JSON header with the shape")
     dtype = np.dtype(spec.dtype)
-    expected = int(np.prod(spec.shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(spec.shape) * dtype.itemsize
     if len(body) != expected:
         raise ProtocolError(f"raw binary request: body is {len(body)} bytes, input "
                             f"{spec.name!r} needs {expected}")
-    array = np.frombuffer(body, dtype=dtype).reshape(spec.shape)
+    array = _from_bytes(body, dtype).reshape(spec.shape)
     return InferRequest(None, {spec.name: array}, binary_default=True)
 
 
@@ -156,15 +196,21 @@ def _object(value: Any, where: str) -> dict:
 def _shape(value: Any, where: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
-        raise ProtocolError(f"{where} must be a list of non-negative integers")
-    if len(value) > 16 or int(np.prod(value, dtype=np.float64)) > 2**31:
-        raise ProtocolError(f"{where} {value} is too large")
+        raise ProtocolError(f"{where} must be a list of non-negative integers, not "
+                            f"{_brief(value)}")
+    if len(value) > MAX_DIMS:
+        raise ProtocolError(f"{where} has {len(value)} dims (at most {MAX_DIMS})")
+    # Exact integer arithmetic (no float/int64 overflow), and a zero dim does not excuse huge
+    # others: numpy cannot even describe an empty array of shape [0, 2**62].
+    if math.prod(max(d, 1) for d in value) > MAX_ELEMENTS:
+        raise ProtocolError(f"{where} {_brief(value)} is too large (more than "
+                            f"{MAX_ELEMENTS} elements)")
     return tuple(value)
 
 
 def _dtype(value: Any, where: str) -> np.dtype:
-    if value not in DATATYPES:
-        raise ProtocolError(f"{where} {value!r} is not supported (one of "
+    if not isinstance(value, str) or value not in DATATYPES:
+        raise ProtocolError(f"{where} {_brief(value)} is not supported (one of "
                             f"{', '.join(DATATYPES)})")
     return DATATYPES[value]
 
@@ -178,19 +224,44 @@ def _json_tensor(data: Any, shape: tuple[int, ...], dtype: np.dtype, name: str) 
         raise ProtocolError(f"input {name!r} has neither 'data' nor binary_data_size")
     try:
         array = np.asarray(data)
-        if array.dtype == object:
-            raise ValueError("ragged or mixed data")
-        if dtype.kind in "iu" and array.dtype.kind == "f":
+        kind = array.dtype.kind
+        if dtype.kind in "iu" and kind in "fO" and array.size:
+            # numpy reads ints past INT64 mixed with smaller ones as float64 (losing digits)
+            # or as objects: keep the exact ints JSON gave, if that is what they all are.
+            exact = np.asarray(data, dtype=object)
+            if exact.shape == array.shape and all(type(v) is int for v in exact.flat):
+                array, kind = exact, "i"
+        if kind == "O":
+            raise ValueError("ragged, mixed or out-of-range values")
+        if array.size == 0:
+            pass  # `[]` parses as float64; there are no values to check
+        elif kind not in "biuf":
+            raise ValueError("values must be numbers, or true/false for BOOL")
+        elif dtype.kind == "b" and kind != "b":
+            raise ValueError("BOOL values must be true or false")
+        elif dtype.kind != "b" and kind == "b":
+            raise ValueError("true/false given for a numeric datatype")
+        elif dtype.kind in "iu" and kind == "f":
             raise ValueError("floats given for an integer datatype")
-        array = array.astype(dtype)
+        elif dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            if int(array.min()) < info.min or int(array.max()) > info.max:
+                raise ValueError(f"values outside [{info.min}, {info.max}]")
+        if array.size == 0:
+            converted = np.empty(array.shape, dtype)
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                converted = array.astype(dtype)
+            if dtype.kind == "f" and bool(np.any(np.isinf(converted) & ~np.isinf(array))):
+                raise ValueError(f"values too large for {_name(dtype)}")
     except (ValueError, TypeError, OverflowError) as exc:
         raise ProtocolError(f"input {name!r}: data is not a {_name(dtype)} tensor ({exc})"
                             ) from None
-    expected = int(np.prod(shape, dtype=np.int64))
-    if array.size != expected:
-        raise ProtocolError(f"input {name!r}: {array.size} values for shape {list(shape)} "
+    expected = math.prod(shape)
+    if converted.size != expected:
+        raise ProtocolError(f"input {name!r}: {converted.size} values for shape {list(shape)} "
                             f"({expected} expected)")
-    return array.reshape(shape)
+    return converted.reshape(shape)
 
 
 def encode_response(model_name: str, request: InferRequest, outputs: Mapping[str, np.ndarray],
@@ -206,7 +277,7 @@ def encode_response(model_name: str, request: InferRequest, outputs: Mapping[str
         doc["id"] = request.id
     chunks: list[bytes] = []
     for name, binary in wanted.items():
-        array = np.ascontiguousarray(outputs[name])
+        array = np.asarray(outputs[name])  # (ascontiguousarray makes 0-d arrays 1-d)
         entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array.dtype.name),
                                  "shape": list(array.shape)}
         if binary:

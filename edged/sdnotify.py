@@ -18,6 +18,9 @@ class Notifier:
         self._sock: socket.socket | None = None
         if self.address:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            # Never block the event loop: a full receive queue (a manager that stopped
+            # reading) drops the message instead of stalling every request.
+            self._sock.setblocking(False)
 
     @property
     def enabled(self) -> bool:
@@ -30,7 +33,7 @@ class Notifier:
             return False
         try:
             self._sock.sendto("\n".join(fields).encode(), self.address)
-        except OSError:
+        except OSError:  # BlockingIOError included: dropped, see __init__
             return False
         return True
 

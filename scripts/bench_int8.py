@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, action="append",
                         help="square input size, repeatable (default: 640 and 320)")
-    parser.add_argument("--runs", type=int, default=120, help="timed runs per session per round")
+    parser.add_argument("--runs", type=int, default=100, help="timed runs per session per round")
     parser.add_argument("--rounds", type=int, default=3, help="benchmark rounds (medians)")
     parser.add_argument("--warmup", type=int, default=5, help="warm-up runs per round")
     parser.add_argument("--threads", type=int, default=2)
