@@ -6,7 +6,7 @@ DATA = $(shell $(BIN)/python scripts/fetch_test_data.py --print-dir)
 DEMO_MODEL = $(DATA)/models/ppocrv4_det_int8.onnx
 DEMO_SHAPE = x=1x3x640x640
 
-.PHONY: run test data venv lint system-deps clean
+.PHONY: run demo-bench test data venv lint system-deps clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,7 +25,11 @@ system-deps:
 data: venv
 	$(BIN)/python scripts/fetch_test_data.py
 
+# The daemon in the foreground on the demo config (Ctrl-C stops it): http://127.0.0.1:8000
 run: data
+	$(BIN)/edged --config examples/edged.toml
+
+demo-bench: data
 	$(BIN)/edgectl backends --model $(DEMO_MODEL) --shape $(DEMO_SHAPE)
 	$(BIN)/edgectl bench $(DEMO_MODEL) --backend all --shape $(DEMO_SHAPE) --runs 100
 

@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="auto (the selected one), all, or NAME[:DEVICE[:PRECISION]]")
     bench.add_argument("--runs", type=int, default=200)
     bench.add_argument("--warmup", type=int, default=10)
+
+    status = sub.add_parser("status", help="ask the running daemon: models, backends, "
+                                           "queues, latency, threads")
+    status.add_argument("--address", default=None,
+                        help="unix:/run/edged/edged.sock (default, then http://127.0.0.1:8000)"
+                             " or HOST:PORT")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
@@ -100,6 +107,8 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "status":
+            return cmd_status(args)
         if args.threads is not None and args.threads < 1:
             raise UsageError("--threads must be at least 1")
         if args.command == "backends":
@@ -361,6 +370,76 @@ def format_bench(report: dict[str, Any]) -> str:
             continue
         lines.append(f"{name:26} {r['precision'] or '-':10} {r['runs']:>5} " + " ".join(
             f"{r[c]:>8.3f}" for c in cols) + f" {r['throughput_ips']:>8.1f}")
+    return "\n".join(lines)
+
+
+def cmd_status(args) -> int:
+    from edged.client import Client, EdgedError
+
+    addresses = [args.address] if args.address else [
+        "unix:/run/edged/edged.sock", "127.0.0.1:8000"]
+    errors = []
+    for address in addresses:
+        try:
+            with Client(address, timeout=10) as client:
+                status = client.status()
+                metrics = client.get_text("/metrics")
+        except (OSError, EdgedError) as exc:
+            errors.append(f"{address}: {exc}")
+            continue
+        status["address"] = address
+        status["latency_ms"] = latency_from_metrics(metrics)
+        print(json.dumps(status, indent=2) if args.json else format_status(status))
+        return EXIT_OK
+    print(f"edgectl: error: no edged answers ({'; '.join(errors)})", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def latency_from_metrics(text: str) -> dict[str, dict[str, float]]:
+    """p50/p99 of total request time per model, estimated from the Prometheus histogram
+    buckets (upper bound of the bucket the quantile falls in)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "edged_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and sample.labels.get("phase") == "total":
+                buckets.setdefault(sample.labels["model"], []).append(
+                    (float(sample.labels["le"]), sample.value))
+    result = {}
+    for model, rows in buckets.items():
+        rows.sort()
+        total = rows[-1][1] if rows else 0
+        if not total:
+            continue
+        result[model] = {"requests": total}
+        for q in (0.5, 0.99):
+            bound = next(le for le, count in rows if count >= q * total)
+            result[model][f"p{int(q * 100)}_ms_le"] = bound * 1000  # s -> ms for people
+    return result
+
+
+def format_status(status: dict[str, Any]) -> str:
+    lines = [f"edged {status['version']} (pid {status['pid']}) at {status['address']}, up "
+             f"{status['uptime_s']} s, config {status['config']}, reloads {status['reloads']}"]
+    if status.get("last_reload_error"):
+        lines.append(f"  last reload: {status['last_reload_error']}")
+    lines.append(f"  {'model':14} {'backend':24} {'ran as':10} {'ready':6} {'queue':>5} "
+                 f"{'requests':>8} {'p50 ms<=':>9} {'p99 ms<=':>9} failovers")
+    for m in status["models"]:
+        lat = status["latency_ms"].get(m["name"], {})
+        backend = f"{m['backend']}:{m['device']}"
+        lines.append(
+            f"  {m['name']:14} {backend:24} {m['precision'] or '-':10} "
+            f"{'yes' if m['ready'] else 'NO':6} {m['queue_depth']:>5} "
+            f"{int(lat.get('requests', 0)):>8} {_num(lat.get('p50_ms_le'), 3):>9} "
+            f"{_num(lat.get('p99_ms_le'), 3):>9} {m['failovers']}")
+    for name, reason in status.get("failed", {}).items():
+        lines.append(f"  {name:14} NOT LOADED: {reason}")
+    lines.append("  threads: " + ", ".join(f"{t['name']}[{t['tid']}]={t['cpus']}"
+                                          for t in status.get("threads", [])))
     return "\n".join(lines)
 
 

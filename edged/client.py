@@ -81,6 +81,12 @@ class Client:
             raise EdgedError(status, doc.get("error", body.decode(errors="replace")))
         return doc
 
+    def get_text(self, path: str) -> str:
+        status, _, body = self._request("GET", path)
+        if status >= 400:
+            raise EdgedError(status, body.decode(errors="replace"))
+        return body.decode()
+
     def ready(self) -> bool:
         status, _, _ = self._request("GET", "/v2/health/ready")
         return status == 200

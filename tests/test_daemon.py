@@ -363,3 +363,23 @@ def test_check_config_ok(models_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "edged.daemon", "--config", str(config),
                            "--check-config"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0 and "OK (2 model(s))" in proc.stdout
+
+
+def test_edgectl_status(daemon: Daemon) -> None:
+    with Client(daemon.address) as client:
+        client.infer("face", {"input": np.zeros((1, 128, 128, 3), np.float32)})
+    sock = daemon.config.parent / "edged.sock"
+    proc = subprocess.run([sys.executable, "-m", "edged.cli", "status", "--address",
+                           f"unix:{sock}", "--json"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout)
+    face = next(m for m in status["models"] if m["name"] == "face")
+    assert face["ready"] and face["backend"] in ("litert", "openvino")
+    assert status["latency_ms"]["face"]["requests"] >= 1
+    assert status["latency_ms"]["face"]["p99_ms_le"] >= status["latency_ms"]["face"]["p50_ms_le"]
+    text = subprocess.run([sys.executable, "-m", "edged.cli", "status", "--address",
+                           daemon.address], capture_output=True, text=True, cwd=REPO).stdout
+    assert "face" in text and "infer-face" in text
+    gone = subprocess.run([sys.executable, "-m", "edged.cli", "status", "--address",
+                           "unix:/nonexistent.sock"], capture_output=True, text=True, cwd=REPO)
+    assert gone.returncode == 1 and "no edged answers" in gone.stderr

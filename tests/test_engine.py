@@ -1,0 +1,193 @@
+"""The per-model worker on a real onnxruntime session: batching, bounded queue, deadlines,
+fail-over. The one fake is a fault injector around a real session (a runtime that starts
+failing is what fail-over exists for, and no runtime here fails on demand)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends import LoadOptions, get_backend
+from backends.base import BackendError, Candidate
+from backends.model_info import inspect_model
+from edged.engine import BatchingConfig, DeadlineExceeded, ModelWorker, QueueFull
+
+
+@pytest.fixture(scope="module")
+def cls_model(models_dir: Path):
+    return inspect_model(models_dir / "ppocr_cls.onnx")
+
+
+def ort_session(model):
+    return get_backend("onnxruntime").load(
+        model, Candidate("onnxruntime", "CPU", "model",
+                         options={"provider": "CPUExecutionProvider"}), LoadOptions(threads=1))
+
+
+def inputs(n: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.uniform(-1, 1, (1, 3, 48, 192)).astype(np.float32)} for _ in range(n)]
+
+
+class RecordingSession:
+    """A real session that records batch sizes and can be told to start failing."""
+
+    def __init__(self, session, fail_after: int | None = None) -> None:
+        self._session = session
+        self.candidate = session.candidate
+        self.inputs, self.outputs = session.inputs, session.outputs
+        self.batches: list[int] = []
+        self.fail_after = fail_after
+
+    def run(self, feeds):
+        if self.fail_after is not None and len(self.batches) >= self.fail_after:
+            raise BackendError("injected: the accelerator went away")
+        self.batches.append(next(iter(feeds.values())).shape[0])
+        return self._session.run(feeds)
+
+    def info(self):
+        return self._session.info()
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def run_concurrently(worker: ModelWorker, feeds_list, timeout_ms=None):
+    async def main():
+        return await asyncio.gather(*(worker.infer(f, timeout_ms) for f in feeds_list),
+                                    return_exceptions=True)
+
+    return asyncio.run(main())
+
+
+def test_batches_under_load_and_answers_each_request(cls_model) -> None:
+    session = RecordingSession(ort_session(cls_model))
+    reference = ort_session(cls_model)
+    worker = ModelWorker("cls", session, BatchingConfig(max_batch_size=8,
+                                                        max_queue_delay_us=2000))
+    assert worker.batchable
+    worker.start()
+    try:
+        feeds = inputs(24)
+        results = run_concurrently(worker, feeds)
+    finally:
+        worker.stop()
+    assert max(session.batches) > 1, session.batches  # requests were batched
+    assert sum(session.batches) == 24 and max(session.batches) <= 8
+    for f, (outputs, timing) in zip(feeds, results, strict=True):
+        expected = reference.run(f)
+        for name, value in expected.items():
+            assert np.allclose(outputs[name], value, atol=1e-5)  # its own answer, in order
+        assert timing.queue_s >= 0 and timing.compute_s > 0 and timing.batch_size >= 1
+
+
+def test_single_request_does_not_wait_for_a_batch(cls_model) -> None:
+    session = RecordingSession(ort_session(cls_model))
+    worker = ModelWorker("cls", session, BatchingConfig(max_batch_size=8,
+                                                        max_queue_delay_us=500_000))
+    worker.start()
+    try:
+        start = time.perf_counter()
+        [(_, timing)] = run_concurrently(worker, inputs(1))
+        elapsed = time.perf_counter() - start
+    finally:
+        worker.stop()
+    assert session.batches == [1]
+    assert elapsed < 0.4, "a lone request waited for the batching delay"
+    assert timing.batch_size == 1
+
+
+def test_queue_full_rejects_at_once(cls_model) -> None:
+    gate = threading.Event()
+
+    class Blocked(RecordingSession):
+        def run(self, feeds):
+            gate.wait(10)
+            return super().run(feeds)
+
+    worker = ModelWorker("cls", Blocked(ort_session(cls_model)),
+                         BatchingConfig(max_queue_size=2))
+    worker.start()
+    try:
+        done = []
+        feeds = inputs(1)[0]
+        worker.submit(feeds, lambda *a: done.append(a))  # taken by the worker, blocked
+        time.sleep(0.05)
+        worker.submit(feeds, lambda *a: done.append(a))
+        worker.submit(feeds, lambda *a: done.append(a))
+        start = time.perf_counter()
+        with pytest.raises(QueueFull, match=r"cls: queue full \(2 requests waiting\)"):
+            worker.submit(feeds, lambda *a: done.append(a))
+        assert time.perf_counter() - start < 0.05
+        gate.set()
+        deadline = time.monotonic() + 10
+        while len(done) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(done) == 3 and all(error is None for _, error, _ in done)
+    finally:
+        gate.set()
+        worker.stop()
+
+
+def test_deadline_in_queue(cls_model) -> None:
+    gate = threading.Event()
+
+    class Slow(RecordingSession):
+        def run(self, feeds):
+            gate.wait(0.3)
+            return super().run(feeds)
+
+    worker = ModelWorker("cls", Slow(ort_session(cls_model)), BatchingConfig(timeout_ms=5000))
+    worker.start()
+    try:
+        results = run_concurrently(worker, inputs(3), timeout_ms=100)
+    finally:
+        worker.stop()
+    # The first ran (after 0.3 s); the others waited past their 100 ms deadline.
+    assert isinstance(results[0], tuple)
+    assert all(isinstance(r, DeadlineExceeded) for r in results[1:]), results
+    assert "deadline passed after" in str(results[1])
+
+
+def test_request_cannot_raise_the_deadline(cls_model) -> None:
+    worker = ModelWorker("cls", ort_session(cls_model), BatchingConfig(timeout_ms=50))
+    done = []
+    worker.submit(inputs(1)[0], lambda *a: done.append(a), timeout_ms=10_000)
+    item = worker._queue[0]
+    assert item.deadline - time.monotonic() <= 0.05
+
+
+def test_fail_over_retries_on_the_next_candidate(cls_model) -> None:
+    failing = RecordingSession(ort_session(cls_model), fail_after=2)
+    spare = get_backend("openvino").load(cls_model, Candidate("openvino", "CPU", "fp32"),
+                                         LoadOptions(threads=1, shapes={"x": (1, 3, 48, 192)}))
+    offered = [spare]
+    worker = ModelWorker("cls", failing, BatchingConfig(),
+                         fallbacks=lambda: offered.pop() if offered else None)
+    worker.start()
+    try:
+        results = [run_concurrently(worker, [f])[0] for f in inputs(5)]
+    finally:
+        worker.stop()
+    assert all(isinstance(r, tuple) for r in results), results  # no request was lost
+    assert worker.failovers == 1
+    assert worker.session is spare
+    assert "accelerator went away" in worker.last_error
+
+
+def test_fail_over_without_spare_reports_the_error(cls_model) -> None:
+    worker = ModelWorker("cls", RecordingSession(ort_session(cls_model), fail_after=0),
+                         BatchingConfig(), fallbacks=lambda: None)
+    worker.start()
+    try:
+        [result] = run_concurrently(worker, inputs(1))
+        assert isinstance(result, BackendError)
+        # ... and the worker is still alive for the next request.
+        assert worker.alive()
+    finally:
+        worker.stop()
