@@ -45,6 +45,7 @@ class Api:
         self.max_body_bytes = max_body_bytes
         self._status = status
         self._failed = failed or dict
+        self._failovers_seen: dict[int, int] = {}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -114,8 +115,18 @@ class Api:
         return served, rest
 
     def _update_gauges(self) -> None:
+        """Scrape-time values read from the workers (which know nothing of Prometheus)."""
         for name, served in self._models().items():
-            self.metrics.queue_depth.labels(name).set(served.worker.queue_depth)
+            worker = served.worker
+            self.metrics.queue_depth.labels(name).set(worker.queue_depth)
+            candidate = worker.session.candidate
+            self.metrics.backend.labels(name).info({
+                "backend": candidate.backend, "device": candidate.device,
+                "precision": str(worker.session.info().get("precision"))})
+            seen = self._failovers_seen.get(id(worker), 0)
+            if worker.failovers > seen:
+                self.metrics.failovers.labels(name).inc(worker.failovers - seen)
+                self._failovers_seen[id(worker)] = worker.failovers
 
     # -- infer -------------------------------------------------------------------------------
     async def _infer(self, scope, receive, send, path: str) -> None:

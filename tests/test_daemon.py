@@ -232,6 +232,7 @@ def test_concurrent_requests_are_batched_and_answered(daemon: Daemon) -> None:
     assert 'edged_requests_total{code="200",model="cls"}' in text
     assert 'edged_batch_size_count{model="cls"}' in text
     assert 'edged_queue_depth{model="cls"}' in text
+    assert 'edged_backend_info{backend=' in text
 
 
 def test_watchdog_pings_while_workers_live(daemon: Daemon) -> None:
