@@ -39,13 +39,15 @@ class Api:
     def __init__(self, models: Callable[[], Mapping[str, ServedModel]],
                  metrics: ServingMetrics, max_body_bytes: int,
                  status: Callable[[], dict[str, Any]] | None = None,
-                 failed: Callable[[], Mapping[str, str]] | None = None) -> None:
+                 failed: Callable[[], Mapping[str, str]] | None = None,
+                 reload: Callable[[], None] | None = None) -> None:
         self._models = models  # a callable: reload swaps the mapping atomically
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self._status = status
         self._failed = failed or dict
         self._failovers_seen: dict[int, int] = {}
+        self._reload = reload
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -57,6 +59,9 @@ class Api:
         try:
             if method == "POST" and path.endswith("/infer"):
                 await self._infer(scope, receive, send, path)
+                return
+            if method == "POST" and path == "/edged/reload":
+                await self._reload_request(scope, send)
                 return
             if method not in ("GET", "HEAD"):
                 raise HttpError(405, f"{method} {path} is not supported")
@@ -94,6 +99,17 @@ class Api:
                 raise HttpError(404, f"no route {path}")
         else:
             raise HttpError(404, f"no route {path}")
+
+    async def _reload_request(self, scope, send) -> None:
+        """Reload like SIGHUP. Only over the Unix socket: its file mode decides who may (any
+        local user can reach 127.0.0.1)."""
+        server = scope.get("server")
+        if server is not None and server[1] is not None:
+            raise HttpError(403, "reload is accepted on the Unix socket only")
+        if self._reload is None:
+            raise HttpError(404, "reload is not available")
+        self._reload()
+        await _send_json(send, 202, {"reload": "started"})
 
     def _ready(self) -> bool:
         models = self._models()

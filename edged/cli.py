@@ -95,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="unix:/run/edged/edged.sock (default, then http://127.0.0.1:8000)"
                              " or HOST:PORT")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    reload = sub.add_parser("reload", help="make the running daemon re-read its config "
+                                           "(like systemctl reload; Unix socket only)")
+    reload.add_argument("--address", default="unix:/run/edged/edged.sock",
+                        help="the daemon's Unix socket (unix:PATH)")
     return parser
 
 
@@ -109,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return cmd_status(args)
+        if args.command == "reload":
+            return cmd_reload(args)
         if args.threads is not None and args.threads < 1:
             raise UsageError("--threads must be at least 1")
         if args.command == "backends":
@@ -393,6 +400,19 @@ def cmd_status(args) -> int:
         return EXIT_OK
     print(f"edgectl: error: no edged answers ({'; '.join(errors)})", file=sys.stderr)
     return EXIT_FAILED
+
+
+def cmd_reload(args) -> int:
+    from edged.client import Client, EdgedError
+
+    try:
+        with Client(args.address, timeout=10) as client:
+            client.reload()
+    except (OSError, EdgedError) as exc:
+        print(f"edgectl: error: {args.address}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"edgectl: reload started ({args.address}); `edgectl status` shows the outcome")
+    return EXIT_OK
 
 
 def latency_from_metrics(text: str) -> dict[str, dict[str, float]]:

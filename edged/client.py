@@ -87,6 +87,11 @@ class Client:
             raise EdgedError(status, body.decode(errors="replace"))
         return body.decode()
 
+    def reload(self) -> None:
+        status, _, body = self._request("POST", "/edged/reload")
+        if status != 202:
+            raise EdgedError(status, json.loads(body).get("error", "") if body else "")
+
     def ready(self) -> bool:
         status, _, _ = self._request("GET", "/v2/health/ready")
         return status == 200

@@ -35,6 +35,7 @@ log = logging.getLogger("edged")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 DRAIN_S = 10.0  # bound on finishing in-flight requests at shutdown or after a swap
+LOAD_TIMEOUT_S = 180.0  # systemd start-timeout extension granted per model load
 STALL_S = 30.0  # a worker busy on one batch longer than this is hung: stop watchdog pings
 
 
@@ -87,7 +88,9 @@ class Daemon:
             if old is not None and old.config_key == key:
                 models[mc.name] = old
                 continue
-            self.notifier.notify(f"STATUS=loading model {mc.name}")
+            # Selecting may benchmark every backend: ask systemd for time, model by model.
+            self.notifier.notify(f"STATUS=loading model {mc.name}",
+                                 f"EXTEND_TIMEOUT_USEC={int(LOAD_TIMEOUT_S * 1e6)}")
             start = time.perf_counter()
             try:
                 served = load_model(mc.name, mc.path, mc.policy(config.selection),
@@ -137,7 +140,7 @@ class Daemon:
             self._stop_workers(self.models.values())
             return EXIT_FAILED
         api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
-                  self.status, lambda: self.failed)
+                  self.status, lambda: self.failed, reload=self._on_hup)
         uv_config = uvicorn.Config(api, lifespan="off", access_log=False, log_config=None,
                                    timeout_graceful_shutdown=int(DRAIN_S), http="auto")
         self._server = server = _Server(uv_config)

@@ -305,10 +305,15 @@ def test_reload_swaps_models_and_keeps_old_on_errors(models_dir: Path, tmp_path:
             status = client.status()
             assert "broken.onnx" in status["failed"]["cls"]
             assert client.infer("cls", {"x": cls_input()})  # old version still serves
-        # 3. Remove one model, add another: swapped in.
+        # 3. Remove one model, add another: swapped in (this time via `edgectl reload`).
         config.write_text(text.replace('name = "face"', 'name = "face2"'))
         mark = len(d.notify.messages)
-        d.signal(signal.SIGHUP)
+        with Client(d.address) as client, pytest.raises(EdgedError, match="403"):
+            client.reload()  # not over TCP
+        proc = subprocess.run([sys.executable, "-m", "edged.cli", "reload", "--address",
+                               f"unix:{tmp_path / 'edged.sock'}"], capture_output=True,
+                              text=True, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr
         d.notify.wait_for("READY=1", after=mark)
         with Client(d.address) as client:
             assert {m["name"] for m in client.status()["models"]} == {"cls", "face2"}
