@@ -11,7 +11,7 @@ DEMO_SHAPE = x=1x3x640x640
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[test]"
 	touch $@
 
 venv: $(BIN)/.installed
