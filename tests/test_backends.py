@@ -195,3 +195,24 @@ def test_loading_litert_does_not_import_openvino(models_dir: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).parent.parent)
     assert out.stdout.strip() == "['ai_edge_litert']"
+
+
+def test_openvino_runs_an_ir_model(hw, models_dir: Path, tmp_path: Path) -> None:
+    """OpenVINO IR (.xml + .bin), converted here from the real cls model."""
+    import openvino as ov
+
+    xml = tmp_path / "cls.xml"
+    ov.save_model(ov.convert_model(str(models_dir / "ppocr_cls.onnx")), str(xml),
+                  compress_to_fp16=False)
+    model = inspect_model(xml)
+    assert model.format == "openvino-ir"
+    session = get_backend("openvino").load(
+        model, candidate(hw, "openvino", "CPU", model, "fp32"),
+        LoadOptions(threads=1, shapes=CLS_SHAPE))
+    onnx_model = inspect_model(models_dir / "ppocr_cls.onnx")
+    ref = get_backend("onnxruntime").load(
+        onnx_model, candidate(hw, "onnxruntime", "CPU", onnx_model), LoadOptions(threads=1))
+    feeds = make_inputs(session.inputs, CLS_SHAPE)
+    cosine, max_abs = compare(ref.run(feeds), session.run(feeds))
+    assert cosine > 0.9999 and max_abs < 1e-3
+    assert not any(c.available for c in get_backend("onnxruntime").candidates(hw, model))
