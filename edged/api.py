@@ -46,7 +46,6 @@ class Api:
         self.max_body_bytes = max_body_bytes
         self._status = status
         self._failed = failed or dict
-        self._failovers_seen: dict[int, int] = {}
         self._reload = reload
 
     async def __call__(self, scope, receive, send) -> None:
@@ -139,10 +138,7 @@ class Api:
             self.metrics.backend.labels(name).info({
                 "backend": candidate.backend, "device": candidate.device,
                 "precision": str(worker.session.info().get("precision"))})
-            seen = self._failovers_seen.get(id(worker), 0)
-            if worker.failovers > seen:
-                self.metrics.failovers.labels(name).inc(worker.failovers - seen)
-                self._failovers_seen[id(worker)] = worker.failovers
+
 
     # -- infer -------------------------------------------------------------------------------
     async def _infer(self, scope, receive, send, path: str) -> None:

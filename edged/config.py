@@ -41,7 +41,8 @@ _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 SERVER_KEYS = ("listen", "socket", "socket_mode", "state_dir", "max_body_bytes", "log_level")
 SELECTION_KEYS = ("runs", "warmup", "time_budget_s", "min_cosine", "max_abs")
 MODEL_KEYS = ("name", "path", "backend", "threads", "cpus", "shapes", "max_batch_size",
-              "preferred_batch_sizes", "max_queue_delay_us", "max_queue_size", "timeout_ms")
+              "preferred_batch_sizes", "max_queue_delay_us", "max_queue_size", "timeout_ms",
+              "watchdog_ms")
 TOP_KEYS = {"server": SERVER_KEYS, "selection": SELECTION_KEYS, "models": MODEL_KEYS}
 
 
@@ -79,6 +80,7 @@ class ModelConfig:
     max_queue_delay_us: int = 0
     max_queue_size: int = 64
     timeout_ms: int = 1000
+    watchdog_ms: int = 5000  # a batch running longer than this: fail over to the next backend
 
     def policy(self, base: Policy) -> Policy:
         """The selection policy for this model: measurement settings from `base`, what the
@@ -351,6 +353,7 @@ class _Validator:
             max_queue_delay_us=self.integer(table, "max_queue_delay_us", prefix, 0, 0),
             max_queue_size=self.integer(table, "max_queue_size", prefix, 64, 1),
             timeout_ms=self.integer(table, "timeout_ms", prefix, 1000, 1),
+            watchdog_ms=self.integer(table, "watchdog_ms", prefix, 5000, 1),
         )
 
     def backend(self, spec: str, key: str) -> str:

@@ -37,6 +37,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 DRAIN_S = 10.0  # bound on finishing in-flight requests at shutdown or after a swap
 LOAD_TIMEOUT_S = 180.0  # systemd start-timeout extension granted per model load
 STALL_S = 30.0  # a worker busy on one batch longer than this is hung: stop watchdog pings
+SUPERVISE_S = 0.1  # how often stalled backends are looked for
 
 
 def model_key(mc: ModelConfig) -> tuple:
@@ -48,12 +49,14 @@ def model_key(mc: ModelConfig) -> tuple:
         file_id = None
     return (str(mc.path), file_id, mc.backend, mc.threads, mc.cpus,
             tuple(sorted((mc.shapes or {}).items())), mc.max_batch_size,
-            mc.preferred_batch_sizes, mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms)
+            mc.preferred_batch_sizes, mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
+            mc.watchdog_ms)
 
 
 def batching_of(mc: ModelConfig) -> BatchingConfig:
     return BatchingConfig(mc.max_batch_size, tuple(mc.preferred_batch_sizes),
-                          mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms)
+                          mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
+                          mc.watchdog_ms)
 
 
 class Daemon:
@@ -93,8 +96,10 @@ class Daemon:
                                  f"EXTEND_TIMEOUT_USEC={int(LOAD_TIMEOUT_S * 1e6)}")
             start = time.perf_counter()
             try:
+                failovers = self.metrics.failovers.labels(mc.name)
                 served = load_model(mc.name, mc.path, mc.policy(config.selection),
-                                    batching_of(mc), self.hw, state_dir, key)
+                                    batching_of(mc), self.hw, state_dir, key,
+                                    on_failover=lambda _reason, c=failovers: c.inc())
             except Exception as exc:  # any failure: this model is not served, others are
                 reason = str(exc) or exc.__class__.__name__
                 log.error("model %s: not loaded: %s", mc.name, reason)
@@ -150,6 +155,7 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         tasks = [asyncio.ensure_future(self._announce_ready(server, sockets))]
+        tasks.append(asyncio.ensure_future(self._supervise()))
         interval = watchdog_interval_s()
         if interval:
             tasks.append(asyncio.ensure_future(self._watchdog(interval)))
@@ -215,6 +221,16 @@ class Daemon:
             else:
                 log.error("a worker is dead or hung; withholding watchdog pings")
             await asyncio.sleep(interval)
+
+    async def _supervise(self) -> None:
+        """Fail a model over when its backend stalls (a batch over the model's watchdog_ms).
+        The take-over loads the next backend, so it runs in a thread, one at a time."""
+        while True:
+            for served in list(self.models.values()):
+                worker = served.worker
+                if worker.stalled(worker.batching.watchdog_ms / 1000.0):
+                    await asyncio.to_thread(worker.take_over_if_stalled)
+            await asyncio.sleep(SUPERVISE_S)
 
     async def reload(self) -> None:
         log.info("reloading %s", self.config.source)

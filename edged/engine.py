@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import BackendError, InputError, Session, check_feeds
+from backends.base import BackendError, Candidate, InputError, Session, check_feeds
 
 log = logging.getLogger("edged.engine")
 
@@ -46,6 +46,7 @@ class BatchingConfig:
     max_queue_delay_us: int = 0
     max_queue_size: int = 64
     timeout_ms: int = 1000
+    watchdog_ms: int = 5000  # one batch running longer than this: the backend has stalled
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class Timing:
     batch_size: int
 
 
+# Picks the next verified backend's session; the argument, when given, says which candidates
+# are still usable (an accelerator may have gone away).
+Fallbacks = Callable[[Callable[[Candidate], bool] | None], "Session | None"]
 Done = Callable[[dict[str, np.ndarray] | None, BaseException | None, Timing | None], None]
 
 
@@ -64,6 +68,7 @@ class _Pending:
     deadline: float  # time.monotonic()
     enqueued: float  # time.perf_counter()
     done: Done
+    retried: bool = False  # re-run once on another backend after a stall
 
     def batch_key(self) -> tuple:
         return tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(self.feeds.items()))
@@ -73,13 +78,14 @@ class ModelWorker:
     """Serves one model from one thread. `submit` never blocks: a full queue is an error."""
 
     def __init__(self, name: str, session: Session, batching: BatchingConfig,
-                 cpus: Sequence[int] | None = None,
-                 fallbacks: Callable[[], Session | None] | None = None) -> None:
+                 cpus: Sequence[int] | None = None, fallbacks: Fallbacks | None = None,
+                 on_failover: Callable[[str], None] | None = None) -> None:
         self.name = name
         self.session = session
         self.batching = batching
         self.cpus = tuple(cpus) if cpus else None
         self._next_session = fallbacks
+        self._on_failover = on_failover
         self._queue: collections.deque[_Pending] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -90,11 +96,15 @@ class ModelWorker:
         self.last_error: str | None = None
         self.batches_run = 0
         self._busy_since: float | None = None  # monotonic start of the batch being run
+        self._inflight: list[_Pending] | None = None  # that batch
+        # A thread serves one generation; after a stall take-over its results are dropped.
+        self._generation = 0
+        self._switch_lock = threading.Lock()  # one fail-over at a time
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"edged-infer-{self.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(self._generation,),
+                                        name=f"edged-infer-{self.name}", daemon=True)
         self._thread.start()
 
     def alive(self) -> bool:
@@ -125,6 +135,59 @@ class ModelWorker:
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    # -- switching backends ------------------------------------------------------------------
+    def fail_over(self, reason: str, usable: Callable[[Candidate], bool] | None = None
+                  ) -> bool:
+        """Switch to the next verified backend (that `usable` accepts). False if none loads;
+        then the current session stays."""
+        with self._switch_lock:
+            replacement = self._next_session(usable) if self._next_session else None
+            if replacement is None:
+                log.error("%s: %s; no other verified backend to fail over to", self.name,
+                          reason)
+                return False
+            log.warning("%s: %s; failing over from %s to %s", self.name, reason,
+                        self.session.candidate.key, replacement.candidate.key)
+            self.last_error = reason
+            self.failovers += 1
+            self.session = replacement  # the worker reads it per batch: the next batch uses it
+        if self._on_failover is not None:
+            self._on_failover(reason)
+        return True
+
+    def swap_session(self, session: Session) -> None:
+        """Use `session` from the next batch on (a better backend appeared)."""
+        with self._switch_lock:
+            self.session = session
+
+    def take_over_if_stalled(self) -> bool:
+        """Called by a supervisor: when one batch has run longer than `watchdog_ms`, abandon
+        the stuck thread (native code cannot be interrupted), fail over, and re-run the
+        batch once on the new backend in a fresh thread. The stuck thread's result, if it
+        ever comes, is dropped."""
+        bound = self.batching.watchdog_ms / 1000.0
+        with self._cond:
+            if not self.stalled(bound) or not self._inflight:
+                return False
+            stuck = self._inflight
+            stuck_session = self.session
+        if not self.fail_over(f"backend stalled: one batch ran for more than {bound:g} s",
+                              lambda c: c.key != stuck_session.candidate.key):
+            return False  # keep waiting; the systemd watchdog is the last resort
+        with self._cond:
+            self._generation += 1
+            self._inflight = None
+            self._busy_since = None
+            retry = [item for item in stuck if not item.retried]
+            for item in stuck:
+                if item.retried:
+                    item.done(None, BackendError(f"{self.name}: stalled twice"), None)
+                item.retried = True
+            self._queue.extendleft(reversed(retry))  # first in line on the new backend
+            self._cond.notify_all()
+        self.start()
+        return True
+
     # -- submitting ------------------------------------------------------------------------
     def submit(self, feeds: Mapping[str, np.ndarray], done: Done,
                timeout_ms: float | None = None) -> None:
@@ -153,22 +216,24 @@ class ModelWorker:
         return await future
 
     # -- the worker thread -----------------------------------------------------------------
-    def _loop(self) -> None:
+    def _loop(self, generation: int) -> None:
         _name_thread(f"infer-{self.name}")
         if self.cpus:
             os.sched_setaffinity(0, set(self.cpus))  # this thread only (Linux semantics)
         while True:
-            batch = self._take()
+            batch = self._take(generation)
             if batch is None:
                 return
-            self._run(batch)
+            self._run(batch, generation)
 
-    def _take(self) -> list[_Pending] | None:
+    def _take(self, generation: int) -> list[_Pending] | None:
         with self._cond:
             while not self._queue:
-                if self._stopping:
+                if self._stopping or generation != self._generation:
                     return None
                 self._cond.wait()
+            if generation != self._generation:
+                return None
             first = self._queue.popleft()
             batch = [first]
             if not self.batchable:
@@ -178,7 +243,9 @@ class ModelWorker:
                 return batch
             key = first.batch_key()
             limit = self.batching.max_batch_size
-            wait_until = time.perf_counter() + self.batching.max_queue_delay_us / 1e6
+            # Counted from the first request's arrival (as Triton does): one that already
+            # waited behind a running batch does not wait the full delay again.
+            wait_until = first.enqueued + self.batching.max_queue_delay_us / 1e6
             while len(batch) < limit:
                 if self._queue and self._queue[0].batch_key() == key:
                     batch.append(self._queue.popleft())
@@ -191,7 +258,7 @@ class ModelWorker:
                 self._cond.wait(remaining)
             return batch
 
-    def _run(self, batch: list[_Pending]) -> None:
+    def _run(self, batch: list[_Pending], generation: int) -> None:
         now = time.monotonic()
         live = []
         for item in batch:
@@ -206,16 +273,24 @@ class ModelWorker:
         feeds = live[0].feeds if len(live) == 1 else {
             name: np.concatenate([item.feeds[name] for item in live]) for name in live[0].feeds}
         start = time.perf_counter()
-        self._busy_since = time.monotonic()
+        with self._cond:
+            self._inflight = live
+            self._busy_since = time.monotonic()
+        error: Exception | None = None
         try:
             outputs = self._run_with_failover(feeds)
         except Exception as exc:  # report to every caller; the worker keeps serving
-            for item in live:
-                item.done(None, exc, None)
-            return
-        finally:
-            self._busy_since = None
+            error = exc
         end = time.perf_counter()
+        with self._cond:
+            if generation != self._generation:
+                return  # taken over after a stall: these requests were re-run elsewhere
+            self._inflight = None
+            self._busy_since = None
+        if error is not None:
+            for item in live:
+                item.done(None, error, None)
+            return
         self.batches_run += 1
         offset = 0
         for item in live:
@@ -226,19 +301,15 @@ class ModelWorker:
             item.done(result, None, Timing(start - item.enqueued, end - start, len(live)))
 
     def _run_with_failover(self, feeds) -> dict[str, np.ndarray]:
+        session = self.session
         try:
-            return self.session.run(feeds)
+            return session.run(feeds)
         except InputError:
             raise
         except BackendError as exc:
             self.last_error = str(exc)
-            replacement = self._next_session() if self._next_session else None
-            if replacement is None:
+            if not self.fail_over(str(exc), lambda c: c.key != session.candidate.key):
                 raise
-            log.warning("%s: %s; failing over to %s", self.name, exc,
-                        replacement.candidate.key)
-            self.failovers += 1
-            self.session = replacement
             return self.session.run(feeds)  # the failed request is retried once, there
 
 

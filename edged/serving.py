@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +64,8 @@ def _ranked_fallbacks(selection: Selection) -> Iterator[str]:
 
 
 def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
-               hw: HardwareFacts, state_dir: Path, config_key: tuple = ()) -> ServedModel:
+               hw: HardwareFacts, state_dir: Path, config_key: tuple = (),
+               on_failover: Callable[[str], None] | None = None) -> ServedModel:
     """Select (or read the cached choice), load the pick and start its worker thread.
 
     Raises ModelError / InputError / SelectionError / BackendError with the reason."""
@@ -77,11 +78,11 @@ def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
     session = get_backend(chosen.backend).load(selection.model, chosen, options)
     queue = list(_ranked_fallbacks(selection))
 
-    def next_session() -> Session | None:
+    def next_session(usable=None) -> Session | None:
         while queue:
             key = queue.pop(0)
             candidate = candidates.get(key)
-            if candidate is None:
+            if candidate is None or (usable is not None and not usable(candidate)):
                 continue
             try:
                 return get_backend(candidate.backend).load(selection.model, candidate, options)
@@ -89,6 +90,6 @@ def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
                 log.warning("%s: fallback %s failed to load: %s", name, key, exc)
         return None
 
-    worker = ModelWorker(name, session, batching, policy.cpus, next_session)
+    worker = ModelWorker(name, session, batching, policy.cpus, next_session, on_failover)
     worker.start()
     return ServedModel(name, selection, worker, config_key)

@@ -21,7 +21,8 @@ each its own keep-alive Client over TCP) against two daemons run alternately, dy
 batching on (max_batch_size 8, max_queue_delay_us 500) and off (max_batch_size 1); then the
 daemon's RSS and idle CPU, and start-to-READY (fresh state dir, then the same one: cached).
 
-Run from a checkout: `.venv/bin/python scripts/bench_serving.py [--json]`.
+Run from a checkout: `.venv/bin/python scripts/bench_serving.py [--json]` (about 2 minutes;
+exit status 1 when a latency target is missed).
 Internal: `--serve-bare MODEL` runs the bare endpoint (used by the script itself).
 """
 
@@ -331,16 +332,38 @@ class Edged:
             self.notify.close()
 
 
+def _metric(text: str, name: str, labels: str) -> float:
+    match = re.search(rf"^{name}{{{labels}}} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
 def batch_totals(address: str) -> tuple[float, float]:
     """(sum, count) of edged_batch_size: each request observes the size of its batch."""
     with Client(address, timeout=10) as client:
         text = client.get_text("/metrics")
-    found = {}
-    for kind in ("sum", "count"):
-        match = re.search(rf'^edged_batch_size_{kind}{{model="{MODEL_NAME}"}} (\S+)$', text,
-                          re.M)
-        found[kind] = float(match.group(1)) if match else 0.0
-    return found["sum"], found["count"]
+    labels = f'model="{MODEL_NAME}"'
+    return (_metric(text, "edged_batch_size_sum", labels),
+            _metric(text, "edged_batch_size_count", labels))
+
+
+def phase_totals(address: str) -> dict[str, tuple[float, float]]:
+    """phase -> (sum s, count) of edged_request_duration_seconds (queue, compute, total:
+    the daemon's own view, from the handler's start to the response handed to uvicorn)."""
+    with Client(address, timeout=10) as client:
+        text = client.get_text("/metrics")
+    name = "edged_request_duration_seconds"
+    return {phase: (_metric(text, f"{name}_sum", f'model="{MODEL_NAME}",phase="{phase}"'),
+                    _metric(text, f"{name}_count", f'model="{MODEL_NAME}",phase="{phase}"'))
+            for phase in ("queue", "compute", "total")}
+
+
+def phase_means(before: Mapping[str, tuple[float, float]],
+                after: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    means = {}
+    for phase, (total, count) in after.items():
+        n = count - before[phase][1]
+        means[f"{phase}_mean_ms"] = round((total - before[phase][0]) / n * 1e3, 4) if n else 0.0
+    return means
 
 
 # -- clients ------------------------------------------------------------------------------------
@@ -483,7 +506,7 @@ def run_cell(address: str, feeds: Mapping[str, np.ndarray], threads: int, total:
                 if time.perf_counter() > deadline:
                     break
 
-    before = batch_totals(address)
+    before, phases_before = batch_totals(address), phase_totals(address)
     pool = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
     for thread in pool:
         thread.start()
@@ -492,7 +515,7 @@ def run_cell(address: str, feeds: Mapping[str, np.ndarray], threads: int, total:
     for thread in pool:
         thread.join(CELL_TIME_LIMIT_S + 60)
     wall = time.perf_counter() - start
-    after = batch_totals(address)
+    after, phases_after = batch_totals(address), phase_totals(address)
     samples = [x for lat in latencies for x in lat]
     stats = LatencyStats.from_ns(samples) if samples else None
     count = after[1] - before[1]
@@ -502,6 +525,7 @@ def run_cell(address: str, feeds: Mapping[str, np.ndarray], threads: int, total:
         "throughput_rps": round(len(samples) / wall, 1) if wall else 0.0,
         "p50_ms": stats.p50_ms if stats else None, "p99_ms": stats.p99_ms if stats else None,
         "mean_batch": round((after[0] - before[0]) / count, 2) if count else None,
+        **phase_means(phases_before, phases_after),
     }
 
 
@@ -530,6 +554,8 @@ def concurrency(daemons: Mapping[str, Edged], feeds, total: int, rounds: int
                 "p50_ms": round(median([c["p50_ms"] for c in ok]), 3) if ok else None,
                 "p99_ms": round(median([c["p99_ms"] for c in ok]), 3) if ok else None,
                 "mean_batch": round(median([c["mean_batch"] or 0 for c in runs]), 2),
+                **{k: round(median([c[k] for c in runs]), 3)
+                   for k in ("queue_mean_ms", "compute_mean_ms", "total_mean_ms")},
                 "errors": sum(c["errors"] for c in runs),
                 "rounds": runs,
             }
@@ -602,20 +628,28 @@ def print_report(report: dict[str, Any]) -> None:
     for target in seq["targets"]:
         print(f"{'PASS' if target['pass'] else 'FAIL'}  {target['target']}: "
               f"{target['figures']}")
+    side = seq["edged_server_side"]
+    print(f"edged's own view (mean per request, warm-up included): queue "
+          f"{side['queue_mean_ms']:.3f} ms, compute {side['compute_mean_ms']:.3f} ms, "
+          f"handler total {side['total_mean_ms']:.3f} ms")
     print()
     print("concurrency (edged Client over TCP, one keep-alive connection per thread)")
     print(f"{'daemon':14} {'threads':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'batch':>6} {'errors':>6}")
+          f"{'batch':>6} {'errors':>6} {'queue':>7} {'compute':>7} {'handler':>7}")
     for name, by_threads in report["concurrency"].items():
         for threads, row in by_threads.items():
             print(f"{name:14} {threads:7} {row['throughput_rps']:9.1f} "
                   f"{row['p50_ms'] or float('nan'):8.3f} {row['p99_ms'] or float('nan'):8.3f} "
-                  f"{row['mean_batch']:6.2f} {row['errors']:6}")
+                  f"{row['mean_batch']:6.2f} {row['errors']:6} {row['queue_mean_ms']:7.3f} "
+                  f"{row['compute_mean_ms']:7.3f} {row['total_mean_ms']:7.3f}")
+    print("(queue, compute, handler: edged's own mean ms per request, from its /metrics; "
+          "compute is per batch)")
     print()
     up = report["startup"]
     idle = up["idle"] or {}
     print(f"start-to-READY: fresh state dir {up['fresh_ready_s']:.2f} s, cached selection "
-          f"{up['cached_ready_s']:.2f} s (from cache: {up['cached_all_from_cache']})")
+          f"{up['cached_ready_s']:.2f} s (from cache: {up['cached_all_from_cache']}; "
+          f"fresh from cache: {any(r['fresh_from_cache'] for r in up['runs'])})")
     print(f"daemon after READY: RSS {idle.get('rss_mib')} MiB, {idle.get('threads')} "
           f"threads; idle CPU {idle.get('idle_cpu_ms')} ms over {idle.get('idle_s')} s "
           f"({idle.get('idle_cpu_percent_of_core')} % of a core); RSS after the latency "
@@ -624,17 +658,17 @@ def print_report(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=500,
+    parser.add_argument("--requests", type=int, default=1000,
                         help="timed sequential requests per path per round")
-    parser.add_argument("--rounds", type=int, default=6, help="sequential rounds")
+    parser.add_argument("--rounds", type=int, default=10, help="sequential rounds")
     parser.add_argument("--model", type=Path, help=f"model file (default {DEFAULT_MODEL} "
                                                    f"from the test data)")
     parser.add_argument("--shape", action="append",
                         help="input shape NAME=1x3x48x192 (default for ppocr_cls: "
                              "x=1x3x48x192)")
-    parser.add_argument("--concurrency-requests", type=int, default=1200,
+    parser.add_argument("--concurrency-requests", type=int, default=2000,
                         help="requests per concurrency cell (split across threads)")
-    parser.add_argument("--concurrency-rounds", type=int, default=3)
+    parser.add_argument("--concurrency-rounds", type=int, default=4)
     parser.add_argument("--start-reps", type=int, default=3,
                         help="start-up repetitions (fresh, then cached)")
     parser.add_argument("--idle-s", type=float, default=5.0, help="idle CPU window")
@@ -711,8 +745,11 @@ def main(argv: list[str] | None = None) -> int:
                         raise RuntimeError(f"{key}: output {out} differs from in-process")
             log(f"sequential: {args.requests} requests x {len(runners)} paths x "
                 f"{args.rounds} rounds")
+            before = phase_totals(off.tcp)
             per_round = sequential(runners, args.requests, args.rounds)
             report["sequential"] = summarize_sequential(per_round)
+            report["sequential"]["edged_server_side"] = phase_means(before,
+                                                                    phase_totals(off.tcp))
             import psutil
 
             report["rss_after_load_mib"] = round(

@@ -168,7 +168,7 @@ def test_fail_over_retries_on_the_next_candidate(cls_model) -> None:
                                          LoadOptions(threads=1, shapes={"x": (1, 3, 48, 192)}))
     offered = [spare]
     worker = ModelWorker("cls", failing, BatchingConfig(),
-                         fallbacks=lambda: offered.pop() if offered else None)
+                         fallbacks=lambda usable=None: offered.pop() if offered else None)
     worker.start()
     try:
         results = [run_concurrently(worker, [f])[0] for f in inputs(5)]
@@ -182,7 +182,7 @@ def test_fail_over_retries_on_the_next_candidate(cls_model) -> None:
 
 def test_fail_over_without_spare_reports_the_error(cls_model) -> None:
     worker = ModelWorker("cls", RecordingSession(ort_session(cls_model), fail_after=0),
-                         BatchingConfig(), fallbacks=lambda: None)
+                         BatchingConfig(), fallbacks=lambda usable=None: None)
     worker.start()
     try:
         [result] = run_concurrently(worker, inputs(1))
@@ -190,4 +190,46 @@ def test_fail_over_without_spare_reports_the_error(cls_model) -> None:
         # ... and the worker is still alive for the next request.
         assert worker.alive()
     finally:
+        worker.stop()
+
+
+def test_stalled_backend_is_taken_over(cls_model) -> None:
+    """A backend that hangs inside run (an NPU driver that stops answering): past
+    watchdog_ms the batch is re-run once on the next verified backend."""
+    hang = threading.Event()
+
+    class Hanging(RecordingSession):
+        def run(self, feeds):
+            hang.wait(30)  # released at the end of the test
+            return super().run(feeds)
+
+    spare = get_backend("openvino").load(cls_model, Candidate("openvino", "CPU", "fp32"),
+                                         LoadOptions(threads=1, shapes={"x": (1, 3, 48, 192)}))
+    reasons = []
+    worker = ModelWorker("cls", Hanging(ort_session(cls_model)), BatchingConfig(watchdog_ms=200),
+                         fallbacks=lambda usable=None: spare if usable(spare.candidate) else None,
+                         on_failover=reasons.append)
+    worker.start()
+
+    def supervise() -> None:  # what the daemon's supervisor task does
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not worker.take_over_if_stalled():
+            time.sleep(0.05)
+
+    supervisor = threading.Thread(target=supervise)
+    supervisor.start()
+    try:
+        start = time.perf_counter()
+        [result] = run_concurrently(worker, inputs(1))
+        elapsed = time.perf_counter() - start
+        supervisor.join()
+        assert isinstance(result, tuple), result  # answered, by the spare
+        assert 0.2 <= elapsed < 5
+        assert worker.session is spare and worker.failovers == 1
+        assert "stalled" in reasons[0]
+        assert worker.alive()
+        [again] = run_concurrently(worker, inputs(1))  # and it keeps serving
+        assert isinstance(again, tuple)
+    finally:
+        hang.set()
         worker.stop()
