@@ -156,6 +156,11 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         tasks = [asyncio.ensure_future(self._announce_ready(server, sockets))]
         tasks.append(asyncio.ensure_future(self._supervise()))
+        from edged.hotplug import AcceleratorMonitor
+
+        monitor = AcceleratorMonitor(
+            lambda action, path: loop.call_soon_threadsafe(self._on_hotplug, action, path))
+        monitor.start()
         interval = watchdog_interval_s()
         if interval:
             tasks.append(asyncio.ensure_future(self._watchdog(interval)))
@@ -165,6 +170,7 @@ class Daemon:
                 log.error("the HTTP server did not start")
                 return EXIT_FAILED
         finally:
+            monitor.stop()
             for task in tasks:
                 task.cancel()
             await asyncio.to_thread(self._stop_workers, list(self.models.values()))
@@ -189,6 +195,32 @@ class Daemon:
             while self._reload_pending:
                 self._reload_pending = False
                 await self.reload()
+
+    def _on_hotplug(self, action: str, path: str) -> None:
+        task = asyncio.ensure_future(self._hardware_changed(action, path))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _hardware_changed(self, action: str, path: str) -> None:
+        """Re-probe; when what decides backend speed changed, let every model adapt (in a
+        thread: it may load a backend and measure). Serialized with reloads."""
+        from sysconf.hardware import probe
+
+        assert self._reload_lock is not None
+        async with self._reload_lock:
+            hw = await asyncio.to_thread(probe)
+            if hw.fingerprint() == self.hw.fingerprint():
+                return
+            log.info("hardware changed (%s %s): %s", action, path,
+                     ", ".join(a.name for a in hw.accelerators) or "no accelerators")
+            self.hw = hw
+            for served in list(self.models.values()):
+                try:
+                    outcome = await asyncio.to_thread(served.adapt, hw)
+                except Exception as exc:  # keep serving what runs; say why it did not adapt
+                    outcome = f"could not adapt: {exc}"
+                log.info("model %s: %s", served.name, outcome)
+                self.notifier.notify(f"STATUS={self._status_line()}")
 
     def _on_stop(self, sig: int) -> None:
         log.info("signal %s: draining and stopping", signal.Signals(sig).name)

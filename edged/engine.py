@@ -155,6 +155,10 @@ class ModelWorker:
             self._on_failover(reason)
         return True
 
+    def set_fallbacks(self, fallbacks: Fallbacks) -> None:
+        with self._switch_lock:
+            self._next_session = fallbacks
+
     def swap_session(self, session: Session) -> None:
         """Use `session` from the next batch on (a better backend appeared)."""
         with self._switch_lock:

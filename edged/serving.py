@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends import LoadOptions, get_backend
-from backends.base import BackendError, ModelError, Session
+from backends.base import BackendError, Candidate, ModelError, Session
 from edged.engine import BatchingConfig, ModelWorker
 from edged.selection import Policy, Selection, all_candidates, select
 from sysconf.hardware import HardwareFacts
@@ -26,7 +26,33 @@ class ServedModel:
     selection: Selection
     worker: ModelWorker
     config_key: tuple  # what the model was loaded from; a reload reloads when it changes
+    policy: Policy = field(default_factory=Policy)
+    state_dir: Path = Path("/var/lib/edged")
     loaded_at: float = field(default_factory=time.time)
+
+    def adapt(self, hw: HardwareFacts) -> str:
+        """The hardware changed (an accelerator came or went): switch away at once from a
+        backend that is no longer there, then select again for the new hardware (its new
+        fingerprint means a fresh measurement) and switch when the pick differs.
+        Returns what was done, for the log."""
+        usable = {c.key for c in all_candidates(hw, self.selection.model) if c.available}
+        done = []
+        active = self.worker.session.candidate.key
+        if active not in usable:
+            moved = self.worker.fail_over(f"{active} is gone", lambda c: c.key in usable)
+            done.append(f"{active} gone, " + ("failed over" if moved else "no fallback"))
+        selection = select(self.selection.model.path, hw, self.policy, self.state_dir)
+        candidates = {c.key: c for c in all_candidates(hw, selection.model)}
+        options = _load_options(self.policy, self.worker.batching, selection, self.state_dir)
+        pick = candidates.get(selection.selected.candidate.key, selection.load_candidate())
+        if pick.key != self.worker.session.candidate.key:
+            session = get_backend(pick.backend).load(selection.model, pick, options)
+            self.worker.swap_session(session)
+            done.append(f"switched to {pick.key}")
+        self.worker.set_fallbacks(_fallback_provider(self.name, selection, candidates,
+                                                     options))
+        self.selection = selection
+        return "; ".join(done) or f"kept {pick.key}"
 
     @property
     def platform(self) -> str:
@@ -56,29 +82,19 @@ class ServedModel:
         }
 
 
-def _ranked_fallbacks(selection: Selection) -> Iterator[str]:
+def _ranked_fallbacks(selection: Selection) -> list[str]:
     """Keys of the other verified candidates, fastest p99 first."""
     others = [e for e in selection.evidence if e.status == "passed" and e.latency]
-    for ev in sorted(others, key=lambda e: e.latency.p99_ms):
-        yield ev.candidate.key
+    return [ev.candidate.key for ev in sorted(others, key=lambda e: e.latency.p99_ms)]
 
 
-def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
-               hw: HardwareFacts, state_dir: Path, config_key: tuple = (),
-               on_failover: Callable[[str], None] | None = None) -> ServedModel:
-    """Select (or read the cached choice), load the pick and start its worker thread.
+def _fallback_provider(name: str, selection: Selection, candidates: dict[str, Candidate],
+                       options: LoadOptions):
+    """The worker's source of replacement sessions: the selection's other verified
+    candidates in p99 order, each tried once."""
+    queue = _ranked_fallbacks(selection)
 
-    Raises ModelError / InputError / SelectionError / BackendError with the reason."""
-    selection = select(path, hw, policy, state_dir)
-    options = LoadOptions(threads=policy.threads, cpus=policy.cpus, shapes=selection.shapes,
-                          dynamic_batch=batching.max_batch_size > 1,
-                          cache_dir=state_dir / "openvino-cache")
-    candidates = {c.key: c for c in all_candidates(hw, selection.model)}
-    chosen = candidates.get(selection.selected.candidate.key, selection.load_candidate())
-    session = get_backend(chosen.backend).load(selection.model, chosen, options)
-    queue = list(_ranked_fallbacks(selection))
-
-    def next_session(usable=None) -> Session | None:
+    def next_session(usable: Callable[[Candidate], bool] | None = None) -> Session | None:
         while queue:
             key = queue.pop(0)
             candidate = candidates.get(key)
@@ -90,6 +106,28 @@ def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
                 log.warning("%s: fallback %s failed to load: %s", name, key, exc)
         return None
 
-    worker = ModelWorker(name, session, batching, policy.cpus, next_session, on_failover)
+    return next_session
+
+
+def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
+               hw: HardwareFacts, state_dir: Path, config_key: tuple = (),
+               on_failover: Callable[[str], None] | None = None) -> ServedModel:
+    """Select (or read the cached choice), load the pick and start its worker thread.
+
+    Raises ModelError / InputError / SelectionError / BackendError with the reason."""
+    selection = select(path, hw, policy, state_dir)
+    options = _load_options(policy, batching, selection, state_dir)
+    candidates = {c.key: c for c in all_candidates(hw, selection.model)}
+    chosen = candidates.get(selection.selected.candidate.key, selection.load_candidate())
+    session = get_backend(chosen.backend).load(selection.model, chosen, options)
+    worker = ModelWorker(name, session, batching, policy.cpus,
+                         _fallback_provider(name, selection, candidates, options), on_failover)
     worker.start()
-    return ServedModel(name, selection, worker, config_key)
+    return ServedModel(name, selection, worker, config_key, policy=policy, state_dir=state_dir)
+
+
+def _load_options(policy: Policy, batching: BatchingConfig, selection: Selection,
+                  state_dir: Path) -> LoadOptions:
+    return LoadOptions(threads=policy.threads, cpus=policy.cpus, shapes=selection.shapes,
+                       dynamic_batch=batching.max_batch_size > 1,
+                       cache_dir=state_dir / "openvino-cache")

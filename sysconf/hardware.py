@@ -322,7 +322,7 @@ def find_accelerators(root: SysRoot) -> list[Accelerator]:
     if records is None:
         records = _sysfs_records(root)
     for rec in records:
-        acc = _classify(rec)
+        acc = classify(rec)
         if acc and acc not in found:
             found.append(acc)
     # Vendor NPU drivers that register only a character device, not a class udev lists.
@@ -336,7 +336,11 @@ def find_accelerators(root: SysRoot) -> list[Accelerator]:
     return found
 
 
-def _classify(rec: DeviceRecord) -> Accelerator | None:
+ACCELERATOR_SUBSYSTEMS = ("accel", "drm", "apex", "usb")
+
+
+def classify(rec: DeviceRecord) -> Accelerator | None:
+    """The accelerator a device record is, if it is one."""
     if rec.subsystem == "accel":
         name = ACCEL_DRIVERS.get(rec.driver or "", f"accelerator ({rec.driver or 'no driver'})")
         return Accelerator("npu", name, rec.node, rec.driver)
@@ -362,20 +366,27 @@ def _udev_records() -> list[DeviceRecord] | None:
     except Exception:  # no libudev on this system: fall back to reading sysfs
         return None
     records = []
-    for subsystem in ("accel", "drm", "apex", "usb"):
+    for subsystem in ACCELERATOR_SUBSYSTEMS:
         for dev in context.list_devices(subsystem=subsystem):
-            usb_id = None
-            if subsystem == "usb":
-                if dev.device_type != "usb_device":
-                    continue
-                attrs = dev.attributes
-                vendor, product = attrs.get("idVendor"), attrs.get("idProduct")
-                if vendor is None or product is None:
-                    continue
-                usb_id = (vendor.decode().strip(), product.decode().strip())
-            driver = dev.driver or (dev.parent.driver if dev.parent is not None else None)
-            records.append(DeviceRecord(subsystem, dev.sys_name, dev.device_node, driver, usb_id))
+            rec = udev_record(dev)
+            if rec is not None:
+                records.append(rec)
     return records
+
+
+def udev_record(dev) -> DeviceRecord | None:
+    """A pyudev Device as a DeviceRecord (None for USB interfaces and id-less devices)."""
+    usb_id = None
+    if dev.subsystem == "usb":
+        if dev.device_type != "usb_device":
+            return None
+        attrs = dev.attributes
+        vendor, product = attrs.get("idVendor"), attrs.get("idProduct")
+        if vendor is None or product is None:
+            return None
+        usb_id = (vendor.decode().strip(), product.decode().strip())
+    driver = dev.driver or (dev.parent.driver if dev.parent is not None else None)
+    return DeviceRecord(dev.subsystem, dev.sys_name, dev.device_node, driver, usb_id)
 
 
 def _sysfs_records(root: SysRoot) -> list[DeviceRecord]:

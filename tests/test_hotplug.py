@@ -1,0 +1,112 @@
+"""Accelerator hot-plug: the real pyudev netlink monitor, and how a served model adapts when
+the hardware changes. No accelerator can be plugged into this machine, so the "NPU that went
+away" is a real CPU session standing in under an NPU candidate's name (the one boundary here
+that cannot be real), and the "NPU that arrived" is a device root with an accel node."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.base import Candidate
+from edged.engine import BatchingConfig
+from edged.hotplug import AcceleratorMonitor
+from edged.selection import Policy
+from edged.serving import load_model
+from sysconf import SysRoot
+from sysconf.hardware import probe
+
+CLS = {"x": (1, 3, 48, 192)}
+FAST = Policy(runs=10, warmup=1, time_budget_s=1.0, threads=1, shapes=CLS)
+
+
+def test_monitor_runs_on_this_machine() -> None:
+    monitor = AcceleratorMonitor(lambda action, path: None)
+    assert monitor.start(), monitor.error
+    try:
+        assert monitor.running
+    finally:
+        monitor.stop()
+    assert not monitor.running
+
+
+def test_monitor_debounces_a_burst() -> None:
+    import pyudev
+
+    calls: list[tuple[str, str]] = []
+    fired = threading.Event()
+    monitor = AcceleratorMonitor(lambda a, p: (calls.append((a, p)), fired.set()),
+                                 debounce_s=0.2)
+    device = pyudev.Devices.from_path(pyudev.Context(), "/sys/class/net/lo")
+    for _ in range(5):  # a USB Coral re-enumerating sends several events at once
+        monitor._event(device)
+    assert fired.wait(3)
+    time.sleep(0.3)
+    assert calls == [("change", device.sys_path)]
+
+
+class StandIn:
+    """A real session presented under another candidate's name."""
+
+    def __init__(self, session, candidate: Candidate) -> None:
+        self._session = session
+        self.candidate = candidate
+        self.inputs, self.outputs = session.inputs, session.outputs
+
+    def run(self, feeds):
+        return self._session.run(feeds)
+
+    def info(self):
+        return self._session.info()
+
+    def close(self) -> None:
+        self._session.close()
+
+
+@pytest.fixture
+def served(models_dir: Path, tmp_path: Path):
+    model = load_model("cls", models_dir / "ppocr_cls.onnx", FAST, BatchingConfig(),
+                       probe(), tmp_path / "state")
+    yield model
+    model.worker.stop(1.0)
+
+
+def test_removed_accelerator_fails_over_at_once(served) -> None:
+    npu = Candidate("openvino", "NPU", "fp16")
+    served.worker.swap_session(StandIn(served.worker.session, npu))
+    outcome = served.adapt(probe())  # this machine: no NPU among OpenVINO's devices
+    assert "openvino:NPU:fp16 gone, failed over" in outcome
+    assert served.worker.session.candidate.key != npu.key
+    assert served.worker.failovers == 1
+    out = served.worker.session.run({"x": np.zeros((1, 3, 48, 192), np.float32)})
+    assert next(iter(out.values())).shape == (1, 2)
+
+
+def test_arrived_accelerator_triggers_a_new_selection(served, tmp_path: Path) -> None:
+    live = probe()
+    root = tmp_path / "root"
+    (root / "dev" / "accel").mkdir(parents=True)
+    (root / "dev" / "accel" / "accel0").touch()
+    device = root / "sys" / "devices" / "pci0000:00" / "0000:00:0b.0"
+    (device / "driver").parent.mkdir(parents=True)
+    (root / "sys" / "bus" / "pci" / "drivers" / "intel_vpu").mkdir(parents=True)
+    (device / "driver").symlink_to("../../../bus/pci/drivers/intel_vpu")
+    (root / "sys" / "class" / "accel" / "accel0").mkdir(parents=True)
+    (root / "sys" / "class" / "accel" / "accel0" / "device").symlink_to(device)
+    with_npu = dataclasses.replace(
+        live, accelerators=probe(SysRoot(root)).accelerators)
+    assert [a.name for a in with_npu.accelerators] == ["Intel NPU"]
+    assert with_npu.fingerprint() != live.fingerprint()
+    before = served.selection
+    outcome = served.adapt(with_npu)
+    assert served.selection is not before
+    assert not served.selection.from_cache  # measured anew for the new hardware
+    assert served.selection.cache_key != before.cache_key
+    assert len(list((served.state_dir / "selection").glob("*.json"))) == 2
+    assert outcome.startswith(("kept", "switched to"))
+    assert served.worker.session.candidate.key == served.selection.selected.candidate.key
