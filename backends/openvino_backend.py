@@ -85,6 +85,13 @@ class OpenVinoBackend:
         return OvSession(model, candidate, options)
 
 
+def _capabilities(device: str) -> set[str]:
+    try:
+        return set(core().get_property(device, "OPTIMIZATION_CAPABILITIES"))
+    except RuntimeError:
+        return set()
+
+
 def _precisions(device: str, caps: set[str]) -> list[str]:
     base = device.split(".")[0]
     if base == "CPU":
@@ -141,10 +148,18 @@ class OvSession:
         except RuntimeError:
             pass  # GPU/NPU plugins may not expose a runtime graph; the hint is all we know
         hint = self._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        hinted = RUNTIME_NAMES.get(hint, hint)
+        # f16 on a CPU without fp16 arithmetic is how weights are stored (decompressed to
+        # f32 for the math), not a precision that ran.
+        if ("fp16" in counts and self.candidate.device.startswith("CPU")
+                and "FP16" not in _capabilities("CPU")):
+            counts["fp32"] += counts.pop("fp16")
         total = sum(counts.values())
         main = [p for p, n in counts.most_common() if total and n / total >= 0.1]
+        if main == ["int8"] and hinted not in ("fp32", "int8"):
+            main.append(hinted)  # the layers between the int8 convolutions run in bf16/fp16
         return {
-            "precision": "+".join(main) if main else RUNTIME_NAMES.get(hint, hint),
+            "precision": "+".join(main) if main else hinted,
             "precision_hint": hint,
             "compute_layers": dict(counts),
         }

@@ -273,6 +273,8 @@ def format_evidence(selection) -> str:
         )
         if ev.reason and ev.status != "selected":
             lines.append(f"      {ev.reason}")
+    for warning in selection.warnings:
+        lines.append(f"  warning: {warning}")
     sel = selection.selected
     lines.append(f"Selected      {sel.candidate.backend}:{sel.candidate.device} "
                  f"(requested {sel.candidate.precision}, ran as {sel.precision}), "

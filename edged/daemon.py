@@ -113,6 +113,8 @@ class Daemon:
                      sel.latency.p99_ms if sel.latency else float("nan"),
                      "cached selection" if served.selection.from_cache else "measured",
                      time.perf_counter() - start)
+            for warning in served.selection.warnings:
+                log.warning("model %s: %s", mc.name, warning)
             models[mc.name] = served
         return models, failed
 

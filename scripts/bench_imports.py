@@ -8,6 +8,7 @@ Cases (each `sys.executable -c ...`, repeated `--reps` times round-robin, median
                onnxruntime must not be in sys.modules afterwards
   c ort        load an ONNX model with onnxruntime and run it once; openvino not imported
   d openvino   `import openvino` alone, the cost the lazy imports avoid
+  h ov_run     load + run the same ONNX model with OpenVINO (what (c) would cost with it)
   e, f, g      `import numpy`, `import onnx`, `import onnxruntime` alone (what (a)-(c) pay for)
 Reported: the child's own time from its first statement to the end of the case (ms), the
 subprocess wall time including interpreter start-up (ms), and peak RSS (ru_maxrss, MiB);
@@ -66,13 +67,22 @@ s = get_backend("onnxruntime").load(info, c, LoadOptions(threads={threads}))
 s.run(make_inputs(s.inputs, resolve_shapes(s.inputs, {shapes!r}, info.name)))
 """, ("openvino",)),
     "openvino": ("import openvino", "import openvino", ()),
+    "ov_run": ("load + run .onnx with openvino", """
+from backends import Candidate, LoadOptions, get_backend
+from backends.model_info import inspect_model
+from edged.inputs import make_inputs, resolve_shapes
+info = inspect_model({onnx!r})
+s = get_backend("openvino").load(info, Candidate("openvino", "CPU", "fp32"),
+                                 LoadOptions(threads={threads}, shapes={shapes!r}))
+s.run(make_inputs(s.inputs, resolve_shapes(s.inputs, {shapes!r}, info.name)))
+""", ("onnxruntime",)),
     # Attribution of (a)-(c): what the pieces cost on their own.
     "numpy": ("import numpy", "import numpy", ()),
     "onnx": ("import onnx (inspect_model, .onnx)", "import onnx", ()),
     "onnxruntime": ("import onnxruntime", "import onnxruntime", ()),
 }
 LABELS = {"baseline": "0", "cli": "a", "litert": "b", "ort": "c", "openvino": "d",
-          "numpy": "e", "onnx": "f", "onnxruntime": "g"}
+          "ov_run": "h", "numpy": "e", "onnx": "f", "onnxruntime": "g"}
 
 
 def models_dir() -> Path:
@@ -168,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['wall_ms_vs_openvino']:7.2f} {r['peak_rss_mib_vs_openvino']:6.2f}  "
                      f"{', '.join(r['imported']) or '-'}{mark}")
             print(lines)
-        for name in ("cli", "litert", "ort"):
+        for name in ("cli", "litert", "ort", "ov_run"):
             r = rows[name]
             print(f"  => ({r['case']}) {', '.join(r['must_not_import'])} not in sys.modules: "
                   f"{'yes' if r['lazy_ok'] else 'NO'}")

@@ -89,14 +89,15 @@ def load_sessions(candidates: list[Candidate], models: dict[str, ModelInfo],
 
 
 def accuracy(sessions: dict[tuple[str, str], Session], input_specs, shapes, seeds: int
-             ) -> dict[tuple[str, str], dict[str, float]]:
+             ) -> tuple[dict[tuple[str, str], dict[str, float]], str | None]:
     """Per session: median and worst cosine and IoU, and the largest max-abs difference, over
     `seeds` text-like images against (a) the same backend's fp32-model output and (b)
-    onnxruntime's fp32-model output (true float32)."""
+    onnxruntime's fp32-model output (true float32; another fp32 session when it is not
+    benchmarked). Returns the rows and the reference's key."""
     feeds = [make_inputs(input_specs, shapes, seed=s) for s in range(seeds)]
     outputs = {key: [s.run(f) for f in feeds] for key, s in sessions.items()}
     ort_ref = next((k for k in outputs if k[0].startswith("onnxruntime:CPU") and k[1] == "fp32"),
-                   None) or next(k for k in outputs if k[1] == "fp32")
+                   None) or next((k for k in outputs if k[1] == "fp32"), None)
     result = {}
     for key, outs in outputs.items():
         row: dict[str, float] = {}
@@ -113,7 +114,7 @@ def accuracy(sessions: dict[tuple[str, str], Session], input_specs, shapes, seed
             row[f"iou_vs_{name}_fp32"] = round(median(ious), 4)
             row[f"min_iou_vs_{name}_fp32"] = round(min(ious), 4)
         result[key] = row
-    return result
+    return result, "|".join(ort_ref) if ort_ref else None
 
 
 def run_size(size: int, candidates: list[Candidate], models: dict[str, ModelInfo], args,
@@ -131,7 +132,7 @@ def run_size(size: int, candidates: list[Candidate], models: dict[str, ModelInfo
     if not sessions:
         raise SystemExit(f"bench_int8: no session loaded: {errors}")
     specs = next(iter(sessions.values())).inputs
-    acc = accuracy(sessions, specs, shapes, args.seeds)
+    acc, reference = accuracy(sessions, specs, shapes, args.seeds)
     feeds = make_inputs(specs, shapes, seed=0)
     keys = list(sessions)
     per_round: list[dict[tuple[str, str], LatencyStats]] = []
@@ -173,6 +174,7 @@ def run_size(size: int, candidates: list[Candidate], models: dict[str, ModelInfo
         "shapes": {k: list(v) for k, v in shapes.items()},
         "runs": args.runs, "rounds": args.rounds, "warmup": args.warmup,
         "threads": args.threads, "accuracy_images": args.seeds,
+        "accuracy_reference": reference,
         "loadavg_1min": [round(load_before, 2), round(load_after, 2)],
         "results": rows,
         "fastest_p50": {label: "|".join(k) if k else None for label, k in best.items()},
@@ -204,8 +206,8 @@ def format_size(block: dict[str, Any]) -> str:
             f"{a['iou_vs_same_backend_fp32']:5.3f}/{a['min_iou_vs_same_backend_fp32']:5.3f}")
     lines.append(f"  cos, IoU: int8 model vs the same backend's fp32 model, median/worst of "
                  f"{block['accuracy_images']} text-like images (IoU of text pixels > 0.3)")
-    lines.append("  vs onnxruntime's fp32-model output (true float32): cosine med/min, "
-                 "max-abs, IoU med/min")
+    lines.append(f"  vs the reference {block['accuracy_reference']} (fp32 model): cosine "
+                 "med/min, max-abs, IoU med/min")
     for r in block["results"]:
         for label in ("fp32", "int8"):
             a = r[f"{label}_accuracy"]

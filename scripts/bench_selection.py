@@ -141,6 +141,8 @@ def confirm(selection, hw: HardwareFacts, policy: Policy, runs: int, warmup: int
                     selection.model, by_key[key], options)
             except (BackendError, ModelError, KeyError) as exc:
                 log(f"{selection.model.name}: {key} did not load for confirmation: {exc}")
+        if not sessions:
+            return []
         feeds = make_inputs(next(iter(sessions.values())).inputs, selection.shapes)
         keys = list(sessions)
         for r in range(rounds):
@@ -190,6 +192,11 @@ def run_model(name: str, path: Path, shapes, hw: HardwareFacts, args, log) -> di
         return block
     per_round = confirm(selections[0], hw, policy, args.runs, args.warmup, args.confirm_rounds,
                         passed, log)
+    if not per_round:
+        block["confirmation"] = None
+        block["within_10pct"] = False
+        block["verdict"] = "no candidate loaded for the confirmation benchmark"
+        return block
     table = {}
     for key in passed:
         if key not in per_round[0]:
