@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""What handing a request to the pinned worker thread and back costs, with nothing else.
+
+A no-op session (returns its input) behind a real `ModelWorker`; the event loop awaits
+`worker.infer` in a loop. This is the part of edged's added latency that a bare ASGI endpoint
+calling the session on the event-loop thread does not pay (see docs/BENCHMARKS.md, Serving).
+Runs the stdlib asyncio loop and uvloop alternately, several rounds; prints medians.
+
+    .venv/bin/python scripts/bench_handoff.py [--calls N] [--rounds R] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backends.base import Candidate, TensorSpec
+from edged.engine import BatchingConfig, ModelWorker
+
+
+class NoopSession:
+    def __init__(self) -> None:
+        self.candidate = Candidate("noop", "CPU", "model")
+        self.inputs = [TensorSpec("x", "float32", (1, 4))]
+        self.outputs = [TensorSpec("y", "float32", (1, 4))]
+
+    def run(self, feeds):
+        return {"y": feeds["x"]}
+
+    def info(self):
+        return {"precision": "fp32"}
+
+    def close(self) -> None:
+        pass
+
+
+def measure(runner, worker: ModelWorker, calls: int) -> float:
+    feeds = {"x": np.zeros((1, 4), np.float32)}
+
+    async def main() -> float:
+        for _ in range(100):
+            await worker.infer(feeds)
+        start = time.perf_counter()
+        for _ in range(calls):
+            await worker.infer(feeds)
+        return (time.perf_counter() - start) / calls * 1e6  # s -> µs per round trip
+
+    return runner(main())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    import uvloop
+
+    runners = {"asyncio": asyncio.run, "uvloop": uvloop.run}
+    worker = ModelWorker("noop", NoopSession(), BatchingConfig())
+    worker.start()
+    rounds: dict[str, list[float]] = {name: [] for name in runners}
+    try:
+        for _ in range(args.rounds):
+            for name, runner in runners.items():
+                rounds[name].append(measure(runner, worker, args.calls))
+    finally:
+        worker.stop()
+    result = {name: round(statistics.median(v), 1) for name, v in rounds.items()}
+    if args.json:
+        print(json.dumps({"us_per_round_trip_median": result, "rounds": rounds}))
+    else:
+        for name, value in result.items():
+            print(f"{name:8} {value:6.1f} µs per request handed to the worker and back "
+                  f"(median of {args.rounds} rounds x {args.calls} calls)")
+        print(f"uvloop / asyncio: {result['uvloop'] / result['asyncio']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
