@@ -54,3 +54,32 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     if start is not None:
         ranges.append(f"{start}-{prev}" if start != prev else str(start))
     return ",".join(ranges)
+
+
+def parse_cpumask(text: str) -> list[int]:
+    """The kernel's hex mask format ("f", "00000000,0000000f": 32-bit groups, high first), as
+    in /proc/irq/default_smp_affinity and /sys/devices/virtual/workqueue/cpumask."""
+    cleaned = text.strip().rstrip("\x00").replace(",", "")
+    if not cleaned:
+        return []
+    try:
+        value = int(cleaned, 16)
+    except ValueError:
+        raise ValueError(f"bad CPU mask {text.strip()!r}: not hexadecimal") from None
+    return [cpu for cpu in range(value.bit_length()) if value >> cpu & 1]
+
+
+def format_cpumask(cpus: Iterable[int], like: str | None = None) -> str:
+    """Hex mask for `cpus`. With `like` (the file's current content) the result keeps its
+    width and comma grouping, so the kernel reads it the same way it writes it."""
+    value = 0
+    for cpu in cpus:
+        value |= 1 << cpu
+    if like is None or not like.strip():
+        return f"{value:x}"
+    groups = like.strip().split(",")
+    width = len(groups[-1])
+    digits = f"{value:0{width * len(groups)}x}"
+    if len(digits) > width * len(groups):
+        return f"{value:x}"
+    return ",".join(digits[i:i + width] for i in range(0, len(digits), width))
