@@ -460,8 +460,13 @@ def format_status(status: dict[str, Any]) -> str:
             f"{_num(lat.get('p99_ms_le'), 3):>9} {m['failovers']}")
     for name, reason in status.get("failed", {}).items():
         lines.append(f"  {name:14} NOT LOADED: {reason}")
-    lines.append("  threads: " + ", ".join(f"{t['name']}[{t['tid']}]={t['cpus']}"
-                                          for t in status.get("threads", [])))
+    if status.get("housekeeping_cpus"):
+        lines.append(f"  housekeeping CPUs {status['housekeeping_cpus']}; memory locked: "
+                     f"{status.get('memory_locked')}")
+    lines.append("  threads: " + ", ".join(
+        f"{t['name']}[{t['tid']}]={t['cpus']}"
+        + (f" {t['policy']}" if t.get("policy", "other") != "other" else "")
+        for t in status.get("threads", [])))
     return "\n".join(lines)
 
 

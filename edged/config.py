@@ -38,11 +38,12 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_SOCKET_PATH = 107
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
-SERVER_KEYS = ("listen", "socket", "socket_mode", "state_dir", "max_body_bytes", "log_level")
+SERVER_KEYS = ("listen", "socket", "socket_mode", "state_dir", "max_body_bytes", "log_level",
+               "housekeeping_cpus", "mlockall")
 SELECTION_KEYS = ("runs", "warmup", "time_budget_s", "min_cosine", "max_abs")
 MODEL_KEYS = ("name", "path", "backend", "threads", "cpus", "shapes", "max_batch_size",
               "preferred_batch_sizes", "max_queue_delay_us", "max_queue_size", "timeout_ms",
-              "watchdog_ms")
+              "watchdog_ms", "rt_priority")
 TOP_KEYS = {"server": SERVER_KEYS, "selection": SELECTION_KEYS, "models": MODEL_KEYS}
 
 
@@ -63,6 +64,10 @@ class ServerConfig:
     state_dir: Path = Path("/var/lib/edged")
     max_body_bytes: int = 64 * 1024 * 1024
     log_level: str = "info"
+    # CPUs for the API, reload and telemetry threads; None: every online CPU that no model is
+    # pinned to (and all of them when no model is pinned).
+    housekeeping_cpus: tuple[int, ...] | None = None
+    mlockall: bool = False  # lock the daemon's memory (no page faults on the inference path)
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ class ModelConfig:
     max_queue_size: int = 64
     timeout_ms: int = 1000
     watchdog_ms: int = 5000  # a batch running longer than this: fail over to the next backend
+    rt_priority: int = 0  # SCHED_FIFO priority (1-99) of the model's worker thread; 0: off
 
     def policy(self, base: Policy) -> Policy:
         """The selection policy for this model: measurement settings from `base`, what the
@@ -257,6 +263,9 @@ class _Validator:
             max_body_bytes=self.integer(table, "max_body_bytes", "server", d.max_body_bytes,
                                         1),
             log_level=level.lower(),
+            housekeeping_cpus=self.cpus(table["housekeeping_cpus"], "server.housekeeping_cpus")
+            if "housekeeping_cpus" in table else None,
+            mlockall=self.boolean(table, "mlockall", "server", False),
         )
 
     def listen(self, text: str) -> tuple[str | None, int | None]:
@@ -354,7 +363,21 @@ class _Validator:
             max_queue_size=self.integer(table, "max_queue_size", prefix, 64, 1),
             timeout_ms=self.integer(table, "timeout_ms", prefix, 1000, 1),
             watchdog_ms=self.integer(table, "watchdog_ms", prefix, 5000, 1),
+            rt_priority=self.rt_priority(table, prefix),
         )
+
+    def rt_priority(self, table: Mapping[str, Any], prefix: str) -> int:
+        value = self.integer(table, "rt_priority", prefix, 0, 0)
+        if value > 99:
+            raise self.fail(f"{prefix}.rt_priority", f"SCHED_FIFO priorities are 1-99 (0 = off), "
+                                                     f"got {value}")
+        return value
+
+    def boolean(self, table: Mapping[str, Any], key: str, prefix: str, default: bool) -> bool:
+        value = table.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(f"{prefix}.{key}", f"must be true or false, got {_show(value)}")
+        return value
 
     def backend(self, spec: str, key: str) -> str:
         """"auto" or "backend[:device[:precision]]"; the backend name made canonical (so

@@ -50,13 +50,13 @@ def model_key(mc: ModelConfig) -> tuple:
     return (str(mc.path), file_id, mc.backend, mc.threads, mc.cpus,
             tuple(sorted((mc.shapes or {}).items())), mc.max_batch_size,
             mc.preferred_batch_sizes, mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
-            mc.watchdog_ms)
+            mc.watchdog_ms, mc.rt_priority)
 
 
 def batching_of(mc: ModelConfig) -> BatchingConfig:
     return BatchingConfig(mc.max_batch_size, tuple(mc.preferred_batch_sizes),
                           mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
-                          mc.watchdog_ms)
+                          mc.watchdog_ms, mc.rt_priority)
 
 
 class Daemon:
@@ -72,6 +72,8 @@ class Daemon:
         self.started = time.time()
         self.reloads = 0
         self.last_reload_error: str | None = None
+        self.housekeeping: list[int] | None = None
+        self.memory_locked: bool | None = None
         self._server = None
         self._reload_lock: asyncio.Lock | None = None
         self._reload_pending = False
@@ -128,6 +130,8 @@ class Daemon:
             "last_reload_error": self.last_reload_error,
             "models": [m.status() for m in self.models.values()],
             "failed": dict(self.failed),
+            "housekeeping_cpus": self.housekeeping,
+            "memory_locked": self.memory_locked,
             "threads": thread_affinities(),
         }
 
@@ -137,8 +141,11 @@ class Daemon:
 
         from edged.api import Api
 
+        self.housekeeping = pin_housekeeping(self.config)
         self.notifier.notify("STATUS=loading models")
         self.models, self.failed = await asyncio.to_thread(self.load_models, self.config, {})
+        if self.config.server.mlockall:
+            self.memory_locked = lock_memory()
         try:
             sockets = bind_sockets(self.config)
         except OSError as exc:
@@ -351,18 +358,67 @@ def _describe(sock: socket.socket) -> str:
     return f"unix:{name}" if sock.family == socket.AF_UNIX else f"http://{name[0]}:{name[1]}"
 
 
+def pin_housekeeping(config: Config) -> list[int] | None:
+    """Put this (main) thread, and so every thread it starts later (HTTP, reload, telemetry),
+    on the housekeeping CPUs: the configured set, else the CPUs no model is pinned to. Model
+    workers and their runtimes' threads set their own CPU sets. None: nothing pinned."""
+    allowed = sorted(os.sched_getaffinity(0))
+    wanted = config.server.housekeeping_cpus
+    if wanted is None:
+        pinned = {cpu for mc in config.models for cpu in (mc.cpus or ())}
+        if not pinned:
+            return None
+        wanted = tuple(cpu for cpu in allowed if cpu not in pinned)
+    usable = [cpu for cpu in wanted if cpu in allowed]
+    if not usable:
+        log.warning("no housekeeping CPU left (models pinned to %s of %s); the API threads "
+                    "stay unpinned", sorted(set(allowed) - set(wanted)), allowed)
+        return None
+    os.sched_setaffinity(0, usable)
+    log.info("housekeeping threads on CPUs %s", usable)
+    return usable
+
+
+def lock_memory() -> bool:
+    """mlockall(MCL_CURRENT | MCL_FUTURE): no page faults on the inference path. ctypes: the
+    standard library has no binding, and it is one call."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    mcl_current, mcl_future = 1, 2
+    if libc.mlockall(mcl_current | mcl_future) != 0:
+        err = ctypes.get_errno()
+        log.warning("mlockall failed (%s): needs CAP_IPC_LOCK and LimitMEMLOCK=infinity; "
+                    "running with unlocked memory", os.strerror(err))
+        return False
+    log.info("memory locked (mlockall)")
+    return True
+
+
+SCHED_POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
+
+
 def thread_affinities() -> list[dict[str, Any]]:
-    """Per-thread CPU sets of this process, as the kernel reports them."""
+    """Per-thread CPU sets and scheduling of this process, as the kernel reports them."""
     rows = []
     for tid in sorted(os.listdir("/proc/self/task"), key=int):
         try:
             comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
             status = Path(f"/proc/self/task/{tid}/status").read_text()
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
         except OSError:
             continue  # the thread ended while we looked
-        cpus = next((line.split(":", 1)[1].strip() for line in status.splitlines()
-                     if line.startswith("Cpus_allowed_list")), "?")
-        rows.append({"tid": int(tid), "name": comm, "cpus": cpus})
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        # stat: fields after the ")" closing comm; policy is field 41, rt_priority 40.
+        after = stat.rsplit(")", 1)[-1].split()
+        policy = SCHED_POLICIES.get(int(after[38]), after[38]) if len(after) > 38 else "?"
+        priority = int(after[37]) if len(after) > 37 else 0
+        rows.append({"tid": int(tid), "name": comm,
+                     "cpus": fields.get("Cpus_allowed_list", "?").strip(),
+                     "policy": policy if not priority else f"{policy}:{priority}",
+                     "involuntary_switches": int(fields.get("nonvoluntary_ctxt_switches",
+                                                            "0").strip())})
     return rows
 
 

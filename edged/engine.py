@@ -47,6 +47,7 @@ class BatchingConfig:
     max_queue_size: int = 64
     timeout_ms: int = 1000
     watchdog_ms: int = 5000  # one batch running longer than this: the backend has stalled
+    rt_priority: int = 0  # SCHED_FIFO priority of the worker thread (1-99); 0: normal
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class ModelWorker:
         # A thread serves one generation; after a stall take-over its results are dropped.
         self._generation = 0
         self._switch_lock = threading.Lock()  # one fail-over at a time
+        self.scheduling = "other"  # what the worker thread really got ("fifo:50", ...)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -224,11 +226,26 @@ class ModelWorker:
         _name_thread(f"infer-{self.name}")
         if self.cpus:
             os.sched_setaffinity(0, set(self.cpus))  # this thread only (Linux semantics)
+        if self.batching.rt_priority:
+            self._set_fifo(self.batching.rt_priority)
         while True:
             batch = self._take(generation)
             if batch is None:
                 return
             self._run(batch, generation)
+
+    def _set_fifo(self, priority: int) -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+        except PermissionError:
+            log.warning("%s: SCHED_FIFO %d refused (needs CAP_SYS_NICE or an RLIMIT_RTPRIO); "
+                        "the worker runs with normal scheduling", self.name, priority)
+            return
+        except OSError as exc:
+            log.warning("%s: SCHED_FIFO %d failed: %s; normal scheduling", self.name,
+                        priority, exc)
+            return
+        self.scheduling = f"fifo:{priority}"
 
     def _take(self, generation: int) -> list[_Pending] | None:
         with self._cond:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from backends import LoadOptions, get_backend
 from backends.base import BackendError, Candidate, ModelError, Session
+from edged.bench import pinned_thread
 from edged.engine import BatchingConfig, ModelWorker
 from edged.selection import Policy, Selection, all_candidates, select
 from sysconf.hardware import HardwareFacts
@@ -78,6 +79,8 @@ class ServedModel:
             "queue_depth": self.worker.queue_depth,
             "batching": self.worker.batchable,
             "failovers": self.worker.failovers,
+            "cpus": list(self.worker.cpus) if self.worker.cpus else None,
+            "scheduling": self.worker.scheduling,
             "last_error": self.worker.last_error,
         }
 
@@ -119,7 +122,10 @@ def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
     options = _load_options(policy, batching, selection, state_dir)
     candidates = {c.key: c for c in all_candidates(hw, selection.model)}
     chosen = candidates.get(selection.selected.candidate.key, selection.load_candidate())
-    session = get_backend(chosen.backend).load(selection.model, chosen, options)
+    # Loaded on the model's CPUs: runtimes that create their pools at load time (OpenVINO's
+    # streams, onnxruntime's threads without explicit affinities) inherit this thread's set.
+    with pinned_thread(policy.cpus):
+        session = get_backend(chosen.backend).load(selection.model, chosen, options)
     worker = ModelWorker(name, session, batching, policy.cpus,
                          _fallback_provider(name, selection, candidates, options), on_failover)
     worker.start()

@@ -342,7 +342,18 @@ def test_typo_is_an_error_not_a_default(folder: Path) -> None:
     assert str(err) == (
         f"{folder / 'edged.toml'}: server.max_body_byte: unknown key; did you mean "
         f"'max_body_bytes'?; allowed: listen, socket, socket_mode, state_dir, max_body_bytes, "
-        f"log_level")
+        f"log_level, housekeeping_cpus, mlockall")
+
+
+def test_isolation_keys(folder: Path) -> None:
+    config = parse(folder, '[server]\nhousekeeping_cpus = "0"\nmlockall = true\n'
+                           + MODEL + 'cpus = "1"\nrt_priority = 50\n')
+    assert config.server.housekeeping_cpus == (0,) and config.server.mlockall is True
+    assert config.models[0].rt_priority == 50
+    assert "models[0].rt_priority: SCHED_FIFO priorities are 1-99" in str(
+        error(folder, MODEL + "rt_priority = 120\n"))
+    assert "server.mlockall: must be true or false" in str(
+        error(folder, '[server]\nmlockall = "yes"\n'))
 
 
 def test_the_file_is_named_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -389,3 +389,37 @@ def test_edgectl_status(daemon: Daemon) -> None:
     gone = subprocess.run([sys.executable, "-m", "edged.cli", "status", "--address",
                            "unix:/nonexistent.sock"], capture_output=True, text=True, cwd=REPO)
     assert gone.returncode == 1 and "no edged answers" in gone.stderr
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_pinning_fifo_and_mlockall(models_dir: Path, tmp_path: Path) -> None:
+    """Checked for real on this machine, on the daemon's own threads: the worker and the
+    runtime's pool on the model's CPU, everything else on housekeeping."""
+    models = f"""
+[[models]]
+name = "cls"
+path = "{models_dir / 'ppocr_cls.onnx'}"
+backend = "onnxruntime"
+threads = 2
+cpus = "1"
+rt_priority = 10
+shapes = {{ x = {CLS} }}
+"""
+    d = Daemon(write_config(tmp_path, models, server_extra="mlockall = true")).wait_ready()
+    try:
+        with Client(d.address) as client:
+            client.infer("cls", {"x": cls_input()})
+            status = client.status()
+        threads = status["threads"]
+        worker = next(t for t in threads if t["name"] == "infer-cls")
+        assert worker["cpus"] == "1"
+        assert worker["policy"] == "fifo:10"  # root here; without CAP_SYS_NICE: a warning
+        assert status["models"][0]["scheduling"] == "fifo:10"
+        on_inference = [t for t in threads if t["cpus"] == "1"]
+        assert len(on_inference) >= 2  # the worker and onnxruntime's pool thread
+        assert {t["cpus"] for t in threads} == {"0", "1"}, threads
+        assert all(t["cpus"] == "0" for t in threads if t["tid"] == status["pid"])
+        assert status["housekeeping_cpus"] == [0]
+        assert status["memory_locked"] is True
+    finally:
+        assert d.stop() == 0
