@@ -348,3 +348,33 @@ def test_sysusers_dry_run(tmp_path: Path) -> None:
     assert "Creating group 'render'" in out, out  # the empty root has none; `m` creates it
     assert not [line for line in out.splitlines() if str(conf) in line], out  # no complaints
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
+# -- edged-tune.service (the root oneshot that applies core isolation) ----------------------
+TUNE = REPO / "systemd" / "edged-tune.service"
+
+
+def test_tune_unit_verifies(analyze: Runner, tmp_path: Path) -> None:
+    venv_edgectl = VENV_EDGED.with_name("edgectl")
+    text = re.sub(r"^(Exec(Start|Stop)=)\S+", lambda m: m.group(1) + str(venv_edgectl),
+                  TUNE.read_text(), flags=re.MULTILINE)
+    unit = tmp_path / "edged-tune.service"
+    unit.write_text(text)
+    unit_copy(tmp_path)  # edged.service beside it: the two name each other
+    proc = analyze("verify", "--man=no", str(unit), str(tmp_path / "edged.service"),
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert about_unit(proc.stderr, unit) == [], proc.stderr
+
+
+def test_tune_unit_runs_apply_and_reverts_on_stop() -> None:
+    unit = parse_unit(TUNE.read_text())
+    svc = unit["Service"]
+    assert single(svc, "Type") == "oneshot" and single(svc, "RemainAfterExit") == "yes"
+    start, stop = single(svc, "ExecStart").split(), single(svc, "ExecStop").split()
+    assert start[1] == "apply" and stop[1] == "revert"
+    assert "edged.service" in single(unit["Unit"], "Before")
+    daemon = parse_unit(UNIT.read_text())["Unit"]
+    # The daemon wants tuning but does not require it: a failed apply leaves it serving.
+    assert "edged-tune.service" in " ".join(values(daemon, "Wants"))
+    assert "edged-tune.service" not in " ".join(values(daemon, "Requires"))
