@@ -11,6 +11,9 @@ Journal: JSON lines, append-only, in the state dir. Records: {"op": "set", "path
 from a managed IRQ, EINVAL), {"op": "done"} when an apply finished. `revert` walks the records
 backwards and writes every `old` of a `set` that was not skipped, then moves the journal
 aside, so a second revert finds nothing to do.
+
+Values are compared and recorded as exact text (bytes decoded as UTF-8 with surrogateescape,
+no newline translation), so a CRLF cmdline.txt or a Latin-1 comment comes back byte for byte.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sysconf.sysroot import SysRoot
@@ -40,9 +43,17 @@ class Change:
     old: str | None  # current content (None: the file does not exist)
     new: str
     reason: str
+    # The file lists its choices with the current one in brackets ("always [madvise] never":
+    # transparent hugepages, I/O schedulers) and takes one bare word on write. Writing the
+    # whole listing back fails (EINVAL), so for such a file `old`, what the journal records and
+    # what it compares with `new` are the bracketed word. The journal derives that word from
+    # what it reads at apply time, not from the plan, so a stale plan cannot misrecord it.
+    selector: bool = False
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The plan JSON's fields (scripts rely on exactly these)."""
+        return {"kind": self.kind, "path": self.path, "old": self.old, "new": self.new,
+                "reason": self.reason}
 
 
 @dataclass
@@ -67,22 +78,57 @@ def is_kernel_file(device_path: str) -> bool:
     return device_path.startswith(("/proc/", "/sys/"))
 
 
+def read_current(path: Path) -> str | None:
+    """The file's exact text, or None when it does not exist. Any other error (EACCES on a
+    write-only sysctl, EIO) propagates: "unreadable" must not pass for "absent", or revert
+    would delete a file it never created."""
+    try:
+        data = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return data.decode("utf-8", "surrogateescape")
+
+
+def selected_choice(text: str | None) -> str | None:
+    """The bracketed word of a selector file ("always [madvise] never" -> "madvise"), or None
+    when the text is not one (no or several bracketed words)."""
+    if text is None:
+        return None
+    chosen = [w[1:-1] for w in text.split() if len(w) > 2 and w[0] == "[" and w[-1] == "]"]
+    return chosen[0] if len(chosen) == 1 else None
+
+
+def temp_path(path: Path) -> Path:
+    """Where `write_file` stages a regular file before the rename."""
+    return path.with_name(f".{path.name}.edged-tmp")
+
+
+def _open_text(path: Path, mode: str):
+    # Exact text: no newline translation, undecodable bytes kept (see read_current).
+    return open(path, mode, encoding="utf-8", errors="surrogateescape", newline="")
+
+
 def write_file(path: Path, content: str, kernel: bool) -> None:
     """For kernel files the write itself is the change. Regular files (boot config,
     irqbalance defaults) go through a temporary file, fsync and rename, so a crash never
     leaves them half-written."""
     if kernel:
-        with open(path, "w") as f:
+        with _open_text(path, "w") as f:
             f.write(content)
         return
-    tmp = path.with_name(f".{path.name}.edged-tmp")
-    with open(tmp, "w") as f:
-        f.write(content)
-        f.flush()
-        os.fsync(f.fileno())
-    with contextlib.suppress(OSError):
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-    os.replace(tmp, path)
+    tmp = temp_path(path)
+    try:
+        with _open_text(tmp, "w") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(OSError):
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a failed write leaves no stray file behind
+        raise
     _fsync_dir(path.parent)
 
 
@@ -100,6 +146,11 @@ def same_value(current: str | None, new: str) -> bool:
     return current is not None and current.strip() == new.strip()
 
 
+def _error_name(exc: OSError) -> str:
+    name = REFUSED.get(exc.errno) or errno.errorcode.get(exc.errno or 0, "?")
+    return f"{name}: {exc.strerror or exc}"
+
+
 class Journal:
     def __init__(self, root: SysRoot, state_dir: str = "/var/lib/edged",
                  writer: Writer = write_file) -> None:
@@ -112,10 +163,34 @@ class Journal:
     # -- recording ---------------------------------------------------------------------------
     def _append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        created = not self.path.exists()
+        with open(self.path, "a+b") as f:
+            self._end_last_line(f)
+            f.write(json.dumps(record).encode() + b"\n")
             f.flush()
             os.fsync(f.fileno())  # the old value is on disk before the new one is written
+        if created:
+            _fsync_dir(self.path.parent)  # the journal's own name survives a power cut too
+
+    @staticmethod
+    def _end_last_line(f) -> None:
+        """A crash mid-append leaves a last line without its newline. Appending after it would
+        glue the next record to it and turn it into a corrupt middle line, so drop it (its
+        write never ran: the record was not fsynced yet), or end it if it is complete."""
+        size = f.seek(0, os.SEEK_END)
+        if not size:
+            return
+        f.seek(0)
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        start = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[start:])
+        except ValueError:
+            f.truncate(start)
+        else:
+            f.write(b"\n")
 
     def records(self) -> list[dict]:
         try:
@@ -125,11 +200,14 @@ class Journal:
         records = []
         for number, line in enumerate(lines, 1):
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 if number == len(lines):
                     break  # a crash mid-append: the last line is partial, its write never ran
-                raise ValueError(f"{self.path}: line {number} is not a journal record") from None
+                record = None
+            if not isinstance(record, dict) or "op" not in record:
+                raise ValueError(f"{self.path}: line {number} is not a journal record")
+            records.append(record)
         return records
 
     # -- apply / revert ----------------------------------------------------------------------
@@ -137,7 +215,19 @@ class Journal:
         result = ApplyResult()
         for change in changes:
             target = self.root.path(change.path)
-            current = self.root.read_text(change.path)
+            try:
+                current = read_current(target)
+            except OSError as exc:
+                why = f"cannot read the current value, so revert could not restore it " \
+                      f"({_error_name(exc)})"
+                result.skipped.append((change, why))
+                continue
+            if change.selector and current is not None:
+                current = selected_choice(current)
+                if current is None:
+                    why = "no [selected] choice in the current content to restore on revert"
+                    result.skipped.append((change, why))
+                    continue
             if same_value(current, change.new):
                 result.unchanged.append(change)
                 continue
@@ -150,8 +240,7 @@ class Journal:
             try:
                 self._write(target, change.new, is_kernel_file(change.path))
             except OSError as exc:
-                why = f"{REFUSED.get(exc.errno, errno.errorcode.get(exc.errno, '?'))}: " \
-                      f"{exc.strerror or exc}"
+                why = _error_name(exc)
                 self._append({"op": "skipped", "path": change.path, "reason": why})
                 result.skipped.append((change, why))
                 continue
@@ -172,18 +261,27 @@ class Journal:
                 continue  # the write was refused: nothing to undo
             target = self.root.path(record["path"])
             old = record.get("old")
+            kernel = is_kernel_file(record["path"])
+            if not kernel:
+                with contextlib.suppress(OSError):
+                    temp_path(target).unlink(missing_ok=True)  # a crash mid-write_file
             try:
                 if old is None:
                     target.unlink(missing_ok=True)
                     done.append((record["path"], "removed"))
                 else:
-                    self._write(target, old, is_kernel_file(record["path"]))
+                    self._write(target, old, kernel)
                     done.append((record["path"], "restored"))
             except OSError as exc:
                 done.append((record["path"], f"failed: {exc.strerror or exc}"))
         if records:
             stamp = time.strftime("%Y%m%dT%H%M%S")
-            self.path.rename(self.path.with_name(f"{JOURNAL_NAME}.reverted-{stamp}"))
+            aside = self.path.with_name(f"{JOURNAL_NAME}.reverted-{stamp}")
+            number = 1
+            while aside.exists():  # two reverts in one second keep both journals
+                aside = self.path.with_name(f"{JOURNAL_NAME}.reverted-{stamp}.{number}")
+                number += 1
+            self.path.rename(aside)
         return done
 
     def pending(self) -> bool:

@@ -1,0 +1,534 @@
+"""sysconf.changes: the apply/revert journal on temporary roots shaped like a 4-core board.
+
+Every write goes to tmp_path; kernel refusals and crashes are simulated at the writer boundary
+(`Journal(root, writer=...)`) or with a real SIGKILL of a subprocess half-way through apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sysconf.changes import (
+    JOURNAL_NAME,
+    Change,
+    Journal,
+    read_current,
+    selected_choice,
+    temp_path,
+    write_file,
+)
+from sysconf.sysroot import SysRoot
+
+REPO = Path(__file__).resolve().parent.parent
+STATE = "var/lib/edged"
+
+GRUB = b"""\
+# If you change this file, run 'update-grub' afterwards to update
+# /boot/grub/grub.cfg.
+# For full documentation of the options in this file, see:
+#   info -f grub -n 'Simple configuration'
+# Caf\xe9 line: a Latin-1 byte that must survive a round trip
+
+GRUB_DEFAULT=0
+GRUB_TIMEOUT=5
+GRUB_DISTRIBUTOR=`( . /etc/os-release; echo ${NAME:-Debian} ) 2>/dev/null || echo Debian`
+GRUB_CMDLINE_LINUX_DEFAULT="quiet"
+GRUB_CMDLINE_LINUX=""
+"""
+# Edited on Windows: CRLF, as Raspberry Pi boot partitions often are.
+CMDLINE = (b"console=serial0,115200 console=tty1 root=PARTUUID=4e639091-02 rootfstype=ext4 "
+           b"fsck.repair=yes rootwait\r\n")
+
+IRQ = "/proc/irq/{}/smp_affinity_list"
+
+
+def build_root(base: Path) -> Path:
+    """Files of a Raspberry Pi 4-like system (IRQ numbers from its /proc/interrupts)."""
+    files = {
+        "proc/irq/default_smp_affinity": "f\n",
+        "proc/sys/kernel/timer_migration": "1\n",
+        "proc/sys/vm/stat_interval": "1\n",
+        "sys/devices/virtual/workqueue/cpumask": "f\n",
+        "sys/kernel/mm/transparent_hugepage/enabled": "always [madvise] never\n",
+        "etc/default/keyboard": 'XKBMODEL="pc105"\nXKBLAYOUT="gb"\n',
+    }
+    for irq in (24, 25, 31, 39):  # mmc, eth0, xhci (managed queue), v3d
+        files[f"proc/irq/{irq}/smp_affinity_list"] = "0-3\n"
+        files[f"proc/irq/{irq}/smp_affinity"] = "f\n"
+    for rel, text in files.items():
+        path = base / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (base / "etc/default/grub").write_bytes(GRUB)
+    (base / "boot/firmware").mkdir(parents=True)
+    (base / "boot/firmware/cmdline.txt").write_bytes(CMDLINE)
+    (base / "boot/firmware/cmdline.txt").chmod(0o755)  # FAT: everything looks executable
+    (base / "var/lib").mkdir(parents=True)
+    return base
+
+
+def cmdline_new() -> str:
+    return CMDLINE.decode().replace("rootwait", "rootwait isolcpus=managed_irq,domain,2-3")
+
+
+def changes_for() -> list[Change]:
+    grub_text = GRUB.decode("utf-8", "surrogateescape")
+    return [
+        Change("irq", IRQ.format(24), "0-3\n", "0-1", "mmc off the inference cores"),
+        Change("irq", IRQ.format(25), "0-3\n", "0-1", "eth0 off the inference cores"),
+        Change("irq", IRQ.format(31), "0-3\n", "0-1", "xhci off the inference cores"),
+        Change("irq-default", "/proc/irq/default_smp_affinity", "f\n", "3", "new IRQs"),
+        Change("sysctl", "/proc/sys/kernel/timer_migration", "1\n", "0", "timers"),
+        Change("workqueue", "/sys/devices/virtual/workqueue/cpumask", "f\n", "3", "kworkers"),
+        Change("irqbalance", "/etc/default/irqbalance", None,
+               "IRQBALANCE_BANNED_CPULIST=2-3\n", "irqbalance keeps off 2-3"),
+        Change("cmdline", "/boot/firmware/cmdline.txt", CMDLINE.decode(), cmdline_new(),
+               "isolate 2-3"),
+        Change("cmdline", "/etc/default/grub", grub_text,
+               grub_text.replace('"quiet"', '"quiet nohz_full=2-3"'), "isolate 2-3"),
+    ]
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every file's mode and bytes (and every directory) under `root`, the state dir aside."""
+    tree: dict[str, tuple] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel == STATE or rel.startswith(STATE + "/"):
+            continue
+        if path.is_symlink():
+            tree[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            tree[rel] = ("dir",)
+        else:
+            tree[rel] = (path.stat().st_mode, path.read_bytes())
+    return tree
+
+
+def ops(journal: Journal) -> list[str]:
+    return [record["op"] for record in journal.records()]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return build_root(tmp_path / "root")
+
+
+def test_apply_writes_new_values_and_journals_old_ones(root: Path) -> None:
+    before = snapshot(root)
+    journal = Journal(SysRoot(root))
+    result = journal.apply(changes_for())
+
+    assert len(result.applied) == len(changes_for()) and not result.skipped
+    assert (root / "proc/irq/24/smp_affinity_list").read_text() == "0-1"
+    assert (root / "sys/devices/virtual/workqueue/cpumask").read_text() == "3"
+    assert (root / "etc/default/irqbalance").read_text() == "IRQBALANCE_BANNED_CPULIST=2-3\n"
+    assert (root / "boot/firmware/cmdline.txt").read_bytes() == cmdline_new().encode()
+    assert b"\xe9" in (root / "etc/default/grub").read_bytes()  # not mangled to U+FFFD
+    assert journal.path == root / STATE / JOURNAL_NAME
+    sets = [r for r in journal.records() if r["op"] == "set"]
+    for record in sets:
+        rel = record["path"].lstrip("/")
+        expected = before[rel][1].decode("utf-8", "surrogateescape") if rel in before else None
+        assert record["old"] == expected, record["path"]
+    assert ops(journal)[-1] == "done"
+    assert journal.pending()
+
+
+def test_old_value_is_fsynced_before_each_write(root: Path, monkeypatch) -> None:
+    """The journal's fsync of a "set" record comes before the write it describes, and when the
+    writer runs, the record is already in the file on disk."""
+    events: list[tuple[str, str]] = []
+    journal_file = root / STATE / JOURNAL_NAME
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+
+    def writer(path: Path, content: str, kernel: bool) -> None:
+        last = json.loads(journal_file.read_text().splitlines()[-1])
+        device_path = "/" + path.relative_to(root).as_posix()
+        assert last["op"] == "set" and last["path"] == device_path
+        assert last["new"] == content
+        events.append(("write", device_path))
+        write_file(path, content, kernel)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    Journal(SysRoot(root), writer=writer).apply(changes_for())
+    writes = [i for i, event in enumerate(events) if event[0] == "write"]
+    assert len(writes) == len(changes_for())
+    for previous, index in zip([-1, *writes], writes, strict=False):
+        assert ("fsync", str(journal_file)) in events[previous + 1:index]
+    # The journal's folder entry is fsynced once, when the journal is created.
+    assert events.count(("fsync", str(journal_file.parent))) == 1
+
+
+def test_a_write_that_fails_after_its_set_record_is_journalled(root: Path) -> None:
+    before = snapshot(root)
+    failing = "/proc/sys/kernel/timer_migration"
+
+    def writer(path: Path, content: str, kernel: bool) -> None:
+        if path == root / failing.lstrip("/"):
+            raise RuntimeError("edged bug half-way through apply")
+        write_file(path, content, kernel)
+
+    journal = Journal(SysRoot(root), writer=writer)
+    with pytest.raises(RuntimeError):
+        journal.apply(changes_for())
+    last = journal.records()[-1]
+    assert last["op"] == "set" and last["path"] == failing and last["old"] == "1\n"
+    assert "done" not in ops(journal)
+
+    Journal(SysRoot(root)).revert()
+    assert snapshot(root) == before
+
+
+def test_apply_twice_changes_nothing_the_second_time(root: Path) -> None:
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for())
+    after_first = snapshot(root)
+    sets_before = ops(journal).count("set")
+
+    result = journal.apply(changes_for())
+    assert not result.applied and not result.skipped
+    assert len(result.unchanged) == len(changes_for())
+    assert ops(journal).count("set") == sets_before
+    assert snapshot(root) == after_first
+
+
+def test_revert_restores_the_tree_byte_for_byte(root: Path) -> None:
+    before = snapshot(root)
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for())
+    assert snapshot(root) != before
+
+    done = Journal(SysRoot(root)).revert()
+    assert snapshot(root) == before
+    assert ("/etc/default/irqbalance", "removed") in done
+    assert not (root / "etc/default/irqbalance").exists()  # it did not exist before apply
+    assert ("/boot/firmware/cmdline.txt", "restored") in done
+    # The CRLF and the FAT-style mode of cmdline.txt are back too (part of the snapshot).
+    assert (root / "boot/firmware/cmdline.txt").read_bytes() == CMDLINE
+    assert not journal.pending()
+
+
+def test_revert_twice_does_nothing_the_second_time(root: Path) -> None:
+    before = snapshot(root)
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for())
+    assert journal.revert()
+    assert journal.revert() == []
+    assert snapshot(root) == before
+    assert not journal.path.exists()
+    assert len(list(journal.path.parent.glob(f"{JOURNAL_NAME}.reverted-*"))) == 1
+
+
+def test_reverts_in_the_same_second_keep_both_journals(root: Path) -> None:
+    journal = Journal(SysRoot(root))
+    for _ in range(2):
+        journal.apply(changes_for())
+        journal.revert()
+    assert len(list(journal.path.parent.glob(f"{JOURNAL_NAME}.reverted-*"))) == 2
+
+
+def refusing_writer(refuse: dict[str, int], calls: list[str], root: Path):
+    def writer(path: Path, content: str, kernel: bool) -> None:
+        device_path = "/" + path.relative_to(root).as_posix()
+        calls.append(device_path)
+        if device_path in refuse:
+            code = refuse[device_path]
+            raise OSError(code, os.strerror(code), str(path))
+        write_file(path, content, kernel)
+    return writer
+
+
+def test_refused_writes_are_skipped_with_the_reason_and_not_reverted(root: Path) -> None:
+    before = snapshot(root)
+    refuse = {IRQ.format(31): errno.EIO, "/proc/sys/kernel/timer_migration": errno.EINVAL}
+    calls: list[str] = []
+    journal = Journal(SysRoot(root), writer=refusing_writer(refuse, calls, root))
+
+    result = journal.apply(changes_for())  # not fatal
+    skipped = {change.path: why for change, why in result.skipped}
+    assert skipped.keys() == refuse.keys()
+    assert skipped[IRQ.format(31)].startswith("EIO: ")
+    assert skipped["/proc/sys/kernel/timer_migration"].startswith("EINVAL: ")
+    assert len(result.applied) == len(changes_for()) - 2
+    recorded = {r["path"]: r["reason"] for r in journal.records() if r["op"] == "skipped"}
+    assert recorded == skipped
+    assert ops(journal)[-1] == "done"
+    assert (root / "proc/irq/31/smp_affinity_list").read_text() == "0-3\n"
+
+    calls.clear()
+    journal.revert()
+    assert not set(calls) & refuse.keys()  # nothing to undo there, so not touched
+    assert snapshot(root) == before
+
+
+def test_a_refused_write_is_tried_again_by_the_next_apply(root: Path) -> None:
+    """The kernel may take it later (after a reboot with isolcpus=managed_irq), so the journal
+    does not remember refusals; the retry is journalled as set + skipped again."""
+    before = snapshot(root)
+    refuse = {IRQ.format(31): errno.EIO}
+    journal = Journal(SysRoot(root), writer=refusing_writer(refuse, [], root))
+    journal.apply(changes_for())
+    count = len(journal.records())
+    result = journal.apply(changes_for())
+    assert [c.path for c, _ in result.skipped] == [IRQ.format(31)]
+    assert not result.applied
+    assert [r["op"] for r in journal.records()[count:]] == ["set", "skipped", "done"]
+    journal.revert()
+    assert snapshot(root) == before
+
+
+def test_an_unreadable_file_is_skipped_not_recorded_as_absent(root: Path, monkeypatch) -> None:
+    """Recording None for a file that exists would make revert delete it."""
+    target = root / "etc/default/keyboard"
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:
+        if self == target:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self)
+
+    before = snapshot(root)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    journal = Journal(SysRoot(root))
+    change = Change("irqbalance", "/etc/default/keyboard", "x", "y", "test")
+    result = journal.apply([change])
+    assert [(c.path, why.split(" (")[0]) for c, why in result.skipped] == [
+        ("/etc/default/keyboard", "cannot read the current value, so revert could not restore it")
+    ]
+    assert "EACCES" in result.skipped[0][1]
+    assert "set" not in ops(journal)
+    journal.revert()
+    monkeypatch.undo()
+    assert snapshot(root) == before
+
+
+def test_a_missing_parent_folder_is_skipped(root: Path) -> None:
+    journal = Journal(SysRoot(root))
+    result = journal.apply([Change("irq", IRQ.format(99), None, "0-1", "gone IRQ")])
+    assert result.skipped and "does not exist" in result.skipped[0][1]
+    assert "set" not in ops(journal)
+
+
+# -- crashes -------------------------------------------------------------------------------
+
+def test_an_interrupt_between_writes_is_reverted_by_a_fresh_journal(root: Path) -> None:
+    before = snapshot(root)
+    written: list[Path] = []
+
+    def writer(path: Path, content: str, kernel: bool) -> None:
+        write_file(path, content, kernel)
+        written.append(path)
+        if len(written) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Journal(SysRoot(root), writer=writer).apply(changes_for())
+    assert (root / "proc/irq/25/smp_affinity_list").read_text() == "0-1"
+
+    assert Journal(SysRoot(root)).pending()
+    Journal(SysRoot(root)).revert()
+    assert snapshot(root) == before
+
+
+CHILD = """
+import dataclasses, json, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from sysconf.changes import Change, Journal, temp_path, write_file
+from sysconf.sysroot import SysRoot
+
+root, mode, plan = sys.argv[2], sys.argv[3], sys.argv[4]
+changes = [Change(**c) for c in json.loads(Path(plan).read_text())]
+count = 0
+
+def stop_here():
+    print("ready", flush=True)
+    time.sleep(60)
+
+def writer(path, content, kernel):
+    global count
+    if mode == "pending" and count == 2:
+        stop_here()  # its "set" record is on disk, the write has not happened
+    if mode == "staged" and not kernel:
+        temp_path(path).write_text(content)
+        stop_here()  # write_file staged the new content but did not rename it yet
+    write_file(path, content, kernel)
+    count += 1
+    if mode == "written" and count == 2:
+        stop_here()
+
+Journal(SysRoot.at(root), writer=writer).apply(changes)
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["written", "pending", "staged"])
+def test_sigkill_half_way_through_apply_then_revert(root: Path, tmp_path: Path,
+                                                     mode: str) -> None:
+    before = snapshot(root)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([dataclasses.asdict(c) for c in changes_for()]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(REPO), str(root), mode, str(plan)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=10)
+        assert child.stdout is not None
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+
+    journal = Journal(SysRoot(root))
+    assert "done" not in ops(journal)
+    changed = {rel for rel, entry in snapshot(root).items() if before.get(rel) != entry}
+    if mode == "written":
+        assert changed == {"proc/irq/24/smp_affinity_list", "proc/irq/25/smp_affinity_list"}
+    if mode == "pending":
+        assert ops(journal).count("set") == 3
+    if mode == "staged":
+        assert temp_path(root / "etc/default/irqbalance").exists()
+
+    journal.revert()
+    assert snapshot(root) == before  # also: no staged temporary file left behind
+
+
+def test_a_partial_last_line_is_tolerated_and_cut_before_the_next_record(root: Path) -> None:
+    before = snapshot(root)
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for()[:3])
+    complete = journal.records()
+    with open(journal.path, "a") as f:
+        f.write('{"op": "set", "path": "/proc/irq/39/smp_aff')  # crash mid-append
+    assert journal.records() == complete
+
+    journal.apply(changes_for())  # appends after the partial line without gluing to it
+    assert journal.path.read_text().count('"/proc/irq/39/smp_aff') == 0
+    assert ops(journal)[-1] == "done"
+    Journal(SysRoot(root)).revert()
+    assert snapshot(root) == before
+
+
+def test_a_complete_last_record_without_its_newline_is_kept(root: Path) -> None:
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for()[:1])
+    journal.path.write_text(journal.path.read_text().rstrip("\n"))
+    journal.apply(changes_for()[1:2])
+    assert ops(journal) == ["set", "done", "set", "done"]
+
+
+@pytest.mark.parametrize("bad", ["{not json", "[1, 2]", '{"path": "/x"}', ""])
+def test_a_corrupt_middle_line_names_the_file_and_line(root: Path, bad: str) -> None:
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for()[:2])
+    lines = journal.path.read_text().splitlines()
+    lines.insert(1, bad)
+    journal.path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"{journal.path}: line 2 is not a journal record"):
+        journal.records()
+    with pytest.raises(ValueError, match="line 2"):
+        journal.revert()
+
+
+# -- selector files and exact text ---------------------------------------------------------
+
+def kernel_selector_writer(path: Path, content: str, kernel: bool) -> None:
+    """Like the kernel's THP files: one bare word from the listed choices, else EINVAL."""
+    choices = [w.strip("[]") for w in path.read_text().split()]
+    if content.strip() not in choices:
+        raise OSError(errno.EINVAL, "Invalid argument", str(path))
+    path.write_text(" ".join(f"[{w}]" if w == content.strip() else w for w in choices) + "\n")
+
+
+def test_a_selector_file_records_and_restores_the_selected_word(root: Path) -> None:
+    before = snapshot(root)
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    change = Change("thp", thp, "madvise", "never", "THP", selector=True)
+    journal = Journal(SysRoot(root), writer=kernel_selector_writer)
+
+    result = journal.apply([change])
+    assert result.applied == [change]
+    assert (root / thp.lstrip("/")).read_text() == "always madvise [never]\n"
+    assert [r["old"] for r in journal.records() if r["op"] == "set"] == ["madvise"]
+    assert journal.apply([change]).unchanged == [change]  # "[never]" is selected already
+    assert ops(journal).count("set") == 1
+
+    assert journal.revert() == [(thp, "restored")]  # the kernel took "madvise"
+    assert snapshot(root) == before
+
+
+def test_writing_a_selector_listing_back_is_what_the_kernel_refuses(root: Path) -> None:
+    """Why `selector` exists: without it the old value is the listing, and revert fails."""
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    journal = Journal(SysRoot(root), writer=kernel_selector_writer)
+    journal.apply([Change("thp", thp, "always [madvise] never\n", "never", "THP")])
+    assert journal.revert() == [(thp, "failed: Invalid argument")]
+
+
+def test_a_selector_change_without_a_selected_word_is_skipped(root: Path) -> None:
+    (root / "sys/kernel/mm/transparent_hugepage/enabled").write_text("never\n")
+    change = Change("thp", "/sys/kernel/mm/transparent_hugepage/enabled", "x", "always", "t",
+                    selector=True)
+    result = Journal(SysRoot(root)).apply([change])
+    assert result.skipped and "no [selected] choice" in result.skipped[0][1]
+
+
+@pytest.mark.parametrize(
+    ("text", "word"),
+    [("always [madvise] never\n", "madvise"),
+     ("always defer defer+madvise [madvise] never\n", "madvise"),
+     ("[none] mq-deadline kyber bfq\n", "none"),
+     ("never\n", None), ("[a] [b]", None), ("", None), (None, None)],
+)
+def test_selected_choice(text: str | None, word: str | None) -> None:
+    assert selected_choice(text) == word
+
+
+def test_write_file_leaves_no_temporary_file_when_the_rename_fails(root: Path,
+                                                                   monkeypatch) -> None:
+    target = root / "etc/default/keyboard"
+    original = target.read_bytes()
+
+    def replace(src, dst) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError):
+        write_file(target, "XKBLAYOUT=us\n", kernel=False)
+    assert not temp_path(target).exists()
+    assert target.read_bytes() == original
+
+
+def test_write_file_keeps_line_ends_and_undecodable_bytes(tmp_path: Path) -> None:
+    target = tmp_path / "cmdline.txt"
+    target.write_bytes(b"a\r\nb\xff\n")
+    text = read_current(target)
+    assert text is not None
+    write_file(target, text, kernel=False)
+    assert target.read_bytes() == b"a\r\nb\xff\n"
+    write_file(target, text, kernel=True)
+    assert target.read_bytes() == b"a\r\nb\xff\n"
+
+
+def test_plan_json_has_exactly_the_documented_fields() -> None:
+    change = Change("thp", "/sys/kernel/mm/transparent_hugepage/enabled", "madvise", "never",
+                    "why", selector=True)
+    assert change.to_dict() == {"kind": "thp", "path": change.path, "old": "madvise",
+                                "new": "never", "reason": "why"}
