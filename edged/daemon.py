@@ -153,6 +153,11 @@ class Daemon:
             self.notifier.notify(f"STATUS=cannot listen: {exc}")
             self._stop_workers(self.models.values())
             return EXIT_FAILED
+        from edged.metrics import IntrusionCollector
+
+        self.metrics.registry.register(IntrusionCollector(
+            lambda: {cpu for m in self.models.values() for cpu in (m.worker.cpus or ())},
+            lambda: {name: m.worker.native_id for name, m in self.models.items()}))
         api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
                   self.status, lambda: self.failed, reload=self._on_hup)
         uv_config = uvicorn.Config(api, lifespan="off", access_log=False, log_config=None,

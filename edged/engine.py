@@ -102,6 +102,7 @@ class ModelWorker:
         self._generation = 0
         self._switch_lock = threading.Lock()  # one fail-over at a time
         self.scheduling = "other"  # what the worker thread really got ("fifo:50", ...)
+        self.native_id: int | None = None  # the worker thread's kernel thread id
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -223,6 +224,7 @@ class ModelWorker:
 
     # -- the worker thread -----------------------------------------------------------------
     def _loop(self, generation: int) -> None:
+        self.native_id = threading.get_native_id()
         _name_thread(f"infer-{self.name}")
         if self.cpus:
             os.sched_setaffinity(0, set(self.cpus))  # this thread only (Linux semantics)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily
 
 # Log-spaced buckets from 50 µs to 10 s: edge models answer in well under a millisecond up to
 # seconds, and the tail is what matters.
@@ -50,3 +53,46 @@ class ServingMetrics:
         total.observe(total_s)
         # Every request of a batch reports it; the histogram counts requests by batch size.
         batch.observe(batch_size)
+
+
+class IntrusionCollector:
+    """Kernel counters of what interrupts the inference cores, read at scrape time (the
+    node_exporter way: no background thread, no second copy of the kernel's numbers).
+
+    `inference_cpus()` gives the CPUs models are pinned to (labelled role="inference", the
+    rest "housekeeping"); `worker_threads()` maps model name -> worker thread id."""
+
+    def __init__(self, inference_cpus: Callable[[], set[int]],
+                 worker_threads: Callable[[], Mapping[str, int | None]]) -> None:
+        self._inference = inference_cpus
+        self._workers = worker_threads
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        from sysconf import SysRoot
+        from sysconf.intrusions import interrupts_per_cpu, softirqs_per_cpu, thread_switches
+
+        root = SysRoot()
+        inference = self._inference()
+        irqs = CounterMetricFamily("edged_cpu_interrupts", "Hard interrupts handled per CPU",
+                                   labels=["cpu", "role"])
+        for cpu, count in sorted(interrupts_per_cpu(root).items()):
+            irqs.add_metric([str(cpu), _role(cpu, inference)], count)
+        yield irqs
+        soft = CounterMetricFamily("edged_cpu_softirqs", "Softirqs run per CPU and kind",
+                                   labels=["cpu", "role", "kind"])
+        for cpu, kinds in sorted(softirqs_per_cpu(root).items()):
+            for kind, count in kinds.items():
+                soft.add_metric([str(cpu), _role(cpu, inference), kind], count)
+        yield soft
+        switches = CounterMetricFamily(
+            "edged_worker_involuntary_switches",
+            "Times a model's worker thread was preempted", labels=["model"])
+        for model, tid in self._workers().items():
+            counts = thread_switches(tid) if tid else None
+            if counts is not None:
+                switches.add_metric([model], counts.involuntary)
+        yield switches
+
+
+def _role(cpu: int, inference: set[int]) -> str:
+    return "inference" if cpu in inference else "housekeeping"

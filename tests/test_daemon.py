@@ -237,6 +237,10 @@ def test_concurrent_requests_are_batched_and_answered(daemon: Daemon) -> None:
     assert 'edged_batch_size_count{model="cls"}' in text
     assert 'edged_queue_depth{model="cls"}' in text
     assert 'edged_backend_info{backend=' in text
+    # Intrusion counters, read from the kernel at scrape time.
+    assert 'edged_cpu_interrupts_total{cpu="0",role=' in text
+    assert 'edged_cpu_softirqs_total{cpu="0",kind="TIMER",role=' in text
+    assert 'edged_worker_involuntary_switches_total{model="cls"}' in text
 
 
 def test_watchdog_pings_while_workers_live(daemon: Daemon) -> None:
