@@ -96,6 +96,25 @@ def build_parser() -> argparse.ArgumentParser:
                              " or HOST:PORT")
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
+    tuning = argparse.ArgumentParser(add_help=False)
+    tuning.add_argument("--root", type=Path, default=None,
+                        help="an image or fixture root instead of the live system")
+    tuning.add_argument("--json", action="store_true", help="machine-readable output")
+    placement = argparse.ArgumentParser(add_help=False)
+    placement.add_argument("--config", type=Path, default=None,
+                           help="edged.toml: the models' cpus are the inference cores")
+    placement.add_argument("--inference-cpus", default=None,
+                           help="inference cores, e.g. 2-3 (else: the config's model cpus, "
+                                "the kernel's isolated set, or the last core)")
+    placement.add_argument("--boot", action="store_true",
+                           help="on the live system, also edit the boot command line "
+                                "(with --root it always is)")
+    sub.add_parser("plan", parents=[tuning, placement],
+                   help="list every isolation change: path, old, new, reason")
+    sub.add_parser("apply", parents=[tuning, placement],
+                   help="apply the plan through the journal (root only, or --root)")
+    sub.add_parser("revert", parents=[tuning], help="restore what apply changed, exactly")
+
     reload = sub.add_parser("reload", help="make the running daemon re-read its config "
                                            "(like systemctl reload; Unix socket only)")
     reload.add_argument("--address", default="unix:/run/edged/edged.sock",
@@ -116,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_status(args)
         if args.command == "reload":
             return cmd_reload(args)
+        if args.command in ("plan", "apply"):
+            return cmd_plan_apply(args)
+        if args.command == "revert":
+            return cmd_revert(args)
         if args.threads is not None and args.threads < 1:
             raise UsageError("--threads must be at least 1")
         if args.command == "backends":
@@ -402,6 +425,113 @@ def cmd_status(args) -> int:
         return EXIT_OK
     print(f"edgectl: error: no edged answers ({'; '.join(errors)})", file=sys.stderr)
     return EXIT_FAILED
+
+
+def _isolation_plan(args):
+    from sysconf import SysRoot
+    from sysconf.cpusets import decide, read_cpusets
+    from sysconf.isolation import plan
+
+    root = SysRoot.at(args.root)
+    configured = None
+    if args.inference_cpus:
+        configured = parse_cpus_text(args.inference_cpus, "--inference-cpus")
+    elif args.config is not None:
+        from edged.config import ConfigError, load_config
+
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        pinned = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
+        configured = pinned or None
+    try:
+        cpus = decide(read_cpusets(root), configured)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return root, plan(root, cpus, boot_on_live=args.boot)
+
+
+def parse_cpus_text(text: str, flag: str) -> list[int]:
+    from sysconf.cpulist import parse_cpulist
+
+    try:
+        cpus = parse_cpulist(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    if not cpus:
+        raise UsageError(f"{flag}: empty CPU list")
+    return cpus
+
+
+def _journal(root):
+    from sysconf.changes import Journal
+
+    # With --root the journal lives inside that root (an image carries its own journal).
+    return Journal(root, "/var/lib/edged" if not root.is_live else str(_live_state_dir()))
+
+
+def _live_state_dir() -> Path:
+    return Path(os.environ.get("EDGED_STATE_DIR", "/var/lib/edged"))
+
+
+def cmd_plan_apply(args) -> int:
+    root, isolation = _isolation_plan(args)
+    report: dict[str, Any] = isolation.to_dict()
+    if args.command == "apply":
+        result = _journal(root).apply(isolation.changes)
+        report.update(result.to_dict())
+        report["journal"] = str(_journal(root).path)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_plan(report, applied=args.command == "apply"))
+    return EXIT_OK
+
+
+def format_plan(report: dict[str, Any], applied: bool) -> str:
+    cpus = report["cpus"]
+    lines = [f"inference CPUs {cpus['inference_list']}, housekeeping {cpus['housekeeping_list']}"
+             f" (from {cpus['source']})"]
+    if applied:
+        lines.append(f"applied {len(report['applied'])}, already so {len(report['unchanged'])}, "
+                     f"refused {len(report['skipped'])} (journal {report['journal']})")
+        rows = [(c, "applied") for c in report["applied"]] + [
+            (c, f"REFUSED: {c['why']}") for c in report["skipped"]]
+    else:
+        rows = [(c, "") for c in report["changes"]]
+        if not rows:
+            lines.append("nothing to change")
+    for change, outcome in rows:
+        old = (change["old"] or "(absent)").strip().replace("\n", " ")[:40]
+        new = change["new"].strip().replace("\n", " ")[:40]
+        lines.append(f"  {change['kind']:11} {change['path']}: {old!r} -> {new!r}"
+                     f"{'  ' + outcome if outcome else ''}")
+        lines.append(f"              {change['reason']}")
+    for item in report["unmovable"]:
+        lines.append(f"  cannot move IRQ {item['irq']} ({item['name']}): {item['why']}; "
+                     f"remedy: {item['remedy']}")
+    return "\n".join(lines)
+
+
+def cmd_revert(args) -> int:
+    from sysconf import SysRoot
+
+    journal = _journal(SysRoot.at(args.root))
+    try:
+        restored = journal.revert()
+    except ValueError as exc:  # a corrupt journal: say which line, change nothing
+        raise UsageError(str(exc)) from None
+    failed = [(path, what) for path, what in restored if what.startswith("failed")]
+    if args.json:
+        print(json.dumps({"reverted": [{"path": p, "action": a} for p, a in restored]},
+                         indent=2))
+    elif not restored:
+        print("nothing to revert")
+    else:
+        for path, action in restored:
+            print(f"  {action:9} {path}")
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def cmd_reload(args) -> int:

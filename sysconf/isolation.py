@@ -1,0 +1,33 @@
+"""The whole core-isolation plan for a root: IRQs, kernel noise, and the boot command line."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from sysconf.changes import Change
+from sysconf.cpusets import CpuPlan
+from sysconf.irq import Unmovable, plan_irqs
+from sysconf.sysroot import SysRoot
+from sysconf.tuning import plan_isolation
+
+
+@dataclass(frozen=True)
+class IsolationPlan:
+    cpus: CpuPlan
+    changes: list[Change]
+    unmovable: list[Unmovable]
+
+    def to_dict(self) -> dict:
+        return {
+            "cpus": self.cpus.to_dict(),
+            "changes": [c.to_dict() for c in self.changes],
+            "unmovable": [asdict(u) for u in self.unmovable],
+        }
+
+
+def plan(root: SysRoot, cpus: CpuPlan, boot_on_live: bool = False) -> IsolationPlan:
+    """IRQ moves first (they matter at once), then workqueues, governor, sysctls, THP, and
+    last the boot command line (only into an image root, or live with `boot_on_live`)."""
+    irq_changes, unmovable = plan_irqs(root, cpus)
+    return IsolationPlan(cpus, [*irq_changes, *plan_isolation(root, cpus, boot_on_live)],
+                         unmovable)
