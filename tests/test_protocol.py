@@ -681,3 +681,23 @@ def test_fuzz_valid_json_requests_decode(data):
     request = decode_request(doc(*items), None, SPECS)
     for name, array in arrays.items():
         assert_same(request.inputs[name], array)
+
+
+def test_large_json_tensors_take_the_fast_parser_and_keep_nan() -> None:
+    """Over FAST_JSON_BYTES the header goes through orjson; NaN (which orjson refuses and
+    Python's json, hence tritonclient, writes) falls back to the standard library."""
+    from edged.protocol import FAST_JSON_BYTES
+
+    values = np.linspace(-1, 1, 20000, dtype=np.float32)
+    values[7] = np.nan
+    doc = {"inputs": [{"name": "x", "shape": [20000], "datatype": "FP32",
+                       "data": values.tolist()}]}
+    body = json.dumps(doc).encode()
+    assert len(body) > FAST_JSON_BYTES and b"NaN" in body
+    spec = [TensorSpec("x", "float32", (20000,))]
+    decoded = decode_request(body, None, spec).inputs["x"]
+    assert np.array_equal(decoded, values, equal_nan=True)
+    values[7] = 0.5
+    doc["inputs"][0]["data"] = values.tolist()
+    body = json.dumps(doc).encode()
+    assert np.array_equal(decode_request(body, None, spec).inputs["x"], values)
