@@ -216,3 +216,22 @@ def test_openvino_runs_an_ir_model(hw, models_dir: Path, tmp_path: Path) -> None
     cosine, max_abs = compare(ref.run(feeds), session.run(feeds))
     assert cosine > 0.9999 and max_abs < 1e-3
     assert not any(c.available for c in get_backend("onnxruntime").candidates(hw, model))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_openvino_threads_stay_on_the_cpu_set(hw, models_dir: Path) -> None:
+    """Loaded and run from a thread pinned to the model's CPUs (what the daemon's loader and
+    worker do), OpenVINO's stream threads land there too."""
+    from edged.bench import pinned_thread
+
+    target = max(os.sched_getaffinity(0))
+    before = set(_task_affinities())
+    model = inspect_model(models_dir / "ppocr_cls.onnx")
+    with pinned_thread([target]):
+        session = get_backend("openvino").load(
+            model, candidate(hw, "openvino", "CPU", model, "fp32"),
+            LoadOptions(threads=1, cpus=[target], shapes=CLS_SHAPE))
+        session.run(make_inputs(session.inputs, CLS_SHAPE))
+    new = {tid: cpus for tid, cpus in _task_affinities().items() if tid not in before}
+    assert new and set(new.values()) == {str(target)}, new
+    assert os.sched_getaffinity(0) != {target}  # the caller's own set came back
