@@ -331,30 +331,6 @@ def check(name: str, got: Mapping[str, Any], reference: Mapping[str, np.ndarray]
 
 # -- timing -------------------------------------------------------------------------------------
 
-def sequential(runners: Mapping[str, Callable[[], Any]], requests: int, rounds: int
-               ) -> list[dict[str, LatencyStats]]:
-    for run in runners.values():
-        for _ in range(WARMUP):
-            run()
-    keys = list(runners)
-    per_round = []
-    for r in range(rounds):
-        order = keys[r % len(keys):] + keys[:r % len(keys)]  # rotate who goes first
-        samples: dict[str, list[int]] = {k: [] for k in keys}
-        while any(len(samples[k]) < requests for k in keys):
-            for key in order:
-                run = runners[key]
-                for _ in range(min(BLOCK, requests - len(samples[key]))):
-                    start = time.perf_counter_ns()
-                    run()
-                    samples[key].append(time.perf_counter_ns() - start)
-        stats = {k: LatencyStats.from_ns(v) for k, v in samples.items()}
-        per_round.append(stats)
-        log(f"round {r + 1}/{rounds}: " + ", ".join(
-            f"{k} {s.p50_ms:.3f}/{s.p99_ms:.3f}" for k, s in stats.items()) + " (p50/p99 ms)")
-    return per_round
-
-
 def summarize(per_round: list[dict[str, LatencyStats]]) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for key in PATHS:
@@ -433,7 +409,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from importlib.metadata import version
 
     import onnxruntime as ort
-    from bench_serving import Edged, models_dir, write_config
+    from bench_serving import Edged, models_dir, sequential, write_config
 
     versions = ensure_venv(args.venv.expanduser().resolve())
     model = (models_dir() / MODEL_FILE).resolve()
@@ -508,7 +484,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"MLServer with tritonclient binary tensors fails: {message[:300]}")
             log("outputs agree with in-process onnxruntime (atol 1e-4); sequential: "
                 f"{args.requests} requests x {len(runners)} paths x {args.rounds} rounds")
-            per_round = sequential(runners, args.requests, args.rounds)
+            per_round = sequential(runners, args.requests, args.rounds, BLOCK, WARMUP)
             report["sequential"] = summarize(per_round)
             report["mlserver_process"] = rss_mib(mls.proc.pid)
             report["edged_process"] = rss_mib(daemon.proc.pid)

@@ -394,10 +394,12 @@ def client_runner(address: str, feeds: Mapping[str, np.ndarray]):
 
 # -- phase 1: sequential latency ----------------------------------------------------------------
 
-def sequential(runners: Mapping[str, Callable[[], Any]], requests: int, rounds: int
-               ) -> list[dict[str, LatencyStats]]:
+def sequential(runners: Mapping[str, Callable[[], Any]], requests: int, rounds: int,
+               block: int = BLOCK, warmup: int = WARMUP) -> list[dict[str, LatencyStats]]:
+    """Each round: every path in turn, `block` requests at a time, the order rotated per
+    round; returns per-round stats per path."""
     for run in runners.values():
-        for _ in range(WARMUP):
+        for _ in range(warmup):
             run()
     keys = list(runners)
     per_round = []
@@ -407,7 +409,7 @@ def sequential(runners: Mapping[str, Callable[[], Any]], requests: int, rounds: 
         while any(len(samples[k]) < requests for k in keys):
             for key in order:
                 run = runners[key]
-                for _ in range(min(BLOCK, requests - len(samples[key]))):
+                for _ in range(min(block, requests - len(samples[key]))):
                     start = time.perf_counter_ns()
                     run()
                     samples[key].append(time.perf_counter_ns() - start)

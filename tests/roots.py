@@ -440,17 +440,24 @@ def _with_managed(i: BoardIrq, managed: bool) -> BoardIrq:
 
 # -- comparing trees --------------------------------------------------------------------------
 
-TreeState = dict[str, tuple[bytes, int]]
+TreeState = dict[str, tuple]
 
 
 def tree_state(root: Path, exclude: Sequence[str] = (JOURNAL_DIR,)) -> TreeState:
-    """{relative path: (bytes, mode)} of every file under `root`, minus `exclude` folders."""
+    """Every file's bytes and mode, every directory and symlink under `root`, minus `exclude`
+    folders: what "revert is byte-identical" compares (a left-over folder counts too)."""
     root = Path(root)
-    state = {}
+    state: TreeState = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
         if any(rel == e or rel.startswith(e.rstrip("/") + "/") for e in exclude):
             continue
-        if path.is_file() and not path.is_symlink():
+        if path.is_dir() and any(e.startswith(rel + "/") for e in exclude):
+            continue  # a parent the journal created for its state dir
+        if path.is_symlink():
+            state[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            state[rel] = ("dir",)
+        else:
             state[rel] = (path.read_bytes(), path.stat().st_mode & 0o7777)
     return state

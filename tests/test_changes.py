@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from roots import tree_state
 
 from sysconf.changes import (
     JOURNAL_NAME,
@@ -98,20 +99,8 @@ def changes_for() -> list[Change]:
     ]
 
 
-def snapshot(root: Path) -> dict[str, tuple]:
-    """Every file's mode and bytes (and every directory) under `root`, the state dir aside."""
-    tree: dict[str, tuple] = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if rel == STATE or rel.startswith(STATE + "/"):
-            continue
-        if path.is_symlink():
-            tree[rel] = ("link", os.readlink(path))
-        elif path.is_dir():
-            tree[rel] = ("dir",)
-        else:
-            tree[rel] = (path.stat().st_mode, path.read_bytes())
-    return tree
+def snapshot(root: Path) -> dict:
+    return tree_state(root, exclude=(STATE,))
 
 
 def ops(journal: Journal) -> list[str]:
@@ -138,7 +127,7 @@ def test_apply_writes_new_values_and_journals_old_ones(root: Path) -> None:
     sets = [r for r in journal.records() if r["op"] == "set"]
     for record in sets:
         rel = record["path"].lstrip("/")
-        expected = before[rel][1].decode("utf-8", "surrogateescape") if rel in before else None
+        expected = before[rel][0].decode("utf-8", "surrogateescape") if rel in before else None
         assert record["old"] == expected, record["path"]
     assert ops(journal)[-1] == "done"
     assert journal.pending()

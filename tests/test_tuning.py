@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from roots import tree_state
 
 from sysconf.changes import Change, Journal, write_file
 from sysconf.sysroot import SysRoot
@@ -151,19 +152,8 @@ def build_board(base: Path, kind: str) -> Path:
     return base
 
 
-def snapshot(root: Path) -> dict[str, tuple]:
-    tree: dict[str, tuple] = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if rel == STATE or rel.startswith(STATE + "/"):
-            continue
-        if path.is_symlink():
-            tree[rel] = ("link", os.readlink(path))
-        elif path.is_dir():
-            tree[rel] = ("dir",)
-        else:
-            tree[rel] = (path.stat().st_mode, path.read_bytes())
-    return tree
+def snapshot(root: Path) -> dict:
+    return tree_state(root, exclude=(STATE,))
 
 
 def kernel_writer(path: Path, content: str, kernel: bool) -> None:
