@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sysconf.irq import read_interrupts
+from sysconf.irq import GLOBAL_COUNTERS, read_interrupts
 from sysconf.sysroot import SysRoot
 
 
@@ -19,7 +19,9 @@ def interrupts_per_cpu(root: SysRoot) -> dict[int, int]:
     cpus, rows = read_interrupts(root)
     totals = dict.fromkeys(cpus, 0)
     for row in rows:
-        for cpu, count in zip(cpus, row.counts, strict=False):  # ERR:/MIS: have one column
+        if row.irq in GLOBAL_COUNTERS:
+            continue  # one system-wide number, not CPU 0's
+        for cpu, count in zip(cpus, row.counts, strict=False):
             totals[cpu] += count
     return totals
 

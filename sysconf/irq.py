@@ -46,8 +46,8 @@ IRQBALANCE_BINARIES = ("/usr/sbin/irqbalance", "/usr/bin/irqbalance", "/sbin/irq
 _TRIGGERS = ("Level", "Edge")
 _X86_HWIRQ = re.compile(r"^(\d*)-(\S+)$")  # "512000-edge", "2-fasteoi", "-edge" (no domain)
 _ARM_TRIGGER = re.compile(r"^(Level|Edge)(?:-(\S+))?$")
-# Counters that are not interrupts delivered to a CPU: nothing to move, nothing to isolate.
-_GLOBAL_COUNTERS = {"ERR", "MIS", "Err"}
+# System-wide counters printed with one number, not one per CPU (x86 ERR/MIS, ARM Err).
+GLOBAL_COUNTERS = {"ERR", "MIS", "Err"}
 
 
 @dataclass
@@ -146,7 +146,7 @@ class IrqReport:
                 where = self.effective.get(line.irq, self.affinity.get(line.irq, []))
                 if wanted & set(where) or (_per_cpu(self, line) and wanted & set(self.cpus)):
                     found.append(line)
-            elif line.irq not in _GLOBAL_COUNTERS and len(line.counts) == len(self.cpus) \
+            elif line.irq not in GLOBAL_COUNTERS and len(line.counts) == len(self.cpus) \
                     and wanted & set(self.cpus):
                 found.append(line)
         return found
@@ -269,7 +269,7 @@ def _per_cpu(report: IrqReport, line: IrqLine) -> str | None:
 def _blocker(report: IrqReport, line: IrqLine, cores: str) -> tuple[str, str] | None:
     """(why, remedy) when `line` cannot be moved at all, None when it can."""
     if not line.numeric:
-        if line.irq in _GLOBAL_COUNTERS or len(line.counts) != len(report.cpus):
+        if line.irq in GLOBAL_COUNTERS or len(line.counts) != len(report.cpus):
             return None  # a global counter: nothing is delivered to a CPU
         return "per-CPU interrupt", _named_remedy(line.actions, cores)
     per_cpu = _per_cpu(report, line)

@@ -33,7 +33,8 @@ def test_totals_are_the_column_sums(tmp_path: Path) -> None:
     cpus, rows = read_interrupts(root)
     totals = interrupts_per_cpu(root)
     for index, cpu in enumerate(cpus):
-        assert totals[cpu] == sum(r.counts[index] for r in rows if len(r.counts) > index)
+        assert totals[cpu] == sum(r.counts[index] for r in rows
+                                  if len(r.counts) == len(cpus))  # ERR:/MIS: are global
 
 
 def test_board_root(tmp_path: Path) -> None:
