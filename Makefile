@@ -16,11 +16,14 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# dtc checks our device-tree parser; installed when we are root, else its tests skip.
+# dtc checks our device-tree parser, mosquitto is the broker the telemetry tests start;
+# installed when we are root, else those tests skip with the reason.
+SYSTEM_PKGS = device-tree-compiler mosquitto mosquitto-clients
 system-deps:
-	@command -v dtc >/dev/null || { [ "$$(id -u)" = 0 ] && \
-	  { apt-get update -q >/dev/null; apt-get install -y -q device-tree-compiler >/dev/null; } || \
-	  echo "make: dtc not installed; its tests will skip (apt-get install device-tree-compiler)"; }
+	@{ command -v dtc >/dev/null && [ -x /usr/sbin/mosquitto ] && command -v mosquitto_sub >/dev/null; } || \
+	  { [ "$$(id -u)" = 0 ] && \
+	  { apt-get update -q >/dev/null; apt-get install -y -q $(SYSTEM_PKGS) >/dev/null; } || \
+	  echo "make: not root: apt-get install $(SYSTEM_PKGS) for the tests that need them"; }
 
 data: venv
 	$(BIN)/python scripts/fetch_test_data.py
