@@ -19,6 +19,7 @@ import math
 import os
 import re
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,7 +45,12 @@ SELECTION_KEYS = ("runs", "warmup", "time_budget_s", "min_cosine", "max_abs")
 MODEL_KEYS = ("name", "path", "backend", "threads", "cpus", "shapes", "max_batch_size",
               "preferred_batch_sizes", "max_queue_delay_us", "max_queue_size", "timeout_ms",
               "watchdog_ms", "rt_priority")
-TOP_KEYS = {"server": SERVER_KEYS, "selection": SELECTION_KEYS, "models": MODEL_KEYS}
+TELEMETRY_KEYS = ("interval_s", "mqtt")
+MQTT_KEYS = ("url", "group", "device_id", "spool_max_mb", "spool_max_age_days", "ca_file",
+             "cert_file", "key_file", "username", "password_file", "keepalive_s", "protocol")
+TOP_KEYS = {"server": SERVER_KEYS, "selection": SELECTION_KEYS, "models": MODEL_KEYS,
+            "telemetry": TELEMETRY_KEYS}
+TOPIC_PART = re.compile(r"[^/#+\x00]+")  # an MQTT topic level without wildcards or separators
 
 
 class ConfigError(ValueError):
@@ -96,11 +102,34 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class MqttConfig:
+    url: str  # mqtt://host:port or mqtts://host:port
+    group: str = "default"
+    device_id: str | None = None  # None: /etc/machine-id
+    spool_max_mb: float = 50.0
+    spool_max_age_days: float = 7.0
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    username: str | None = None
+    password_file: Path | None = None  # read at connect time, never logged
+    keepalive_s: int = 30
+    protocol: str = "5"  # "5" or "3.1.1"
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    interval_s: float = 10.0
+    mqtt: MqttConfig | None = None  # None: telemetry goes to the log as JSON lines
+
+
+@dataclass(frozen=True)
 class Config:
     source: Path  # absolute
     server: ServerConfig = field(default_factory=ServerConfig)
     selection: Policy = field(default_factory=Policy)
     models: tuple[ModelConfig, ...] = ()
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -141,7 +170,8 @@ def parse_config(text: str, source: Path) -> Config:
     server = v.server(v.table(doc, "server"))
     selection = v.selection(v.table(doc, "selection"))
     models = v.models(doc.get("models", []))
-    return Config(v.absolute, server, selection, models)
+    telemetry = v.telemetry(v.table(doc, "telemetry"))
+    return Config(v.absolute, server, selection, models, telemetry)
 
 
 class _Validator:
@@ -365,6 +395,57 @@ class _Validator:
             watchdog_ms=self.integer(table, "watchdog_ms", prefix, 5000, 1),
             rt_priority=self.rt_priority(table, prefix),
         )
+
+    def telemetry(self, table: Mapping[str, Any]) -> TelemetryConfig:
+        self.keys(table, "telemetry", TELEMETRY_KEYS)
+        interval = self.number(table, "interval_s", "telemetry", 10.0, lambda x: x >= 0.1,
+                               "a number of seconds >= 0.1")
+        mqtt = None
+        if "mqtt" in table:
+            mqtt = self.mqtt(self.table(table, "mqtt"))
+        return TelemetryConfig(interval, mqtt)
+
+    def mqtt(self, table: Mapping[str, Any]) -> MqttConfig:
+        prefix = "telemetry.mqtt"
+        self.keys(table, prefix, MQTT_KEYS)
+        url = self.string(table, "url", prefix, None)
+        parsed = urllib.parse.urlsplit(url)
+        try:
+            port = parsed.port
+        except ValueError:
+            port = -1
+        if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname or port == -1:
+            raise self.fail(f"{prefix}.url", f"expected mqtt://HOST:PORT or mqtts://HOST:PORT, "
+                                             f"got {url!r}")
+        names = {}
+        for key, default in (("group", "default"), ("device_id", None)):
+            value = table.get(key, default)
+            if value is not None and (not isinstance(value, str)
+                                      or not TOPIC_PART.fullmatch(value)):
+                raise self.fail(f"{prefix}.{key}", f"must be one MQTT topic level (no '/', "
+                                                   f"'+', '#'), got {_show(value)}")
+            names[key] = value
+        files = {}
+        for key in ("ca_file", "cert_file", "key_file", "password_file"):
+            if key in table:
+                path = self.path(self.string(table, key, prefix, None), f"{prefix}.{key}")
+                if not path.is_file():
+                    raise self.fail(f"{prefix}.{key}", f"no such file: {path}")
+                files[key] = path
+        if ("cert_file" in files) != ("key_file" in files):
+            raise self.fail(f"{prefix}.cert_file", "cert_file and key_file go together")
+        protocol = self.string(table, "protocol", prefix, "5")
+        if protocol not in ("5", "3.1.1"):
+            raise self.fail(f"{prefix}.protocol", f'must be "5" or "3.1.1", got {protocol!r}')
+        return MqttConfig(
+            url=url, group=names["group"], device_id=names["device_id"],
+            spool_max_mb=self.number(table, "spool_max_mb", prefix, 50.0, lambda x: x > 0,
+                                     "a positive number of MiB"),
+            spool_max_age_days=self.number(table, "spool_max_age_days", prefix, 7.0,
+                                           lambda x: x > 0, "a positive number of days"),
+            username=self.string(table, "username", prefix, "") or None,
+            keepalive_s=self.integer(table, "keepalive_s", prefix, 30, 1),
+            protocol=protocol, **files)
 
     def rt_priority(self, table: Mapping[str, Any], prefix: str) -> int:
         value = self.integer(table, "rt_priority", prefix, 0, 0)

@@ -386,3 +386,38 @@ def test_permission_denied(tmp_path: Path) -> None:
     locked.chmod(0)
     with pytest.raises(ConfigError, match=f"^{locked}: permission denied$"):
         load_config(locked)
+
+
+def test_telemetry_keys(folder: Path) -> None:
+    (folder / "ca.pem").write_text("x")
+    (folder / "pw").write_text("secret\n")
+    config = parse(folder, """
+        [telemetry]
+        interval_s = 1
+        [telemetry.mqtt]
+        url = "mqtts://broker.local:8883"
+        group = "line-3"
+        ca_file = "ca.pem"
+        username = "edged"
+        password_file = "pw"
+        spool_max_mb = 5
+    """)
+    mqtt = config.telemetry.mqtt
+    assert config.telemetry.interval_s == 1.0
+    assert (mqtt.url, mqtt.group, mqtt.device_id) == ("mqtts://broker.local:8883", "line-3", None)
+    assert mqtt.ca_file == folder / "ca.pem" and mqtt.password_file == folder / "pw"
+    assert mqtt.spool_max_mb == 5 and mqtt.spool_max_age_days == 7
+    assert parse(folder, "").telemetry.mqtt is None  # no broker: telemetry to the log
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[telemetry.mqtt]\nurl = "http://x:1"\n', "telemetry.mqtt.url: expected mqtt://HOST:PORT"),
+    ('[telemetry.mqtt]\nurl = "mqtt://x:99999"\n', "telemetry.mqtt.url"),
+    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\ngroup = "a/b"\n', "telemetry.mqtt.group: must be one"),
+    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nca_file = "nope.pem"\n', "ca_file: no such file"),
+    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nprotocol = "4"\n', 'protocol: must be "5"'),
+    ("[telemetry]\ninterval_s = 0\n", "telemetry.interval_s: must be a number of seconds"),
+    ("[telemetry]\nintervall_s = 1\n", "telemetry.intervall_s: unknown key"),
+])
+def test_telemetry_errors(folder: Path, text: str, message: str) -> None:
+    assert message in str(error(folder, text))
