@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.base import BackendError, Candidate, InputError, Session, check_feeds
+from edged.latency import LatencyRecorder, thread_involuntary_switches
 
 log = logging.getLogger("edged.engine")
 
@@ -80,13 +81,15 @@ class ModelWorker:
 
     def __init__(self, name: str, session: Session, batching: BatchingConfig,
                  cpus: Sequence[int] | None = None, fallbacks: Fallbacks | None = None,
-                 on_failover: Callable[[str], None] | None = None) -> None:
+                 on_failover: Callable[[str], None] | None = None,
+                 recorder: LatencyRecorder | None = None) -> None:
         self.name = name
         self.session = session
         self.batching = batching
         self.cpus = tuple(cpus) if cpus else None
         self._next_session = fallbacks
         self._on_failover = on_failover
+        self.recorder = recorder  # per-request latency for telemetry (HDR histograms)
         self._queue: collections.deque[_Pending] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -300,11 +303,13 @@ class ModelWorker:
             self._inflight = live
             self._busy_since = time.monotonic()
         error: Exception | None = None
+        switches = thread_involuntary_switches()
         try:
             outputs = self._run_with_failover(feeds)
         except Exception as exc:  # report to every caller; the worker keeps serving
             error = exc
         end = time.perf_counter()
+        switches = thread_involuntary_switches() - switches
         with self._cond:
             if generation != self._generation:
                 return  # taken over after a stall: these requests were re-run elsewhere
@@ -322,6 +327,10 @@ class ModelWorker:
                 k: v[offset : offset + n] for k, v in outputs.items()}
             offset += n
             item.done(result, None, Timing(start - item.enqueued, end - start, len(live)))
+        if self.recorder is not None:  # after the replies: they do not wait for bookkeeping
+            for item in live:
+                self.recorder.record(end - item.enqueued, start - item.enqueued, end - start,
+                                     start, end, switches)
 
     def _run_with_failover(self, feeds) -> dict[str, np.ndarray]:
         session = self.session

@@ -12,6 +12,7 @@ from backends import LoadOptions, get_backend
 from backends.base import BackendError, Candidate, ModelError, Session
 from edged.bench import pinned_thread
 from edged.engine import BatchingConfig, ModelWorker
+from edged.latency import LatencyRecorder
 from edged.selection import Policy, Selection, all_candidates, select
 from sysconf.hardware import HardwareFacts
 
@@ -127,7 +128,8 @@ def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
     with pinned_thread(policy.cpus):
         session = get_backend(chosen.backend).load(selection.model, chosen, options)
     worker = ModelWorker(name, session, batching, policy.cpus,
-                         _fallback_provider(name, selection, candidates, options), on_failover)
+                         _fallback_provider(name, selection, candidates, options), on_failover,
+                         LatencyRecorder(name, cores=policy.cpus))
     worker.start()
     return ServedModel(name, selection, worker, config_key, policy=policy, state_dir=state_dir)
 

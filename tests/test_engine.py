@@ -233,3 +233,22 @@ def test_stalled_backend_is_taken_over(cls_model) -> None:
     finally:
         hang.set()
         worker.stop()
+
+
+def test_worker_records_latency_for_telemetry(cls_model) -> None:
+    from edged.latency import LatencyRecorder
+
+    recorder = LatencyRecorder("cls")
+    worker = ModelWorker("cls", ort_session(cls_model), BatchingConfig(), recorder=recorder)
+    worker.start()
+    try:
+        results = [run_concurrently(worker, [f])[0] for f in inputs(6)]
+    finally:
+        worker.stop()
+    window = recorder.rotate()
+    assert window.count == 6
+    compute = [timing.compute_s * 1e3 for _, timing in results]
+    # HDR histograms in whole µs, 3 significant digits: the max is the slowest compute.
+    assert abs(window.compute.max_ms - max(compute)) < 0.05
+    assert window.total.p50_ms >= window.compute.p50_ms
+    assert recorder.rotate().count == 0  # the next window starts empty
