@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""How fast the telemetry spool takes messages in and gives them back (the spool's own side).
+
+Per round, in a fresh folder: append N payloads (each one fsync'd, as the daemon does), then
+replay them the way the MQTT thread does after a reconnect, `pending(limit=500)` and one
+`ack` per message, until the spool is empty. Also: the per-append latency (what the
+telemetry thread waits), appends into a full spool (each drops the oldest first), the file
+size against the payload bytes, the time to reopen the full spool (quick_check and the totals
+scan; warm page cache), and, for comparison, the same replay with every ack fsync'd too
+(what the spool does not do; see edged/spool.py). No broker
+is involved: the issue's target of >= 1,000 msg/s is for the replay over MQTT, of which this
+is the spool's share. Medians over rounds.
+
+    .venv/bin/python scripts/bench_spool.py [--items N] [--payload BYTES] [--batch N]
+                                            [--rounds R] [--dir DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from edged.spool import Spool
+
+TOPIC = "edged/v1/bench/device/telemetry"
+
+
+class FsyncEveryAck(Spool):
+    """For comparison only: every commit fsync'd, acks included."""
+
+    def _set_sync(self, db: sqlite3.Connection, level: str) -> None:
+        super()._set_sync(db, "FULL")
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def fill(spool: Spool, items: int, size: int) -> list[float]:
+    """Append `items` payloads of `size` bytes; returns each append's seconds."""
+    body = os.urandom(size)
+    latencies = []
+    for i in range(items):
+        payload = b"%08d" % i + body[8:]
+        start = time.perf_counter()
+        spool.append(TOPIC, payload)
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def replay(spool: Spool, batch: int) -> tuple[int, float]:
+    """Drain the spool like the MQTT thread after a reconnect; returns (messages, seconds)."""
+    count = 0
+    start = time.perf_counter()
+    while items := spool.pending(limit=batch):
+        for item in items:
+            spool.ack(item.id)  # the publish would happen between these two
+        count += len(items)
+    return count, time.perf_counter() - start
+
+
+def one_round(folder: Path, args: argparse.Namespace) -> dict:
+    path = folder / "spool.db"
+    spool = Spool(path)
+    latencies = fill(spool, args.items, args.payload)
+    payload_bytes = spool.stats()["bytes"]
+    spool.close()
+    file_bytes = path.stat().st_size  # close() checkpointed the WAL into the file
+    start = time.perf_counter()
+    spool = Spool(path)
+    open_s = time.perf_counter() - start
+    count, replay_s = replay(spool, args.batch)
+    assert count == args.items and spool.stats()["count"] == 0, (count, spool.stats())
+    spool.close()
+
+    fsynced = FsyncEveryAck(folder / "fsync-every-ack.db")
+    fill(fsynced, args.items, args.payload)
+    count_f, replay_f_s = replay(fsynced, args.batch)
+    assert count_f == args.items
+    fsynced.close()
+
+    # At the size bound: a spool a quarter of the size, so the last 3/4 of the appends each
+    # drop the oldest item first (what a long outage does).
+    bounded = Spool(folder / "bounded.db", max_bytes=args.items * args.payload // 4)
+    at_bound = fill(bounded, args.items, args.payload)[args.items // 4 + 1:]
+    dropped = bounded.take_dropped()
+    assert dropped >= len(at_bound), (dropped, len(at_bound))
+    bounded.close()
+
+    latencies.sort()
+    return {
+        "append_msg_per_s": args.items / sum(latencies),
+        "append_p50_ms": percentile(latencies, 0.50) * 1e3,
+        "append_p99_ms": percentile(latencies, 0.99) * 1e3,
+        "append_max_ms": latencies[-1] * 1e3,
+        "append_at_bound_msg_per_s": len(at_bound) / sum(at_bound),
+        "replay_msg_per_s": count / replay_s,
+        "replay_s": replay_s,
+        "replay_fsync_every_ack_msg_per_s": count_f / replay_f_s,
+        "reopen_ms": open_s * 1e3,
+        "file_mb": file_bytes / 2**20,
+        "payload_mb": payload_bytes / 2**20,
+        "file_per_payload_byte": file_bytes / payload_bytes,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, default=20_000)
+    parser.add_argument("--payload", type=int, default=300, help="bytes per message")
+    parser.add_argument("--batch", type=int, default=500, help="pending(limit=...)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where the spool files go (default: the temp dir); use the "
+                             "device's state dir file system to measure its fsync")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.payload < 8:
+        parser.error("--payload must be at least 8 bytes")
+
+    load_before = os.getloadavg()[0]
+    rounds = []
+    for _ in range(args.rounds):
+        folder = Path(tempfile.mkdtemp(prefix="bench-spool-", dir=args.dir))
+        try:
+            rounds.append(one_round(folder, args))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    load_after = os.getloadavg()[0]
+    median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    spread = {key: [min(r[key] for r in rounds), max(r[key] for r in rounds)]
+              for key in rounds[0]}
+    result = {
+        "items": args.items, "payload_bytes": args.payload, "batch": args.batch,
+        "rounds": args.rounds, "dir": str(args.dir or tempfile.gettempdir()),
+        "loadavg_1min": [round(load_before, 2), round(load_after, 2)],
+        "median": {k: round(v, 3) for k, v in median.items()},
+        "min_max": {k: [round(v, 3) for v in mm] for k, mm in spread.items()},
+        "per_round": [{k: round(v, 3) for k, v in r.items()} for r in rounds],
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"spool: {args.items} x {args.payload} B, pending(limit={args.batch}) + ack, "
+          f"{args.rounds} rounds in {result['dir']}; loadavg {load_before:.2f} -> "
+          f"{load_after:.2f}; median (min-max)")
+    for key, value in median.items():
+        lo, hi = spread[key]
+        print(f"  {key:34} {value:12.3f}  ({lo:.3f}-{hi:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
