@@ -98,10 +98,9 @@ class Daemon:
                                  f"EXTEND_TIMEOUT_USEC={int(LOAD_TIMEOUT_S * 1e6)}")
             start = time.perf_counter()
             try:
-                failovers = self.metrics.failovers.labels(mc.name)
                 served = load_model(mc.name, mc.path, mc.policy(config.selection),
                                     batching_of(mc), self.hw, state_dir, key,
-                                    on_failover=lambda _reason, c=failovers: c.inc())
+                                    on_failover=self._failover_hook(mc.name))
             except Exception as exc:  # any failure: this model is not served, others are
                 reason = str(exc) or exc.__class__.__name__
                 log.error("model %s: not loaded: %s", mc.name, reason)
@@ -119,6 +118,15 @@ class Daemon:
                 log.warning("model %s: %s", mc.name, warning)
             models[mc.name] = served
         return models, failed
+
+    def _failover_hook(self, name: str):
+        counter = self.metrics.failovers.labels(name)
+
+        def on_failover(reason: str) -> None:  # called from the worker or supervisor thread
+            counter.inc()
+            self._event("backend_switch", model=name, reason=reason)
+
+        return on_failover
 
     def status(self) -> dict[str, Any]:
         return {
@@ -158,6 +166,18 @@ class Daemon:
         self.metrics.registry.register(IntrusionCollector(
             lambda: {cpu for m in self.models.values() for cpu in (m.worker.cpus or ())},
             lambda: {name: m.worker.native_id for name, m in self.models.items()}))
+        self.publisher = open_telemetry(self.config)
+        self.publisher.set_birth(self._birth())
+        self.publisher.set_audit_handler(self._audit_command)
+        self.publisher.start()
+        from edged.latency import CoreSampler
+        from edged.telemetry import TelemetryLoop
+
+        pinned = sorted({cpu for m in self.models.values() for cpu in (m.worker.cpus or ())})
+        self.telemetry = TelemetryLoop(
+            self.config.telemetry.interval_s, lambda: self.models, self.publisher,
+            sampler=CoreSampler(pinned or None, rate_hz=20, cpu_affinity=self.housekeeping))
+        self.telemetry.start()
         api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
                   self.status, lambda: self.failed, reload=self._on_hup)
         uv_config = uvicorn.Config(api, lifespan="off", access_log=False, log_config=None,
@@ -188,9 +208,31 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.to_thread(self._stop_workers, list(self.models.values()))
+            # The last partial window, then the retained offline state before a clean
+            # DISCONNECT (which suppresses the Will).
+            await asyncio.to_thread(self.telemetry.stop)
+            await asyncio.to_thread(self.publisher.stop, 10.0)
             _remove_socket_file(self.config)
         log.info("stopped")
         return EXIT_OK
+
+    def _birth(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "hardware": self.hw.to_dict(),
+            "models": {name: m.status() for name, m in self.models.items()},
+            "failed": dict(self.failed),
+        }
+
+    def _audit_command(self, request: dict) -> dict:
+        """cmd/audit: the audit (`edgectl audit`) is not built yet; say so rather than
+        pretend (the publisher answers with this summary)."""
+        return {"status": "unavailable", "reason": "edgectl audit is not built yet"}
+
+    def _event(self, kind: str, **detail: Any) -> None:
+        publisher = getattr(self, "publisher", None)
+        if publisher is not None:
+            publisher.publish_event(kind, detail)
 
     def _on_hup(self) -> None:
         """Reloads never overlap: a HUP during a reload runs one more reload after it."""
@@ -234,6 +276,8 @@ class Daemon:
                 except Exception as exc:  # keep serving what runs; say why it did not adapt
                     outcome = f"could not adapt: {exc}"
                 log.info("model %s: %s", served.name, outcome)
+                self._event("hardware_change", model=served.name, outcome=outcome,
+                            action=action, device=path)
                 self.notifier.notify(f"STATUS={self._status_line()}")
 
     def _on_stop(self, sig: int) -> None:
@@ -297,6 +341,9 @@ class Daemon:
         retired = [m for name, m in old.items() if models.get(name) is not m]
         await asyncio.to_thread(self._stop_workers, retired)
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
+        self._event("reload", models=sorted(models), failed=failed,
+                    replaced=sorted(m.name for m in retired))
+        self.publisher.set_birth(self._birth())
 
     @staticmethod
     def _stop_workers(models) -> None:
@@ -361,6 +408,42 @@ def _remove_socket_file(config: Config) -> None:
 def _describe(sock: socket.socket) -> str:
     name = sock.getsockname()
     return f"unix:{name}" if sock.family == socket.AF_UNIX else f"http://{name[0]}:{name[1]}"
+
+
+def mqtt_settings(config: Config):
+    """The publisher's settings from [telemetry.mqtt]; its own checks become config errors
+    naming the key."""
+    from edged.mqtt import MqttSettings, SettingsError, device_id_from
+
+    mqtt = config.telemetry.mqtt
+    if mqtt is None:
+        return None
+    try:
+        return MqttSettings(
+            url=mqtt.url, group=mqtt.group, device_id=mqtt.device_id or device_id_from(),
+            ca_file=mqtt.ca_file, cert_file=mqtt.cert_file, key_file=mqtt.key_file,
+            username=mqtt.username, password_file=mqtt.password_file,
+            keepalive_s=mqtt.keepalive_s, protocol=mqtt.protocol)
+    except SettingsError as exc:
+        raise ConfigError(config.source, f"telemetry.mqtt.{exc.setting}", exc.problem) from None
+
+
+def open_telemetry(config: Config):
+    """The MQTT publisher (with its spool) when a broker is configured, else JSON lines to
+    the log. An unusable spool file is reported and telemetry falls back to the log, so
+    inference keeps serving."""
+    from edged.mqtt import LogPublisher, open_publisher
+    from edged.spool import SpoolError
+
+    mqtt = config.telemetry.mqtt
+    try:
+        return open_publisher(
+            mqtt_settings(config), config.server.state_dir,
+            spool_max_bytes=int((mqtt.spool_max_mb if mqtt else 50) * 2**20),
+            spool_max_age_s=(mqtt.spool_max_age_days if mqtt else 7) * 86400)
+    except SpoolError as exc:
+        log.error("telemetry spool unusable, telemetry goes to the log instead: %s", exc)
+        return LogPublisher()
 
 
 def pin_housekeeping(config: Config) -> list[int] | None:
@@ -443,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, lambda *_: _hup_during_start.set())
     try:
         config = load_config(args.config)
+        mqtt_settings(config)  # the publisher's own checks, so they fail the start too
     except ConfigError as exc:
         print(f"edged: {exc}", file=sys.stderr)
         return EXIT_CONFIG
