@@ -45,7 +45,7 @@ SELECTION_KEYS = ("runs", "warmup", "time_budget_s", "min_cosine", "max_abs")
 MODEL_KEYS = ("name", "path", "backend", "threads", "cpus", "shapes", "max_batch_size",
               "preferred_batch_sizes", "max_queue_delay_us", "max_queue_size", "timeout_ms",
               "watchdog_ms", "rt_priority")
-TELEMETRY_KEYS = ("interval_s", "mqtt")
+TELEMETRY_KEYS = ("enabled", "interval_s", "mqtt")
 MQTT_KEYS = ("url", "group", "device_id", "spool_max_mb", "spool_max_age_days", "ca_file",
              "cert_file", "key_file", "username", "password_file", "keepalive_s", "protocol")
 TOP_KEYS = {"server": SERVER_KEYS, "selection": SELECTION_KEYS, "models": MODEL_KEYS,
@@ -119,6 +119,7 @@ class MqttConfig:
 
 @dataclass(frozen=True)
 class TelemetryConfig:
+    enabled: bool = True  # false: no telemetry thread, no counter sampling, no publisher
     interval_s: float = 10.0
     mqtt: MqttConfig | None = None  # None: telemetry goes to the log as JSON lines
 
@@ -403,7 +404,8 @@ class _Validator:
         mqtt = None
         if "mqtt" in table:
             mqtt = self.mqtt(self.table(table, "mqtt"))
-        return TelemetryConfig(interval, mqtt)
+        return TelemetryConfig(self.boolean(table, "enabled", "telemetry", True), interval,
+                               mqtt)
 
     def mqtt(self, table: Mapping[str, Any]) -> MqttConfig:
         prefix = "telemetry.mqtt"

@@ -74,6 +74,8 @@ class Daemon:
         self.last_reload_error: str | None = None
         self.housekeeping: list[int] | None = None
         self.memory_locked: bool | None = None
+        self.publisher = None
+        self.telemetry = None
         self._server = None
         self._reload_lock: asyncio.Lock | None = None
         self._reload_pending = False
@@ -166,18 +168,7 @@ class Daemon:
         self.metrics.registry.register(IntrusionCollector(
             lambda: {cpu for m in self.models.values() for cpu in (m.worker.cpus or ())},
             lambda: {name: m.worker.native_id for name, m in self.models.items()}))
-        self.publisher = open_telemetry(self.config)
-        self.publisher.set_birth(self._birth())
-        self.publisher.set_audit_handler(self._audit_command)
-        self.publisher.start()
-        from edged.latency import CoreSampler
-        from edged.telemetry import TelemetryLoop
-
-        pinned = sorted({cpu for m in self.models.values() for cpu in (m.worker.cpus or ())})
-        self.telemetry = TelemetryLoop(
-            self.config.telemetry.interval_s, lambda: self.models, self.publisher,
-            sampler=CoreSampler(pinned or None, rate_hz=20, cpu_affinity=self.housekeeping))
-        self.telemetry.start()
+        self.start_telemetry()
         api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
                   self.status, lambda: self.failed, reload=self._on_hup)
         uv_config = uvicorn.Config(api, lifespan="off", access_log=False, log_config=None,
@@ -210,11 +201,30 @@ class Daemon:
             await asyncio.to_thread(self._stop_workers, list(self.models.values()))
             # The last partial window, then the retained offline state before a clean
             # DISCONNECT (which suppresses the Will).
-            await asyncio.to_thread(self.telemetry.stop)
-            await asyncio.to_thread(self.publisher.stop, 10.0)
+            if self.telemetry is not None:
+                await asyncio.to_thread(self.telemetry.stop)
+            if self.publisher is not None:
+                await asyncio.to_thread(self.publisher.stop, 10.0)
             _remove_socket_file(self.config)
         log.info("stopped")
         return EXIT_OK
+
+    def start_telemetry(self) -> None:
+        if not self.config.telemetry.enabled:
+            log.info("telemetry disabled ([telemetry] enabled = false)")
+            return
+        from edged.latency import CoreSampler
+        from edged.telemetry import TelemetryLoop
+
+        self.publisher = open_telemetry(self.config)
+        self.publisher.set_birth(self._birth())
+        self.publisher.set_audit_handler(self._audit_command)
+        self.publisher.start()
+        pinned = sorted({cpu for m in self.models.values() for cpu in (m.worker.cpus or ())})
+        self.telemetry = TelemetryLoop(
+            self.config.telemetry.interval_s, lambda: self.models, self.publisher,
+            sampler=CoreSampler(pinned or None, rate_hz=20, cpu_affinity=self.housekeeping))
+        self.telemetry.start()
 
     def _birth(self) -> dict[str, Any]:
         return {
@@ -230,9 +240,8 @@ class Daemon:
         return {"status": "unavailable", "reason": "edgectl audit is not built yet"}
 
     def _event(self, kind: str, **detail: Any) -> None:
-        publisher = getattr(self, "publisher", None)
-        if publisher is not None:
-            publisher.publish_event(kind, detail)
+        if self.publisher is not None:
+            self.publisher.publish_event(kind, detail)
 
     def _on_hup(self) -> None:
         """Reloads never overlap: a HUP during a reload runs one more reload after it."""
@@ -343,7 +352,8 @@ class Daemon:
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
         self._event("reload", models=sorted(models), failed=failed,
                     replaced=sorted(m.name for m in retired))
-        self.publisher.set_birth(self._birth())
+        if self.publisher is not None:
+            self.publisher.set_birth(self._birth())
 
     @staticmethod
     def _stop_workers(models) -> None:

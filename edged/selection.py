@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -209,9 +210,11 @@ def compare(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]
             raise BackendError(f"output {name!r} has {b.size} values, reference {a.size}")
         if not np.all(np.isfinite(b)):
             return float("nan"), float("inf")
-        denom = np.linalg.norm(a) * np.linalg.norm(b)
+        # Sums of products rather than `@`/norm: those go through OpenBLAS, whose threads
+        # then spin in the daemon for a while after each call.
+        denom = math.sqrt(float(np.sum(a * a)) * float(np.sum(b * b)))
         cosines.append(1.0 if denom == 0 and np.array_equal(a, b) else
-                       float(a @ b / denom) if denom else 0.0)
+                       float(np.sum(a * b)) / denom if denom else 0.0)
         diffs.append(float(np.max(np.abs(a - b))) if a.size else 0.0)
     return min(cosines), max(diffs)
 
