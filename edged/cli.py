@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="apply the plan through the journal (root only, or --root)")
     sub.add_parser("revert", parents=[tuning], help="restore what apply changed, exactly")
 
+    from edged.fleet import add_fleet_parser
+
+    add_fleet_parser(sub)
+
     reload = sub.add_parser("reload", help="make the running daemon re-read its config "
                                            "(like systemctl reload; Unix socket only)")
     reload.add_argument("--address", default="unix:/run/edged/edged.sock",
@@ -133,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return cmd_status(args)
+        if args.command == "fleet":
+            from edged.fleet import cmd_fleet
+
+            return cmd_fleet(args)
         if args.command == "reload":
             return cmd_reload(args)
         if args.command in ("plan", "apply"):

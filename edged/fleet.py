@@ -21,13 +21,14 @@ subscribed.
 
 Shared subscriptions (`--share NAME`, MQTT 5 `$share/NAME/...`). The broker hands each message
 to one member of the share group, so several monitors split the message stream. Two things
-follow, both from the MQTT 5 specification and mosquitto's behaviour: retained messages are
-not delivered on a shared subscription, so the retained birth/Will of a device that is not
-changing is not seen, and a device's state comes from the state messages published while the
-monitor runs (and from its telemetry, which marks it online); and the split is per message,
-not per device, so with K monitors each sees a given device's telemetry about every K-th
-window. Figures stay right (each message is a whole window), but staleness needs
-`--stale-factor` raised to about 3 × K.
+follow. Retained messages are not delivered on a shared subscription (the MQTT 5
+specification; mosquitto 2.0 sends them to every member anyway, so the monitor subscribes with
+retain handling 2, "send none", and drops any stored copy that still comes): the retained
+birth/Will of a device that is not changing is not seen, and a device's state comes from the
+state messages published while the monitor runs and from its telemetry, which marks it
+online. And the split is per message, not per device: with K monitors each sees a given
+device's telemetry about every K-th window. Figures stay right (each message is a whole
+window), but staleness needs `--stale-factor` raised to about 3 × K.
 
 Lag (receive time minus the payload's `ts`) is kept for the last LAG_WINDOW live telemetry
 messages; on one machine it is the monitor's and the broker's delay, across machines it also
@@ -61,7 +62,7 @@ KINDS = ("state", "telemetry", "event")
 DEFAULT_INTERVAL_S = 10.0  # the daemon's [telemetry] interval_s default
 DEFAULT_STALE_FACTOR = 3.0
 DEFAULT_WAIT_S = 3.0
-LAG_WINDOW = 65536  # lag samples kept (about a minute at 1,000 msg/s)
+LAG_WINDOW = 10_000  # lag samples kept (10 s at 1,000 msg/s); sorted at each redraw
 QUANTILES = (("0.5", "p50_ms"), ("0.99", "p99_ms"), ("0.999", "p999_ms"))
 EXIT_OK, EXIT_BREACH, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_FAILED = 1
@@ -203,7 +204,6 @@ class Device:
     messages: int = 0
     bad: int = 0
     last_bad: str | None = None
-    seen: float = 0.0  # monotonic time of the last message
 
 
 def _number(value: Any, what: str, *, optional: bool = True) -> float | None:
@@ -377,7 +377,6 @@ class Fleet:
             if device is None:
                 device = self._devices[(group, name)] = Device(group, name)
             device.messages += 1
-            device.seen = now
             if kind == "telemetry":
                 self._telemetry(device, record, historical)
             elif kind == "state":
@@ -426,11 +425,11 @@ class Fleet:
         """Copies, consistent per device."""
         with self._lock:
             return [Device(d.group, d.device, d.state, d.telemetry, d.event, d.throttling,
-                           d.hottest, d.thermal_ts, d.messages, d.bad, d.last_bad, d.seen)
+                           d.hottest, d.thermal_ts, d.messages, d.bad, d.last_bad)
                     for d in self._devices.values()]
 
     def lag_quantiles(self) -> dict[str, float | None]:
-        lags = sorted(list(self.lag))
+        lags = sorted(list(self.lag))  # list(deque): one C call, safe against appends
         if not lags:
             return {"p50_s": None, "p99_s": None, "max_s": None, "samples": 0}
         return {"p50_s": _quantile(lags, 0.5), "p99_s": _quantile(lags, 0.99),
@@ -746,6 +745,8 @@ class Monitor:
         self.broker = broker
         self.fleet = fleet
         self.topics = subscriptions(group, share)
+        self.shared = share is not None
+        self.retained_ignored = 0
         self.err = err if err is not None else sys.stderr
         self.subscribed = threading.Event()
         self.connected = False
@@ -769,7 +770,10 @@ class Monitor:
                                      f"{exc.strerror or exc}") from None
             client.username_pw_set(username, password)
         if broker.tls:
-            client.tls_set(ca_certs=str(ca_file) if ca_file else None)
+            try:
+                client.tls_set(ca_certs=str(ca_file) if ca_file else None)
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                raise FleetError(f"--ca-file {ca_file}: {exc}") from None
         elif ca_file is not None:
             raise FleetError("--ca-file needs an mqtts:// broker")
         client.on_connect = self._on_connect
@@ -805,8 +809,11 @@ class Monitor:
         if self.ever_connected:
             self._say(f"reconnected to {self.broker.url}")
         self.ever_connected = True
-        _rc, self._sub_mid = client.subscribe(
-            [(t, SubscribeOptions(qos=1)) for t in self.topics])
+        # Shared: "do not send retained messages" (MQTT 5 retain handling 2), what the
+        # specification prescribes for shared subscriptions and mosquitto 2.0 does not do.
+        options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND
+                                   if self.shared else SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)
+        _rc, self._sub_mid = client.subscribe([(t, options) for t in self.topics])
 
     def _on_subscribe(self, _client, _userdata, mid, reasons, _props) -> None:
         failed = [str(r) for r in reasons if r.is_failure]
@@ -832,6 +839,9 @@ class Monitor:
             self._say(f"lost the broker at {self.broker.url} ({reason}); reconnecting")
 
     def _on_message(self, _client, _userdata, msg) -> None:
+        if self.shared and msg.retain:  # a broker's stored copy: see the module docstring
+            self.retained_ignored += 1
+            return
         try:
             self.fleet.handle(msg.topic, msg.payload)
         except Exception as exc:  # paho would end its loop on an exception: count, go on
@@ -842,9 +852,10 @@ class Monitor:
 
 SHARE_HELP = ("MQTT 5 shared subscription $share/NAME/edged/v1/...: monitors with the same "
               "NAME split the messages between them. Retained messages are not delivered on "
-              "shared subscriptions, so a device's online/offline comes from the state "
-              "messages published while this runs (telemetry marks a device online). The split "
-              "is per message, not per device: with K monitors raise --stale-factor to ~3*K")
+              "shared subscriptions (this monitor also drops any a broker sends), so a "
+              "device's online/offline comes from the state messages published while this "
+              "runs (telemetry marks a device online). The split is per message, not per "
+              "device: with K monitors raise --stale-factor to about 3*K")
 
 
 def add_fleet_parser(sub) -> None:
@@ -872,10 +883,14 @@ def add_fleet_parser(sub) -> None:
     p.add_argument("--thresholds", type=Path, default=None, metavar="FILE",
                    help="TOML (or .json) with max_p99_ms, max_p999_ms, max_jitter_ms, "
                         "max_temp_c, allow_offline; flags override it")
-    p.add_argument("--max-p99-ms", type=float, default=None, metavar="X")
-    p.add_argument("--max-p999-ms", type=float, default=None, metavar="X")
-    p.add_argument("--max-jitter-ms", type=float, default=None, metavar="X")
-    p.add_argument("--max-temp-c", type=float, default=None, metavar="X")
+    p.add_argument("--max-p99-ms", type=float, default=None, metavar="X",
+                   help="breach when any model's p99 of the last window is above X ms")
+    p.add_argument("--max-p999-ms", type=float, default=None, metavar="X",
+                   help="... p99.9 above X ms")
+    p.add_argument("--max-jitter-ms", type=float, default=None, metavar="X",
+                   help="... jitter (p99 - p50) above X ms")
+    p.add_argument("--max-temp-c", type=float, default=None, metavar="X",
+                   help="breach when the hottest thermal reading is above X °C")
     p.add_argument("--allow-offline", action="store_true",
                    help="offline and stale devices are not breaches")
     p.add_argument("--stale-factor", type=float, default=DEFAULT_STALE_FACTOR, metavar="N",
@@ -945,7 +960,7 @@ def cmd_fleet(args, *, out: TextIO | None = None, err: TextIO | None = None) -> 
 
 def _once(args, monitor: Monitor, fleet: Fleet, thresholds: Thresholds, out: TextIO,
           err: TextIO) -> int:
-    connect_timeout = max(10.0, args.wait)
+    connect_timeout = max(5.0, args.wait)
     if not monitor.subscribed.wait(connect_timeout):
         reason = monitor.failure or f"cannot reach {monitor.broker.url}"
         print(f"edgectl: error: {reason} (waited {connect_timeout:g} s)", file=err)

@@ -122,3 +122,8 @@ def test_backends_on_board_root(dtb_corpus: Path, tmp_path: Path) -> None:
     assert [a["name"] for a in hw["accelerators"]] == ["Vivante NPU (galcore)"]
     [vx] = [c for c in report["candidates"] if c["device"] == "NPU-VX"]
     assert not vx["available"] and "delegate did not load" in vx["reason"]
+
+
+def test_fleet_is_an_edgectl_command(tmp_path: Path) -> None:
+    proc = edgectl("fleet", "--broker", "http://nope", "--once", state=tmp_path, check_rc=2)
+    assert proc.stderr.startswith("edgectl: error: ") and "--broker" in proc.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,10 +58,9 @@ def window(values_ms: list[float], outliers: dict[str, int] | None = None) -> di
     return payload
 
 
-def spread(p50: float, tail: float, n: int = 1000) -> list[float]:
-    """n requests: 98.5 % at p50, the rest at `tail` (so p99 ≈ p50 and p99.9 = tail)."""
-    slow = int(n * 0.015)
-    return [p50] * (n - slow) + [tail] * slow
+def spread(p50: float, p99: float, p999: float) -> list[float]:
+    """1,000 requests whose p50, p99 and p99.9 are these (hdrh: the 500th, 990th, 999th)."""
+    return [p50] * 985 + [p99] * 10 + [p999] * 5
 
 
 def thermal(temp_c: float, throttling: bool = False) -> dict[str, Any]:
@@ -102,7 +102,7 @@ class Devices:
     def flush(self, timeout: float = 10.0) -> None:
         """Until every spooled message is acknowledged by the broker."""
         deadline = time.monotonic() + timeout
-        while any(p.spool.stats().get("pending", 0) for p in self.all.values()):
+        while any(p.spool.stats()["count"] for p in self.all.values()):
             assert time.monotonic() < deadline, "telemetry not acknowledged"
             time.sleep(0.02)
 
@@ -196,9 +196,9 @@ def raw_publish(port: int, items: list[tuple[str, bytes, bool]]) -> None:
 # -- --once --json: figures and order ---------------------------------------------------------
 
 def test_once_json_lists_devices_worst_first_with_their_figures(broker, devices) -> None:
-    fast = window(spread(1.0, 2.0))
-    slow = window(spread(4.0, 30.0), {"irq": 7, "softirq:NET_RX": 3, "preempted": 9})
-    medium = window(spread(2.0, 9.0), {"irq": 2})
+    fast = window(spread(1.0, 1.5, 2.0))
+    slow = window(spread(4.0, 10.0, 30.0), {"irq": 7, "softirq:NET_RX": 3, "preempted": 9})
+    medium = window(spread(2.0, 5.0, 9.0), {"irq": 2})
     payloads = {
         "line-1/cam-a": telemetry({"face": fast}, 48.0),
         # two models: the row is the worst one, the causes are summed over both
@@ -239,7 +239,7 @@ def test_group_filter_and_text_table(broker, devices) -> None:
     a = devices.start("line-1", "cam-a")
     devices.start("line-2", "cam-z")
     mon = monitor(broker, "--once", "--wait", "1.5", "--group", "line-1").subscribed()
-    a.publish_telemetry(telemetry({"face": window(spread(1.0, 2.0), {"irq": 1})}, 48.0))
+    a.publish_telemetry(telemetry({"face": window(spread(1.0, 1.5, 2.0), {"irq": 1})}, 48.0))
     devices.flush()
     rc, out, err = mon.finish()
     assert rc == 0, err
@@ -267,12 +267,14 @@ def test_thresholds_breach_exits_1_and_none_exits_0(broker, devices, tmp_path) -
                      str(tmp_path / "t.json"))
     for m in (strict, relaxed, hot_file, jitter):
         m.subscribed()
-    hot.publish_telemetry(telemetry({"face": window(spread(4.0, 9.0))}, 75.0))
-    ok.publish_telemetry(telemetry({"face": window(spread(1.0, 1.2))}, 40.0))
+    hot_window = window(spread(4.0, 9.0, 12.0))
+    hot.publish_telemetry(telemetry({"face": hot_window}, 75.0))
+    ok.publish_telemetry(telemetry({"face": window(spread(1.0, 1.2, 1.5))}, 40.0))
     devices.flush()
     rc, out, err = strict.finish()
     assert rc == 1, err
-    assert "1 breaching" in out and "BREACH g/hot: p99 9 ms > 3 ms (face)" in out
+    assert "1 breaching" in out
+    assert f"BREACH g/hot: p99 {hot_window['p99_ms']:g} ms > 3 ms (face)" in out
     assert "BREACH g/ok" not in out
     assert relaxed.finish()[0] == 0
     rc, out, _ = hot_file.finish()
@@ -301,7 +303,7 @@ def test_bad_thresholds_file_exits_2_naming_the_key(tmp_path, text, name, expect
                                str(path)).finish()
     assert rc == 2 and out == ""
     assert err.startswith("edgectl: error: ") and expected in err and str(path) in err
-    with pytest.raises(FleetError, match=expected.replace("(", r"\(").split(",")[0]):
+    with pytest.raises(FleetError, match=re.escape(expected)):
         load_thresholds(path)
 
 
@@ -311,10 +313,12 @@ def test_bad_thresholds_file_exits_2_naming_the_key(tmp_path, text, name, expect
     (["--group", "a/b"], "--group: must be a non-empty MQTT topic level"),
     (["--share", "x+"], "--share: must be a non-empty MQTT topic level"),
     (["--wait", "0"], "--wait and --refresh must be > 0"),
+    (["--ca-file", "/nonexistent.pem"], "--ca-file needs an mqtts:// broker"),
+    (["--username", "u", "--password-file", "/nonexistent"], "--password-file /nonexistent"),
 ])
 def test_bad_flags_exit_2(args, expected) -> None:
     rc, out, err = MonitorProc("--broker", "mqtt://127.0.0.1:1", "--once", *args).finish()
-    assert rc == 2 and expected in err and err.startswith("edgectl: error: ")
+    assert rc == 2 and out == "" and expected in err and err.startswith("edgectl: error: ")
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:1883", "mqtt://u:p@127.0.0.1",
@@ -322,6 +326,14 @@ def test_bad_flags_exit_2(args, expected) -> None:
 def test_bad_broker_url_exits_2(url) -> None:
     rc, _, err = MonitorProc("--broker", url, "--once").finish()
     assert rc == 2 and "edgectl: error: --broker" in err
+
+
+def test_unreadable_ca_file_exits_2(tmp_path) -> None:
+    (tmp_path / "bad.pem").write_text("not a certificate\n")
+    for ca in (tmp_path / "missing.pem", tmp_path / "bad.pem"):
+        rc, _, err = MonitorProc("--broker", "mqtts://127.0.0.1:1", "--ca-file", str(ca),
+                                 "--once").finish()
+        assert rc == 2 and f"edgectl: error: --ca-file {ca}: " in err
 
 
 def test_unreachable_broker_exits_1() -> None:
@@ -378,7 +390,7 @@ def test_will_after_kill_9_turns_the_device_offline(broker, tmp_path) -> None:
         # live mode, one JSON list a refresh: online first, then offline
         mon = monitor(broker, "--json", "--refresh", "0.2").subscribed()
         deadline = time.monotonic() + 10
-        while not any('"doomed"' in line and '"online"' in line for line in mon.out):
+        while not any('"doomed","state":"online"' in line for line in mon.out):
             assert time.monotonic() < deadline, "".join(mon.out[-3:])
             time.sleep(0.05)
         child.send_signal(signal.SIGKILL)
@@ -408,8 +420,8 @@ def test_malformed_payloads_are_counted_and_ignored(broker, devices) -> None:
     mon = monitor(broker, "--once", "--wait", "2", "--json").subscribed()
     base = "edged/v1/g/bad/"
     fine = dumps({"ts": time.time(), "seq": 9, "bdSeq": 0,
-                  **telemetry({"face": window(spread(1.0, 2.0))}, 50.0)})
-    wrong = telemetry({"face": window(spread(1.0, 2.0))}, 50.0)
+                  **telemetry({"face": window([1.0] * 100)}, 50.0)})
+    wrong = telemetry({"face": window([1.0] * 100)}, 50.0)
     wrong["models"]["face"]["p99_ms"] = "slow"
     raw_publish(broker.port, [
         (base + "telemetry", b"not json {", False),
@@ -421,7 +433,7 @@ def test_malformed_payloads_are_counted_and_ignored(broker, devices) -> None:
         (base + "telemetry", b"\xff\xfe", False),
         (base + "telemetry", fine, False),  # and the device still counts
     ])
-    good.publish_telemetry(telemetry({"face": window(spread(1.0, 2.0))}, 50.0))
+    good.publish_telemetry(telemetry({"face": window([1.0] * 100)}, 50.0))
     devices.flush()
     rc, out, err = mon.finish()
     assert rc == 0, err
@@ -475,8 +487,8 @@ def test_late_will_of_an_older_connection_is_ignored_and_stale_is_detected() -> 
     fleet.handle("edged/v1/g/d/state", _msg(online=True, bdSeq=5))
     fleet.handle("edged/v1/g/d/state", _msg(online=False, bdSeq=4))  # the old Will, late
     assert fleet.ignored_deaths == 1
-    fleet.handle("edged/v1/g/d/telemetry", _msg(interval_s=2.0, **telemetry(
-        {"m": window([3.0])}, 40.0, interval_s=2.0)))
+    fleet.handle("edged/v1/g/d/telemetry", _msg(**telemetry({"m": window([3.0])}, 40.0,
+                                                            interval_s=2.0)))
     [row] = fleet_rows(fleet, th)
     assert row["state"] == "online" and row["breaches"] == []
     clock.now += 5.9  # < 3 × 2 s
@@ -493,12 +505,12 @@ def test_late_will_of_an_older_connection_is_ignored_and_stale_is_detected() -> 
 
 def test_older_telemetry_does_not_replace_newer_and_throttling_events_count() -> None:
     fleet = Fleet()
-    new = telemetry({"m": window([5.0])}, 60.0)
+    new = telemetry({"m": window([2.0])}, 60.0)
     old = telemetry({"m": window([1.0])}, 40.0)
     fleet.handle("edged/v1/g/d/telemetry", _msg(ts=200.0, **new))
     fleet.handle("edged/v1/g/d/telemetry", _msg(ts=150.0, historical=True, **old))
     [row] = fleet_rows(fleet, Thresholds())
-    assert row["p50_ms"] == 5.0 and fleet.late == 1 and fleet.historical == 1
+    assert row["p50_ms"] == 2.0 and fleet.late == 1 and fleet.historical == 1
     assert fleet.lag_quantiles()["samples"] == 1  # replayed windows are not lag
     fleet.handle("edged/v1/g/d/event", _msg(ts=201.0, kind="throttling", throttling=True,
                                             hottest={"name": "cpu-thermal", "temp_c": 86.0}))
@@ -510,9 +522,11 @@ def test_older_telemetry_does_not_replace_newer_and_throttling_events_count() ->
 
 def test_table_is_cheap_and_truncates() -> None:
     fleet = Fleet()
+    base = telemetry({"m": window([1.0, 2.0])}, 40.0)
     for i in range(1000):
-        fleet.handle(f"edged/v1/g/d{i:04}/telemetry",
-                     _msg(**telemetry({"m": window([1.0 + i / 100, 2.0 + i / 10])}, 40.0)))
+        base["models"]["m"].update(p50_ms=1.0 + i / 100, p99_ms=2.0 + i / 10,
+                                   p999_ms=2.0 + i / 10)
+        fleet.handle(f"edged/v1/g/d{i:04}/telemetry", _msg(**base))
     start = time.perf_counter()
     rows = fleet_rows(fleet, Thresholds(max_p99_ms=50))
     text = format_table(rows, title="t", max_rows=20)
@@ -527,15 +541,21 @@ def test_table_is_cheap_and_truncates() -> None:
 
 # -- live: table, alerts, Prometheus, reconnect -----------------------------------------------
 
-def scrape(port: int) -> dict[str, float]:
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """{(name, {(label, value)}): value} from the text exposition."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+            series, _, value = line.rpartition(" ")
+            name, _, labels = series.partition("{")
+            out[(name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels)))] = float(value)
     return out
+
+
+def metric(scraped: dict, name: str, **labels: str) -> float | None:
+    return scraped.get((name, frozenset(labels.items())))
 
 
 def test_live_table_alerts_and_prometheus(broker, devices) -> None:
@@ -543,7 +563,7 @@ def test_live_table_alerts_and_prometheus(broker, devices) -> None:
     port = free_port()
     mon = monitor(broker, "--prometheus", str(port), "--refresh", "0.2", "--max-temp-c",
                   "70").subscribed()
-    payload = window(spread(2.0, 12.0), {"irq": 4, "preempted": 1})
+    payload = window(spread(2.0, 5.0, 12.0), {"irq": 4, "preempted": 1})
     cam.publish_telemetry(telemetry({"face": payload}, 75.5, throttling=True))
     devices.flush()
     raw_publish(broker.port, [("edged/v1/g/cam/telemetry", b"garbage", False)])
@@ -551,23 +571,28 @@ def test_live_table_alerts_and_prometheus(broker, devices) -> None:
     deadline = time.monotonic() + 10
     while True:
         m = scrape(port)
-        if m.get("edged_fleet_bad_payloads_total") == 1.0:
+        if metric(m, "edged_fleet_bad_payloads_total") == 1.0:
             break
         assert time.monotonic() < deadline, m
         time.sleep(0.1)
-    key = 'device="cam",group="g"'
-    assert m[f"edged_fleet_device_up{{{key}}}"] == 1.0
-    assert m[f'edged_fleet_latency_seconds{{{key},model="face",quantile="0.5"}}'] == \
+    cam_labels = {"group": "g", "device": "cam"}
+    face = {**cam_labels, "model": "face"}
+    assert metric(m, "edged_fleet_device_up", **cam_labels) == 1.0
+    assert metric(m, "edged_fleet_latency_seconds", **face, quantile="0.5") == \
         payload["p50_ms"] / 1e3
-    assert m[f'edged_fleet_latency_seconds{{{key},model="face",quantile="0.999"}}'] == \
+    assert metric(m, "edged_fleet_latency_seconds", **face, quantile="0.99") == \
+        payload["p99_ms"] / 1e3
+    assert metric(m, "edged_fleet_latency_seconds", **face, quantile="0.999") == \
         pytest.approx(0.012, rel=0.01)
-    assert m[f'edged_fleet_jitter_seconds{{{key},model="face"}}'] == payload["jitter_ms"] / 1e3
-    assert m[f'edged_fleet_temperature_celsius{{{key},zone="cpu-thermal"}}'] == 75.5
-    assert m[f"edged_fleet_throttling{{{key}}}"] == 1.0
-    assert m[f'edged_fleet_outliers{{{key},model="face",cause="irq"}}'] == 4.0
-    assert m[f"edged_fleet_breaching{{{key}}}"] == 1.0
-    assert m['edged_fleet_devices{state="online"}'] == 1.0
-    assert m['edged_fleet_messages_total{kind="telemetry"}'] == 1.0
+    assert metric(m, "edged_fleet_jitter_seconds", **face) == payload["jitter_ms"] / 1e3
+    assert metric(m, "edged_fleet_temperature_celsius", **cam_labels,
+                  zone="cpu-thermal") == 75.5
+    assert metric(m, "edged_fleet_throttling", **cam_labels) == 1.0
+    assert metric(m, "edged_fleet_outliers", **face, cause="irq") == 4.0
+    assert metric(m, "edged_fleet_outliers", **face, cause="preempted") == 1.0
+    assert metric(m, "edged_fleet_breaching", **cam_labels) == 1.0
+    assert metric(m, "edged_fleet_devices", state="online") == 1.0
+    assert metric(m, "edged_fleet_messages_total", kind="telemetry") == 1.0
     rc, out, err = mon.stop(signal.SIGTERM)
     assert rc == 0, err
     table = out.strip().split("\n\n")[-1].splitlines()  # not a terminal: plain redraws
@@ -596,12 +621,12 @@ def test_reconnects_after_the_broker_restarts(broker, devices) -> None:
     mon.wait_stderr("reconnected to " + broker.url, timeout=20)
     mon.subscribed(count=2)
     assert cam.wait_connected(20)
-    cam.publish_telemetry(telemetry({"face": window([3.0])}, 50.0))
+    cam.publish_telemetry(telemetry({"face": window([1.0])}, 50.0))
     devices.flush(20)
     deadline = time.monotonic() + 10
     while True:
         rows = json.loads(mon.out[-1]) if mon.out else []
-        if rows and rows[0]["p50_ms"] == 3.0:
+        if rows and rows[0]["p50_ms"] == 1.0:
             break
         assert time.monotonic() < deadline, rows
         time.sleep(0.1)
@@ -617,15 +642,44 @@ def test_shared_subscription_splits_the_fleet(broker) -> None:
         json.dumps({"online": True, "ts": time.time(), "seq": 1, "bdSeq": 0}), "-r")
     one = monitor(broker, "--once", "--wait", "2", "--json", "--share", "mon")
     two = monitor(broker, "--once", "--wait", "2", "--json", "--share", "mon")
-    one.subscribed(), two.subscribed()
+    one.subscribed()
+    two.subscribed()
     names = [f"dev{i:02}" for i in range(20)]
     raw_publish(broker.port, [
         (f"edged/v1/g/{n}/telemetry",
          dumps({"ts": time.time(), "seq": 1, "bdSeq": 0,
                 **telemetry({"face": window([1.0 + i])}, 40.0)}), False)
         for i, n in enumerate(names)])
-    seen_one = {r["device"] for r in one.rows()}
-    seen_two = {r["device"] for r in two.rows()}
+    # a birth published now (retained, as devices do) reaches one monitor, live
+    raw_publish(broker.port, [("edged/v1/g/born-now/state",
+                               dumps({"online": True, "ts": time.time(), "seq": 1,
+                                      "bdSeq": 3}), True)])
+    rows_one, rows_two = one.rows(), two.rows()
+    seen_one = {r["device"] for r in rows_one}
+    seen_two = {r["device"] for r in rows_two}
     assert seen_one and seen_two, (seen_one, seen_two)
     assert not seen_one & seen_two  # each message went to one of them
-    assert seen_one | seen_two == set(names)  # and together they saw every device
+    # together they saw every device, and none saw the stored retained state
+    assert seen_one | seen_two == {*names, "born-now"}
+    born = next(r for r in rows_one + rows_two if r["device"] == "born-now")
+    assert born["state"] == "online" and born["bdSeq"] == 3
+    assert all(r["state"] == "online" for r in rows_one + rows_two)
+
+
+def test_tls_and_password(tmp_path) -> None:
+    from broker import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    with Broker(tmp_path / "broker", certs=certs, users={"ops": "s3cret"}) as b:
+        (tmp_path / "pw").write_text("s3cret\n")
+        rc, out, err = MonitorProc("--broker", b.tls_url, "--ca-file", str(certs.ca),
+                                   "--username", "ops", "--password-file",
+                                   str(tmp_path / "pw"), "--once", "--wait", "0.5").finish()
+        assert rc == 0, err
+        assert "0 devices" in out and "s3cret" not in out + err
+        (tmp_path / "pw").write_text("wrong\n")
+        rc, out, err = MonitorProc("--broker", b.tls_url, "--ca-file", str(certs.ca),
+                                   "--username", "ops", "--password-file",
+                                   str(tmp_path / "pw"), "--once", "--wait", "0.5").finish()
+        assert rc == 1 and out == ""
+        assert "the broker refused the connection: Not authorized" in err
