@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fetch_test_data import models_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 HEAVY = ("openvino", "onnxruntime", "ai_edge_litert", "tflite_runtime", "onnx", "numpy")
@@ -85,11 +87,6 @@ LABELS = {"baseline": "0", "cli": "a", "litert": "b", "ort": "c", "openvino": "d
           "ov_run": "h", "numpy": "e", "onnx": "f", "onnxruntime": "g"}
 
 
-def models_dir() -> Path:
-    fetch = ROOT / "scripts" / "fetch_test_data.py"
-    root = Path(subprocess.run([sys.executable, str(fetch), "--print-dir"], check=True,
-                               capture_output=True, text=True).stdout.strip())
-    return root / "models"
 
 
 def run_case(code: str) -> dict[str, Any]:

@@ -18,12 +18,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from fetch_test_data import models_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout
@@ -43,15 +44,6 @@ INT8_MODEL = "ppocrv4_det_int8.onnx"
 DB_THRESHOLD = 0.3  # PP-OCR's det_db_thresh: pixels above it are text
 
 
-def models_dir() -> Path:
-    """The fetched test models (scripts/fetch_test_data.py --print-dir); fetched if missing."""
-    fetch = ROOT / "scripts" / "fetch_test_data.py"
-    root = Path(subprocess.run([sys.executable, str(fetch), "--print-dir"], check=True,
-                               capture_output=True, text=True).stdout.strip())
-    models = root / "models"
-    if not all((models / name).exists() for name in (FP32_MODEL, INT8_MODEL)):
-        subprocess.run([sys.executable, str(fetch), "--only", "models"], check=True)
-    return models
 
 
 def machine(hw: HardwareFacts) -> dict[str, Any]:
@@ -250,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"bench_int8: {msg}", file=sys.stderr, flush=True)
 
-    folder = None if (args.fp32 and args.int8) else models_dir()
+    folder = None if (args.fp32 and args.int8) else models_dir((FP32_MODEL, INT8_MODEL))
     try:
         models = {"fp32": inspect_model(args.fp32 or folder / FP32_MODEL),
                   "int8": inspect_model(args.int8 or folder / INT8_MODEL)}

@@ -62,6 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fetch_test_data import models_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
@@ -120,11 +122,6 @@ def median(values) -> float:
     return float(statistics.median(values))
 
 
-def models_dir() -> Path:
-    fetch = ROOT / "scripts" / "fetch_test_data.py"
-    root = Path(subprocess.run([sys.executable, str(fetch), "--print-dir"], check=True,
-                               capture_output=True, text=True).stdout.strip())
-    return root / "models"
 
 
 def load_session(path: Path, pinned: bool):

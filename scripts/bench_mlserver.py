@@ -409,7 +409,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from importlib.metadata import version
 
     import onnxruntime as ort
-    from bench_serving import Edged, models_dir, sequential, write_config
+    from bench_serving import Edged, sequential, write_config
+    from fetch_test_data import models_dir
 
     versions = ensure_venv(args.venv.expanduser().resolve())
     model = (models_dir() / MODEL_FILE).resolve()

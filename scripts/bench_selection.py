@@ -19,12 +19,13 @@ import collections
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from fetch_test_data import models_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout
@@ -52,15 +53,6 @@ def model_table(det_size: int) -> dict[str, tuple[str, dict[str, tuple[int, ...]
     }
 
 
-def models_dir(files: list[str]) -> Path:
-    """The fetched test models (scripts/fetch_test_data.py --print-dir); fetched if missing."""
-    fetch = ROOT / "scripts" / "fetch_test_data.py"
-    root = Path(subprocess.run([sys.executable, str(fetch), "--print-dir"], check=True,
-                               capture_output=True, text=True).stdout.strip())
-    models = root / "models"
-    if not all((models / name).exists() for name in files):
-        subprocess.run([sys.executable, str(fetch), "--only", "models"], check=True)
-    return models
 
 
 class BenchmarkCounter:

@@ -46,6 +46,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fetch_test_data import models_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(ROOT / "tests"))  # the daemon test harness (NotifySocket)
@@ -92,11 +94,6 @@ def median(values) -> float:
 
 # -- the model ------------------------------------------------------------------------------
 
-def models_dir() -> Path:
-    fetch = ROOT / "scripts" / "fetch_test_data.py"
-    root = Path(subprocess.run([sys.executable, str(fetch), "--print-dir"], check=True,
-                               capture_output=True, text=True).stdout.strip())
-    return root / "models"
 
 
 def load_session(path: Path):

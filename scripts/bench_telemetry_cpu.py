@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+from fetch_test_data import models_dir
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -29,14 +30,6 @@ from broker import Broker  # noqa: E402  (tests/broker.py: a real mosquitto on l
 from daemon_harness import Daemon, write_config  # noqa: E402
 
 from edged.client import Client  # noqa: E402
-
-
-def models_dir() -> Path:
-    import subprocess
-
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "fetch_test_data.py"),
-                          "--print-dir"], capture_output=True, text=True, check=True)
-    return Path(out.stdout.strip()) / "models"
 
 
 def daemon_config(folder: Path, telemetry: str) -> Path:

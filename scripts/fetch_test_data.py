@@ -30,6 +30,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +115,15 @@ def log(msg: str) -> None:
 def cache_dir() -> Path:
     env = os.environ.get("EDGED_TEST_DATA")
     return Path(env) if env else Path.home() / ".cache" / "edged" / "test-data"
+
+
+def models_dir(required: Iterable[str] = ()) -> Path:
+    """The fetched models folder, for the benchmark scripts; the models are fetched first when
+    any of `required` is missing."""
+    models = cache_dir() / "models"
+    if any(not (models / name).exists() for name in required):
+        subprocess.run([sys.executable, __file__, "--only", "models"], check=True)
+    return models
 
 
 def sha256_file(path: Path) -> str:
