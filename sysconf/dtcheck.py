@@ -1,0 +1,335 @@
+"""Device-tree checks: cross-node facts dtc and dt-validate do not look at.
+
+Each rule reads the parsed tree (`sysconf.fdt.DeviceTree`) and yields `Finding`s with stable
+`DT-...` ids; a rule that finds nothing yields one `pass` finding at the end, so a report shows
+what was checked. Subjects are node paths; evidence paths are "<source>:<node path>".
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+
+from sysconf.fdt import DeviceTree, Node, read_tree_dir
+from sysconf.findings import AuditContext, Evidence, Finding, register
+
+__all__ = ["LIVE_TREE", "RULES", "check_tree", "devicetree_check"]
+
+LIVE_TREE = "/sys/firmware/devicetree/base"
+MIB = 1024 * 1024
+CMA_MIN = 64 * MIB
+
+# rule id -> (severity, title used for the implicit `pass`)
+RULES: dict[str, tuple[str, str]] = {
+    "DT-DMA-DISABLED-CONTROLLER": ("fail", "no enabled device uses a disabled DMA controller"),
+    "DT-DMA-NAMES-MISMATCH": ("warn", "every `dmas` has a matching `dma-names`"),
+    "DT-PHANDLE-DANGLING": ("fail", "every phandle resolves to a node"),
+    "DT-DMA-SHARED-REQUEST": ("warn", "no DMA request line is claimed by two enabled devices"),
+    "DT-CMA-MISSING": ("warn", "a CMA pool exists for the enabled accelerators"),
+    "DT-CMA-SMALL": ("fail", f"the CMA pool is at least {CMA_MIN // MIB} MiB"),
+    "DT-CMA-NOMAP-REUSABLE": ("fail", "no reserved-memory node is both `no-map` and `reusable`"),
+    "DT-DMA-PIO-FALLBACK": ("info", "UART/SPI/I2S/SAI instances use DMA like their siblings"),
+}
+
+# phandle-list properties and the provider property that gives the cells after each phandle
+# (None: a plain list of phandles).
+PHANDLE_PROPS: dict[str, str | None] = {
+    "dmas": "#dma-cells",
+    "clocks": "#clock-cells",
+    "assigned-clock-parents": "#clock-cells",
+    "resets": "#reset-cells",
+    "power-domains": "#power-domain-cells",
+    "phys": "#phy-cells",
+    "iommus": "#iommu-cells",
+    "mboxes": "#mbox-cells",
+    "interrupt-parent": None,
+    "memory-region": None,
+}
+
+# Compatible substrings of devices that allocate large contiguous DMA buffers (NPU/GPU/VPU).
+ACCEL_COMPATIBLES = (
+    "vivante,gc", "arm,mali", "rockchip,rk3588-rknn", "rockchip,rknn", "verisilicon",
+    "npu", "hantro", "amlogic,meson-g12a-vdec", "nvidia,gk20a", "nvidia,gm20b", "nvidia,gp10b",
+    "qcom,adreno", "img,powervr", "brcm,2711-v3d", "brcm,bcm2711-v3d", "brcm,v3d",
+)  # fmt: skip
+# Companions that match the above but allocate no big buffers (SMMUs, GPU management units).
+ACCEL_EXCLUDE = ("smmu", "gmu", "iommu", "interconnect", "-cc", "qfprom")
+
+# (family, compatible substrings) for the PIO-fallback rule.
+PIO_FAMILIES = (
+    ("uart", ("uart", "serial", "lpuart", "scif")),
+    ("spi", ("spi", "ecspi")),
+    ("i2s", ("i2s",)),
+    ("sai", ("sai",)),
+)
+_SKIP_TOP = ("/__fixups__", "/__local_fixups__", "/__symbols__", "/aliases", "/chosen")
+
+
+def _ev(source: str, node: Node, observed: str, expected: str) -> tuple[Evidence, ...]:
+    return (Evidence(f"{source}:{node.path}", observed, expected),)
+
+
+def _finding(rule: str, status: str, title: str, node: Node, source: str, observed: str,
+             expected: str, remedy: str) -> Finding:
+    return Finding(rule, RULES[rule][0], status, title, _ev(source, node, observed, expected),
+                   remedy=remedy, subject=node.path)
+
+
+def _enabled(node: Node) -> bool:
+    """Enabled itself and every ancestor (a disabled bus disables what sits on it)."""
+    cur: Node | None = node
+    while cur is not None:
+        if not cur.status_ok:
+            return False
+        cur = cur.parent
+    return True
+
+
+def _cells(node: Node, prop: str) -> list[int]:
+    try:
+        return node.prop_u32s(prop)
+    except ValueError:  # FdtError: not whole cells; nothing sane to parse
+        return []
+
+
+def _specifiers(tree: DeviceTree, node: Node, prop: str, cells_prop: str | None
+                ) -> Iterator[tuple[int, Node | None, tuple[int, ...]]]:
+    """(phandle, provider or None when dangling, argument cells) per entry of `prop`.
+
+    Parsing stops at a dangling phandle or a provider without its cells property, since the
+    rest of the list cannot be split reliably after that. Phandle 0 is an empty entry.
+    """
+    cells = _cells(node, prop)
+    i = 0
+    while i < len(cells):
+        ph = cells[i]
+        i += 1
+        if ph == 0 and cells_prop is not None:
+            continue
+        provider = tree.by_phandle(ph)
+        if provider is None:
+            yield ph, None, ()
+            return
+        if cells_prop is None:
+            yield ph, provider, ()
+            continue
+        count = _cells(provider, cells_prop)
+        if len(count) != 1:
+            return
+        args = tuple(cells[i : i + count[0]])
+        i += count[0]
+        yield ph, provider, args
+
+
+def _nodes(tree: DeviceTree) -> Iterator[Node]:
+    for node in tree.walk():
+        if not node.path.startswith(_SKIP_TOP):
+            yield node
+
+
+def _dma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
+    claims: dict[tuple[str, tuple[int, ...]], list[Node]] = defaultdict(list)
+    for node in _nodes(tree):
+        if "dmas" not in node.properties or not _enabled(node):
+            continue
+        entries = list(_specifiers(tree, node, "dmas", "#dma-cells"))
+        reported: set[str] = set()
+        for _ph, provider, args in entries:
+            if provider is None:
+                continue
+            if not provider.status_ok and provider.path not in reported:
+                reported.add(provider.path)
+                yield _finding(
+                    "DT-DMA-DISABLED-CONTROLLER", "fail",
+                    f"{node.path} uses DMA controller {provider.path}, which is disabled "
+                    "(the driver defers probe forever)",
+                    node, source, f"{provider.path} status = "
+                    f"{provider.prop_str('status')!r}", "status = \"okay\"",
+                    f"enable {provider.path} (status = \"okay\") or delete `dmas`/`dma-names` "
+                    f"from {node.path}; e.g. fdtput -t s FILE.dtb {provider.path} status okay",
+                )
+            if args and provider.status_ok:
+                users = claims[(provider.path, args)]
+                if node not in users:
+                    users.append(node)
+        names = node.prop_strings("dma-names")
+        if "dma-names" not in node.properties:
+            yield _finding(
+                "DT-DMA-NAMES-MISMATCH", "warn", f"{node.path} has `dmas` but no `dma-names`",
+                node, source, f"{len(entries)} dmas entries, no dma-names",
+                f"{len(entries)} dma-names", f"add dma-names (one per dmas entry) to {node.path}",
+            )
+        elif entries and len(names) != len(entries) and _fully_parsed(tree, node):
+            yield _finding(
+                "DT-DMA-NAMES-MISMATCH", "warn",
+                f"{node.path} has {len(entries)} dmas entries but {len(names)} dma-names",
+                node, source, f"dma-names = {names}", f"{len(entries)} names",
+                f"make dmas and dma-names of {node.path} the same length",
+            )
+    for (provider_path, args), users in claims.items():
+        if len(users) < 2:
+            continue
+        paths = ", ".join(u.path for u in users)
+        for user in users:
+            yield _finding(
+                "DT-DMA-SHARED-REQUEST", "warn",
+                f"DMA request {provider_path} {list(args)} is claimed by {len(users)} enabled "
+                "devices",
+                user, source, f"also used by {paths}", "one device per request line",
+                "disable all but one of these devices or give each its own request line",
+            )
+
+
+def _fully_parsed(tree: DeviceTree, node: Node) -> bool:
+    """Whether `dmas` split cleanly (no dangling phandle, no provider without #dma-cells)."""
+    cells = _cells(node, "dmas")
+    used = 0
+    for _ph, provider, args in _specifiers(tree, node, "dmas", "#dma-cells"):
+        if provider is None:
+            return False
+        used += 1 + len(args)
+    return used == len(cells)
+
+
+def _phandle_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+    for node in _nodes(tree):
+        if not _enabled(node):
+            continue
+        props = [p for p in node.properties if p in PHANDLE_PROPS or p.startswith("pinctrl-")]
+        for prop in props:
+            if prop.startswith("pinctrl-") and not prop[8:].isdigit():
+                continue
+            for ph, provider, _args in _specifiers(tree, node, prop, PHANDLE_PROPS.get(prop)):
+                if provider is None:
+                    yield _finding(
+                        "DT-PHANDLE-DANGLING", "fail",
+                        f"{node.path}: {prop} refers to phandle 0x{ph:x}, which is no node",
+                        node, source, f"{prop} -> 0x{ph:x} (missing)", "an existing phandle",
+                        f"fix {prop} of {node.path} (rebuild the dtb/overlay with the right "
+                        "label) or disable the node",
+                    )
+
+
+def _reg_size(node: Node, parent: Node | None) -> int | None:
+    """The size of a reserved-memory child: its `size`, or the sum of `reg` sizes."""
+    size = node.prop("size")
+    if size:
+        return int.from_bytes(size, "big")
+    ac = _cells(parent, "#address-cells") if parent else []
+    sc = _cells(parent, "#size-cells") if parent else []
+    a, s = (ac[0] if ac else 2), (sc[0] if sc else 1)
+    reg = _cells(node, "reg")
+    if not reg or not s or len(reg) % (a + s):
+        return None
+    total = 0
+    for i in range(0, len(reg), a + s):
+        total += int("".join(f"{c:08x}" for c in reg[i + a : i + a + s]), 16)
+    return total
+
+
+def _is_accel(node: Node) -> bool:
+    compats = node.prop_strings("compatible")
+    if any(x in c for c in compats for x in ACCEL_EXCLUDE):
+        return False
+    return any(k in c for c in compats for k in ACCEL_COMPATIBLES)
+
+
+def _cma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
+    resmem = tree.find("/reserved-memory")
+    pools = list(resmem.children) if resmem else []
+    cmas = []
+    for pool in pools:
+        reusable = "reusable" in pool.properties
+        if reusable and "no-map" in pool.properties:
+            yield _finding(
+                "DT-CMA-NOMAP-REUSABLE", "fail",
+                f"{pool.path} is both `no-map` and `reusable` (the kernel refuses it as CMA)",
+                pool, source, "no-map; reusable;", "reusable without no-map",
+                f"fdtput -d FILE.dtb {pool.path} no-map",
+            )
+        if reusable and "shared-dma-pool" in pool.prop_strings("compatible") and pool.status_ok:
+            cmas.append(pool)
+    accels = [n for n in _nodes(tree) if "compatible" in n.properties and _is_accel(n)
+              and _enabled(n)]
+    if not accels:
+        return
+    names = ", ".join(a.path for a in accels[:4]) + (" ..." if len(accels) > 4 else "")
+    if not cmas:
+        yield _finding(
+            "DT-CMA-MISSING", "warn",
+            f"no CMA pool (reserved-memory shared-dma-pool, reusable) for {names}",
+            resmem or tree.root, source, "no reusable shared-dma-pool",
+            f"a linux,cma pool of at least {CMA_MIN // MIB} MiB",
+            "add /reserved-memory/linux,cma { compatible = \"shared-dma-pool\"; reusable; "
+            "size = <0 0x10000000>; linux,cma-default; } or boot with cma=256M",
+        )
+        return
+    for pool in cmas:
+        size = _reg_size(pool, resmem)
+        if size is not None and size < CMA_MIN:
+            yield _finding(
+                "DT-CMA-SMALL", "fail",
+                f"CMA pool {pool.path} is {size // MIB} MiB, too small for {names}",
+                pool, source, f"{size} bytes ({size / MIB:.1f} MiB)",
+                f">= {CMA_MIN // MIB} MiB", f"raise `size` of {pool.path} to at least "
+                f"{CMA_MIN // MIB} MiB (e.g. <0 0x10000000>) or boot with cma=256M",
+            )
+
+
+def _family(node: Node) -> str | None:
+    compats = node.prop_strings("compatible")
+    if not compats:
+        return None
+    first = compats[0].lower()
+    for family, keys in PIO_FAMILIES:
+        if any(k in first for k in keys):
+            return family
+    return None
+
+
+def _pio_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+    groups: dict[str, list[Node]] = defaultdict(list)
+    for node in _nodes(tree):
+        if _family(node) and _enabled(node):
+            groups[node.prop_strings("compatible")[0]].append(node)
+    for compat, nodes in groups.items():
+        with_dma = [n for n in nodes if "dmas" in n.properties]
+        if not with_dma:
+            continue
+        for node in nodes:
+            if "dmas" in node.properties:
+                continue
+            yield _finding(
+                "DT-DMA-PIO-FALLBACK", "warn",  # status; severity stays info
+                f"{node.path} ({compat}) has no `dmas` while {len(with_dma)} enabled sibling(s) "
+                "do: it falls back to PIO (CPU time per byte)",
+                node, source, "no dmas", f"dmas like {with_dma[0].path}",
+                f"add dmas/dma-names to {node.path} if its DMA controller has free requests",
+            )
+
+
+def check_tree(tree: DeviceTree, source: str) -> list[Finding]:
+    """All device-tree rules over one tree, plus one `pass` per rule that found nothing."""
+    found: list[Finding] = []
+    for rule in (_dma_rules, _phandle_rule, _cma_rules, _pio_rule):
+        found.extend(rule(tree, source))
+    fired = {f.id for f in found}
+    for rule_id, (severity, title) in RULES.items():
+        if rule_id not in fired:
+            found.append(Finding(rule_id, severity, "pass", title,
+                                 (Evidence(f"{source}:/", "nothing found", title),)))
+    return found
+
+
+@register("devicetree", "DT")
+def devicetree_check(ctx: AuditContext) -> Iterable[Finding]:
+    trees = list(ctx.dtbs)
+    if not trees and ctx.root.path(LIVE_TREE).is_dir():
+        trees = [(LIVE_TREE, read_tree_dir(ctx.root.path(LIVE_TREE), source=LIVE_TREE))]
+    if not trees:
+        yield Finding("DT-NO-TREE", "info", "skip", "no device tree",
+                      remedy="pass --dtb FILE (or audit a system with "
+                             "/sys/firmware/devicetree/base)")
+        return
+    for source, tree in trees:
+        yield from check_tree(tree, source)
