@@ -115,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="apply the plan through the journal (root only, or --root)")
     sub.add_parser("revert", parents=[tuning], help="restore what apply changed, exactly")
 
+    from edged.audit import add_audit_parser
     from edged.fleet import add_fleet_parser
 
+    add_audit_parser(sub)
     add_fleet_parser(sub)
 
     reload = sub.add_parser("reload", help="make the running daemon re-read its config "
@@ -137,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return cmd_status(args)
+        if args.command == "audit":
+            from edged.audit import cmd_audit
+
+            return cmd_audit(args)
         if args.command == "fleet":
             from edged.fleet import cmd_fleet
 

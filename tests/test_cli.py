@@ -127,3 +127,11 @@ def test_backends_on_board_root(dtb_corpus: Path, tmp_path: Path) -> None:
 def test_fleet_is_an_edgectl_command(tmp_path: Path) -> None:
     proc = edgectl("fleet", "--broker", "http://nope", "--once", state=tmp_path, check_rc=2)
     assert proc.stderr.startswith("edgectl: error: ") and "--broker" in proc.stderr
+
+
+def test_audit_is_an_edgectl_command(tmp_path: Path) -> None:
+    proc = edgectl("audit", "--dtb", str(tmp_path / "none.dtb"), state=tmp_path, check_rc=2)
+    assert proc.stderr.startswith("edgectl: error: ") and "none.dtb" in proc.stderr
+    report = json.loads(edgectl("audit", "--format", "json", "--only", "THM", state=tmp_path,
+                                check_rc=None).stdout)
+    assert set(report) == {"findings", "summary"}

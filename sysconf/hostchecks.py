@@ -1,0 +1,253 @@
+"""Audit checks built from the host facts sysconf already reads: core isolation, IRQ routing,
+kernel noise (workqueues, governor, sysctls, THP, boot command line) and thermals.
+
+Each check is a registered plug-in (`sysconf.findings.register`). Isolation findings come from
+the same plan `edgectl plan/apply` uses, so whatever the audit calls `fixable` is exactly what
+`edgectl apply` changes; once applied, the same audit passes those findings.
+
+Options read from `AuditContext.options`:
+  inference_cpus  list[int] | None  the inference cores (else the kernel's isolated set, else
+                                    the last online core, as `decide` chooses)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sysconf.cpulist import format_cpulist
+from sysconf.cpusets import decide, parse_cmdline, read_cpusets
+from sysconf.findings import AuditContext, Evidence, Finding, register
+from sysconf.isolation import plan
+from sysconf.thermal import CPU_DIR, THERMAL_DIR, THROTTLED_PATH, read_thermal
+from sysconf.tuning import ISOLATION_KEYS, boot_config, isolation_params
+
+# Change.kind -> (finding id, what a passing finding says was checked)
+CHANGE_IDS = {
+    "irq": ("IRQ-AFFINITY", "no movable IRQ is routed to the inference cores"),
+    "irq-default": ("IRQ-DEFAULT-AFFINITY",
+                    "new IRQs start on housekeeping cores (default_smp_affinity)"),
+    "irqbalance": ("IRQ-IRQBALANCE-BAN", "irqbalance keeps off the inference cores"),
+    "workqueue": ("KRN-WORKQUEUE-MASK", "unbound workqueues run on housekeeping cores"),
+    "governor": ("KRN-GOVERNOR", "inference cores use the performance governor"),
+    "sysctl": ("KRN-SYSCTL", "latency sysctls are set"),
+    "thp": ("KRN-THP", "transparent hugepages do not compact on the inference path"),
+    "cmdline": ("KRN-CMDLINE", "the boot command line isolates the inference cores"),
+}
+
+
+def _apply_command(ctx: AuditContext, boot: bool = False) -> str:
+    cmd = "edgectl apply"
+    if not ctx.root.is_live:
+        cmd += f" --root {ctx.root.root}"
+    cpus = ctx.options.get("inference_cpus")
+    if cpus:
+        cmd += f" --inference-cpus {format_cpulist(cpus)}"
+    if boot:
+        cmd += " --boot"
+    return cmd
+
+
+@register("isolation", "ISO")
+def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
+    root = ctx.root
+    cpusets = read_cpusets(root)
+    configured = ctx.options.get("inference_cpus")
+    try:
+        cpus = decide(cpusets, configured)
+    except ValueError as exc:
+        # One online CPU (or none known): there is nothing to isolate, which is a fact of
+        # the machine, not a broken check.
+        yield Finding("ISO-INFERENCE-CPUS", "warn", "skip",
+                      f"isolation not checked: {exc}",
+                      evidence=(Evidence("/sys/devices/system/cpu/online",
+                                         format_cpulist(cpusets.online) or "(unknown)",
+                                         "at least 2 CPUs"),))
+        return
+    cores = format_cpulist(cpus.inference)
+
+    # Isolated cores: asked for at boot (isolcpus) or applied by the kernel (isolated).
+    isolated = set(cpusets.isolcpus) | set(cpusets.isolated)
+    missing = [c for c in cpus.inference if c not in isolated]
+    yield Finding(
+        "ISO-ISOLATED-CORES", "info", "warn" if missing else "pass",
+        f"inference cores {cores} ({cpus.source}) "
+        + (f"not isolated by the kernel: {format_cpulist(missing)}" if missing
+           else "are isolated by the kernel"),
+        evidence=(Evidence("/sys/devices/system/cpu/isolated",
+                           format_cpulist(cpusets.isolated) or "(empty)", cores),
+                  Evidence("/proc/cmdline",
+                           _param_text(cpusets.cmdline, "isolcpus") or "(no isolcpus)",
+                           f"isolcpus=managed_irq,domain,{cores}")),
+        remedy=f"{_apply_command(ctx, boot=True)} (takes effect at the next boot)"
+        if missing else "",
+    )
+
+    yield Finding(
+        "ISO-NOHZ-CPU0", "fail", "fail" if 0 in cpusets.nohz_full else "pass",
+        "CPU 0 is in nohz_full (it keeps the timekeeping tick; the kernel refuses or "
+        "misbehaves)" if 0 in cpusets.nohz_full else "CPU 0 is not in nohz_full",
+        evidence=(Evidence("/sys/devices/system/cpu/nohz_full",
+                           format_cpulist(cpusets.nohz_full) or "(empty)", "without CPU 0"),),
+        remedy="remove CPU 0 from nohz_full= on the boot command line"
+        if 0 in cpusets.nohz_full else "",
+    )
+
+    isolation = plan(root, cpus)
+    by_kind: dict[str, list] = {kind: [] for kind in CHANGE_IDS}
+    for change in isolation.changes:
+        by_kind.setdefault(change.kind, []).append(change)
+    remedy = _apply_command(ctx)
+    for kind, changes in by_kind.items():
+        fid, passed = CHANGE_IDS.get(kind, (f"KRN-{kind.upper()}", f"{kind} is set"))
+        if kind == "cmdline" and not changes:
+            yield from _cmdline_finding(ctx, cpus, cpusets.cmdline)
+            continue
+        if not changes:
+            yield Finding(fid, "warn", "pass", passed)
+            continue
+        for change in changes:
+            yield Finding(
+                fid, "warn", "warn", change.reason,
+                evidence=(Evidence(change.path, _short(change.old), _short(change.new)),),
+                remedy=remedy + (" (takes effect at the next boot)" if kind == "cmdline"
+                                 else ""),
+                fixable=True,
+                subject=_subject(change.kind, change.path),
+            )
+
+    for item in isolation.unmovable:
+        yield Finding(
+            "IRQ-UNMOVABLE", "warn", "warn",
+            f"IRQ {item.irq} ({item.name}) cannot be moved off inference cores {cores}: "
+            f"{item.why}",
+            evidence=(Evidence(f"/proc/irq/{item.irq}/smp_affinity_list"
+                               if item.irq.isdigit() else "/proc/interrupts",
+                               item.why, f"not on CPUs {cores}"),),
+            remedy=item.remedy, subject=item.irq,
+        )
+    if not isolation.unmovable:
+        yield Finding("IRQ-UNMOVABLE", "warn", "pass",
+                      "no unmovable interrupt fires on the inference cores")
+
+
+def _cmdline_finding(ctx: AuditContext, cpus, cmdline: str) -> Iterator[Finding]:
+    """The plan proposes no boot change (live without --boot, or no boot config in the root):
+    compare what the running kernel was booted with."""
+    wanted = isolation_params(cpus)
+    params = parse_cmdline(cmdline)
+    wrong = [key for key in ISOLATION_KEYS if (params.get(key) or "") != wanted[key]]
+    if not wrong:
+        yield Finding("KRN-CMDLINE", "warn", "pass", CHANGE_IDS["cmdline"][1],
+                      evidence=(Evidence("/proc/cmdline", _short(cmdline), "isolation set"),))
+        return
+    where = "" if ctx.root.is_live or boot_config(ctx.root) is None else boot_config(ctx.root)
+    yield Finding(
+        "KRN-CMDLINE", "warn", "warn",
+        f"the kernel was not booted with the isolation parameters for CPUs "
+        f"{format_cpulist(cpus.inference)}: {', '.join(wrong)}",
+        evidence=tuple(Evidence("/proc/cmdline", f"{k}={params[k]}" if params.get(k) else
+                                f"(no {k})", f"{k}={wanted[k]}") for k in wrong),
+        remedy=(f"{_apply_command(ctx, boot=True)} then reboot" if not where
+                else f"edit {where}, then reboot"),
+        fixable=False,
+    )
+
+
+def _param_text(cmdline: str, key: str) -> str:
+    value = parse_cmdline(cmdline).get(key)
+    return f"{key}={value}" if value is not None else ""
+
+
+def _subject(kind: str, path: str) -> str:
+    if kind == "irq":
+        return path.split("/")[3]  # /proc/irq/N/smp_affinity_list
+    if kind == "sysctl":
+        return path.removeprefix("/proc/sys/").replace("/", ".")
+    return path
+
+
+def _short(text: str | None, limit: int = 200) -> str:
+    if text is None:
+        return "(absent)"
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# -- thermal ----------------------------------------------------------------------------------
+
+@register("thermal", "THM")
+def check_thermal(ctx: AuditContext) -> Iterator[Finding]:
+    state = read_thermal(ctx.root)
+    if not state.zones:
+        yield Finding("THM-ZONES", "info", "skip", "no thermal zones (VM?)",
+                      evidence=(Evidence(THERMAL_DIR, "no thermal_zone*", "thermal zones"),))
+        return
+
+    for zone in state.zones:
+        label = f"{zone.name} ({zone.type})" if zone.type else zone.name
+        path = f"{THERMAL_DIR}/{zone.name}/temp"
+        zone_state = zone.state
+        trips = ", ".join(f"{t.type} {t.temp_c:g} °C" for t in zone.trips) or "no trips"
+        observed = "unknown" if zone.temp_c is None else f"{zone.temp_c:g} °C"
+        if zone_state == "ok":
+            yield Finding("THM-ZONE-TRIP", "warn", "pass",
+                          f"{label} is below its passive/hot/critical trips",
+                          evidence=(Evidence(path, observed, f"below {trips}"),),
+                          subject=zone.name)
+            continue
+        bad = zone_state in ("hot", "critical")
+        yield Finding(
+            "THM-ZONE-TRIP", "fail" if bad else "warn", "fail" if bad else "warn",
+            f"{label} is past its {zone_state} trip point: the kernel is cutting performance",
+            evidence=(Evidence(path, observed, f"below {trips}"),),
+            remedy="improve cooling (heatsink, fan, airflow) or lower the inference load",
+            subject=zone.name,
+        )
+
+    active = [dev for dev in state.cooling if dev.active]
+    for dev in active:
+        yield Finding(
+            "THM-COOLING-ACTIVE", "info", "warn",
+            f"cooling device {dev.name} ({dev.type}) is engaged",
+            evidence=(Evidence(f"{THERMAL_DIR}/{dev.name}/cur_state", str(dev.cur_state),
+                               f"0 (max {dev.max_state})"),),
+            subject=dev.name,
+        )
+    if not active:
+        yield Finding("THM-COOLING-ACTIVE", "info", "pass", "no cooling device is engaged")
+
+    capped = state.thermally_capped_cpus()
+    freqs = {f.cpu: f for f in state.cpufreq}
+    for cpu in capped:
+        f = freqs[cpu]
+        yield Finding(
+            "THM-CPU-CAPPED", "warn", "warn",
+            f"CPU {cpu} is thermally capped below its maximum frequency",
+            evidence=(Evidence(f"{CPU_DIR}/cpu{cpu}/cpufreq/scaling_max_freq",
+                               f"{f.scaling_max_khz} kHz", f"{f.max_khz} kHz"),),
+            remedy="improve cooling; a capped core runs inference slower",
+            subject=f"cpu{cpu}",
+        )
+    if not capped:
+        yield Finding("THM-CPU-CAPPED", "warn", "pass", "no CPU is thermally capped")
+
+    throttled = state.throttled
+    if throttled is None:
+        return
+    raw = f"0x{throttled.raw:x}"
+    now = throttled.now
+    yield Finding(
+        "THM-PI-THROTTLED-NOW", "fail", "fail" if now else "pass",
+        f"the Raspberry Pi firmware reports now: {', '.join(now)}" if now
+        else "the Raspberry Pi firmware reports no throttling now",
+        evidence=(Evidence(THROTTLED_PATH, raw, "0x0 in bits 0-3"),),
+        remedy="use the official power supply and improve cooling" if now else "",
+    )
+    since = throttled.since_boot
+    yield Finding(
+        "THM-PI-THROTTLED-BOOT", "warn", "warn" if since else "pass",
+        f"the Raspberry Pi firmware reports since boot: {', '.join(since)}" if since
+        else "the Raspberry Pi firmware reports no throttling since boot",
+        evidence=(Evidence(THROTTLED_PATH, raw, "0x0 in bits 16-19"),),
+        remedy="use the official power supply and improve cooling" if since else "",
+    )

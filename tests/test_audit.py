@@ -1,0 +1,288 @@
+"""edgectl audit: the live system (read only), board roots before and after `edgectl apply`,
+thermal fixture roots, and the four output formats scripts and CI rely on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from roots import board_root
+
+from edged.audit import main
+from sysconf.cpulist import parse_cpulist
+
+REPO = Path(__file__).resolve().parent.parent
+KEYS = {"id", "severity", "status", "title", "evidence", "remedy", "fixable"}
+
+
+def audit(capsys, *args: str, rc: int | None = 0) -> str:
+    code = main(["audit", *args])
+    out = capsys.readouterr()
+    if rc is not None:
+        assert code == rc, out.err
+    return out.out
+
+
+def audit_json(capsys, *args: str, rc: int | None = 0) -> dict:
+    return json.loads(audit(capsys, *args, "--format", "json", rc=rc))
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> Path:
+    return board_root(tmp_path / "root", cpus=4)
+
+
+def test_live_audit_is_read_only_fast_and_error_free(capsys) -> None:
+    start = time.perf_counter()
+    report = audit_json(capsys, rc=None)
+    elapsed = time.perf_counter() - start
+    print(f"live audit: {elapsed * 1000:.0f} ms, {report['summary']}", file=sys.stderr)
+    assert elapsed < 1.0
+    assert report["summary"]["error"] == 0, [f for f in report["findings"]
+                                             if f["status"] == "error"]
+    ids = {f["id"] for f in report["findings"]}
+    assert {"ISO-ISOLATED-CORES", "ISO-NOHZ-CPU0", "KRN-CMDLINE"} <= ids
+    if not os.path.isdir("/sys/class/thermal") or not any(
+            n.startswith("thermal_zone") for n in os.listdir("/sys/class/thermal")):
+        thm = [f for f in report["findings"] if f["id"].startswith("THM")]
+        assert [(f["id"], f["status"]) for f in thm] == [("THM-ZONES", "skip")]
+    # live: no boot config is proposed without --boot; the cmdline finding is not fixable
+    cmdline = next(f for f in report["findings"] if f["id"] == "KRN-CMDLINE")
+    assert not cmdline["fixable"]
+
+
+def test_json_shape(capsys, board: Path) -> None:
+    report = audit_json(capsys, "--root", str(board), "--inference-cpus", "3")
+    assert set(report) == {"findings", "summary"}
+    assert set(report["summary"]) == {"pass", "warn", "fail", "skip", "error"}
+    assert sum(report["summary"].values()) == len(report["findings"])
+    for f in report["findings"]:
+        assert set(f) >= KEYS
+        assert isinstance(f["fixable"], bool)
+        for e in f["evidence"]:
+            assert set(e) == {"path", "observed", "expected"}
+
+
+def test_board_irq_findings_are_fixable_and_apply_clears_them(capsys, board: Path) -> None:
+    args = ("--root", str(board), "--inference-cpus", "3")
+    before = audit_json(capsys, *args)
+    irqs = [f for f in before["findings"] if f["id"] == "IRQ-AFFINITY" and f["status"] == "warn"]
+    assert irqs, "a fresh board routes IRQs to the inference core"
+    for f in irqs:
+        assert f["fixable"] and f["remedy"].startswith(f"edgectl apply --root {board}")
+        assert f["evidence"][0]["path"] == f"/proc/irq/{f['subject']}/smp_affinity_list"
+        assert 3 in parse_cpulist(f["evidence"][0]["observed"])
+        assert 3 not in parse_cpulist(f["evidence"][0]["expected"])
+    assert any(f["id"] == "IRQ-UNMOVABLE" and f["status"] == "warn" for f in before["findings"])
+    assert all(not f["fixable"] for f in before["findings"] if f["id"] == "IRQ-UNMOVABLE")
+
+    proc = subprocess.run([sys.executable, "-m", "edged.cli", "apply", "--root", str(board),
+                           "--inference-cpus", "3", "--json"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120,
+                          env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"})
+    assert proc.returncode == 0, proc.stderr
+
+    after = audit_json(capsys, *args)
+    left = [f for f in after["findings"] if f["id"].startswith("IRQ") and f["fixable"]
+            and f["status"] in ("warn", "fail")]
+    assert left == []
+    assert any(f["id"] == "IRQ-AFFINITY" and f["status"] == "pass" for f in after["findings"])
+    assert len(after["findings"]) < len(before["findings"])
+
+
+def test_nohz_on_cpu0_fails_and_fail_on_levels(capsys, tmp_path: Path) -> None:
+    clean = board_root(tmp_path / "a", cpus=4)
+    # warnings only: exit 0 at the default threshold, 1 with --fail-on warn
+    audit(capsys, "--root", str(clean), "--inference-cpus", "3", rc=0)
+    audit(capsys, "--root", str(clean), "--inference-cpus", "3", "--fail-on", "warn", rc=1)
+    bad = board_root(tmp_path / "b", cpus=4, isolated="0-1")
+    report = audit_json(capsys, "--root", str(bad), "--inference-cpus", "3", rc=1)
+    nohz = next(f for f in report["findings"] if f["id"] == "ISO-NOHZ-CPU0")
+    assert nohz["status"] == "fail" and nohz["severity"] == "fail"
+    audit(capsys, "--root", str(bad), "--inference-cpus", "3", "--skip", "ISO-NOHZ", rc=0)
+
+
+def test_isolated_board_passes_isolated_cores(capsys, tmp_path: Path) -> None:
+    root = board_root(tmp_path / "root", cpus=4, isolated="2-3")
+    report = audit_json(capsys, "--root", str(root))
+    iso = next(f for f in report["findings"] if f["id"] == "ISO-ISOLATED-CORES")
+    assert iso["status"] == "pass" and "2-3" in iso["title"]
+    cmd = next(f for f in report["findings"] if f["id"] == "KRN-CMDLINE")
+    assert cmd["status"] == "warn"  # irqaffinity= is missing from the fixture's cmdline
+    assert any(e["expected"] == "irqaffinity=0-1" for e in cmd["evidence"])
+
+
+def test_junit_one_testcase_per_finding(capsys, board: Path) -> None:
+    report = audit_json(capsys, "--root", str(board), "--inference-cpus", "3")
+    xml = audit(capsys, "--root", str(board), "--inference-cpus", "3", "--format", "junit")
+    tree = ET.fromstring(xml)
+    cases = tree.findall(".//testcase")
+    assert len(cases) == len(report["findings"])
+    names = [c.get("name") for c in cases]
+    assert len(set(names)) == len(names), "id+subject names each testcase once"
+    failures = sum(1 for c in cases if c.find("failure") is not None)
+    s = report["summary"]
+    assert failures == s["warn"] + s["fail"]
+    assert sum(1 for c in cases if c.find("skipped") is not None) == s["skip"]
+    suite = tree.find("testsuite")
+    assert suite is not None and suite.get("tests") == str(len(cases))
+
+
+def test_sarif_structure(capsys, board: Path) -> None:
+    report = audit_json(capsys, "--root", str(board), "--inference-cpus", "3")
+    sarif = json.loads(audit(capsys, "--root", str(board), "--inference-cpus", "3",
+                             "--format", "sarif"))
+    assert sarif["version"] == "2.1.0" and "sarif" in sarif["$schema"]
+    run = sarif["runs"][0]
+    rules = run["tool"]["driver"]["rules"]
+    rule_ids = [r["id"] for r in rules]
+    assert len(rule_ids) == len(set(rule_ids))
+    assert {r["ruleId"] for r in run["results"]} <= set(rule_ids)
+    assert len(run["results"]) == report["summary"]["warn"] + report["summary"]["fail"]
+    prints = [r["partialFingerprints"]["edgedFindingHash/v1"] for r in run["results"]]
+    assert len(set(prints)) == len(prints)
+    for r in run["results"]:
+        assert r["level"] in ("warning", "error")
+        assert rules[r["ruleIndex"]]["id"] == r["ruleId"]
+        assert r["message"]["text"]
+    # stable: the same root gives the same fingerprints
+    again = json.loads(audit(capsys, "--root", str(board), "--inference-cpus", "3",
+                             "--format", "sarif"))
+    assert [r["partialFingerprints"] for r in again["runs"][0]["results"]] == \
+        [r["partialFingerprints"] for r in run["results"]]
+
+
+def test_only_and_skip_filter_by_id_prefix(capsys, board: Path) -> None:
+    base = ("--root", str(board), "--inference-cpus", "3")
+    only = audit_json(capsys, *base, "--only", "IRQ")
+    assert only["findings"] and all(f["id"].startswith("IRQ") for f in only["findings"])
+    two = audit_json(capsys, *base, "--only", "KRN", "--only", "ISO")
+    assert {f["id"][:3] for f in two["findings"]} == {"KRN", "ISO"}
+    skipped = audit_json(capsys, *base, "--skip", "IRQ", "--skip", "THM")
+    assert skipped["findings"]
+    assert not any(f["id"].startswith(("IRQ", "THM")) for f in skipped["findings"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dtb", "/nonexistent/board.dtb"], "/nonexistent/board.dtb: "),
+    (["--inference-cpus", "x"], "--inference-cpus"),
+    (["--inference-cpus", "0-3"], "--inference-cpus"),  # no housekeeping core left
+])
+def test_input_errors_exit_2(capsys, board: Path, args: list[str], message: str) -> None:
+    assert main(["audit", "--root", str(board), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edgectl: error: ") and message in err
+
+
+def test_garbage_dtb_and_missing_root_exit_2(capsys, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.dtb"
+    junk.write_bytes(b"\x00not a device tree")
+    assert main(["audit", "--root", str(tmp_path), "--dtb", str(junk)]) == 2
+    assert f"edgectl: error: {junk}" in capsys.readouterr().err
+    assert main(["audit", "--root", str(tmp_path / "missing")]) == 2
+    assert "edgectl: error:" in capsys.readouterr().err
+
+
+def test_output_file_and_plain_text(capsys, board: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.txt"
+    assert audit(capsys, "--root", str(board), "--inference-cpus", "3", "--output",
+                 str(out)) == ""
+    text = out.read_text()
+    assert "\033[" not in text
+    assert text.splitlines()[0] == "ISO"
+    assert "IRQ\n" in text and "remedy (fixable by edgectl apply)" in text
+    assert text.rstrip().splitlines()[-1].endswith("error")
+
+
+def _put(root: Path, path: str, text: str) -> None:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text + "\n")
+
+
+def thermal_root(root: Path, temps: dict[str, int], throttled: str | None = None) -> Path:
+    """Zones with passive 70 °C, hot 85 °C, critical 95 °C trips; cpu0-3 capped by an engaged
+    cpufreq cooling device."""
+    board_root(root, cpus=4)
+    t = "/sys/class/thermal"
+    for i, (kind, milli) in enumerate(temps.items()):
+        z = f"{t}/thermal_zone{i}"
+        _put(root, f"{z}/type", kind)
+        _put(root, f"{z}/temp", str(milli))
+        for n, (trip, temp) in enumerate((("passive", 70000), ("hot", 85000),
+                                          ("critical", 95000))):
+            _put(root, f"{z}/trip_point_{n}_type", trip)
+            _put(root, f"{z}/trip_point_{n}_temp", str(temp))
+    _put(root, f"{t}/cooling_device0/type", "cpufreq-cpu0")
+    _put(root, f"{t}/cooling_device0/cur_state", "2")
+    _put(root, f"{t}/cooling_device0/max_state", "5")
+    for cpu in range(4):
+        base = f"/sys/devices/system/cpu/cpu{cpu}/cpufreq"
+        _put(root, f"{base}/related_cpus", "0 1 2 3")
+        _put(root, f"{base}/scaling_cur_freq", "1200000")
+        _put(root, f"{base}/cpuinfo_max_freq", "1800000")
+        _put(root, f"{base}/scaling_max_freq", "1200000")
+    if throttled is not None:
+        _put(root, "/sys/devices/platform/soc/soc:firmware/get_throttled", throttled)
+    return root
+
+
+def test_thermal_findings(capsys, tmp_path: Path) -> None:
+    root = thermal_root(tmp_path / "hot", {"cpu-thermal": 88000, "gpu-thermal": 72000,
+                                           "npu-thermal": 40000}, throttled="50006")
+    report = audit_json(capsys, "--root", str(root), "--only", "THM", rc=1)
+    by = {(f["id"], f["subject"]): f for f in report["findings"]}
+    assert by[("THM-ZONE-TRIP", "thermal_zone0")]["status"] == "fail"  # past hot
+    assert by[("THM-ZONE-TRIP", "thermal_zone1")]["status"] == "warn"  # past passive
+    assert by[("THM-ZONE-TRIP", "thermal_zone2")]["status"] == "pass"
+    assert by[("THM-COOLING-ACTIVE", "cooling_device0")]["severity"] == "info"
+    assert {s for (i, s) in by if i == "THM-CPU-CAPPED"} == {"cpu0", "cpu1", "cpu2", "cpu3"}
+    now = by[("THM-PI-THROTTLED-NOW", "")]
+    assert now["status"] == "fail" and "throttled" in now["title"]
+    assert now["evidence"][0]["observed"] == "0x50006"
+    boot = by[("THM-PI-THROTTLED-BOOT", "")]
+    assert boot["status"] == "warn" and "under_voltage" in boot["title"]
+
+    cool = thermal_root(tmp_path / "cool", {"cpu-thermal": 45000}, throttled="0")
+    report = audit_json(capsys, "--root", str(cool), "--only", "THM", rc=None)
+    statuses = {f["id"]: f["status"] for f in report["findings"]}
+    assert statuses["THM-ZONE-TRIP"] == "pass"
+    assert statuses["THM-PI-THROTTLED-NOW"] == "pass"
+    assert statuses["THM-PI-THROTTLED-BOOT"] == "pass"
+
+
+def test_no_thermal_zones_is_one_skip(capsys, board: Path) -> None:
+    report = audit_json(capsys, "--root", str(board), "--only", "THM")
+    assert [(f["id"], f["status"], f["title"]) for f in report["findings"]] == [
+        ("THM-ZONES", "skip", "no thermal zones (VM?)")]
+
+
+def test_module_entry_point(board: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "edged.audit", "audit", "--root", str(board),
+                           "--inference-cpus", "3", "--format", "json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["findings"]
+
+
+def test_text_colour_only_when_asked() -> None:
+    from edged.audit import render_text
+    from sysconf.findings import Finding
+
+    findings = [Finding("KRN-X", "warn", "warn", "x"), Finding("KRN-Y", "warn", "pass", "y")]
+    assert "\033[33m" in render_text(findings, colour=True)
+    assert "\033[" not in render_text(findings, colour=False)
+
+
+def test_single_cpu_root_skips_isolation(capsys, tmp_path: Path) -> None:
+    _put(tmp_path, "/sys/devices/system/cpu/online", "0")
+    report = audit_json(capsys, "--root", str(tmp_path), "--skip", "DT")
+    assert report["summary"]["error"] == 0
+    iso = [f for f in report["findings"] if f["id"].startswith(("ISO", "IRQ", "KRN"))]
+    assert [(f["id"], f["status"]) for f in iso] == [("ISO-INFERENCE-CPUS", "skip")]
