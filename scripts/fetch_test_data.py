@@ -9,6 +9,9 @@ Everything comes from package registries, pinned by sha256 and cached, never com
 * the arm64 board device trees (.dtb) of Debian bookworm's linux-image-6.1.0-50-arm64
   (6.1.176-1), fetched with apt-get under a private apt state folder so the host's apt
   configuration is not touched;
+* opt-in (`--with-armhf`, ~43 MB, not part of the default run): the 32-bit arm board device
+  trees of linux-image-6.1.0-50-armmp (6.1.176-1, armhf), the same way, for the device-tree
+  benchmark (scripts/bench_dtcheck.py);
 * INT8 QDQ versions of det and cls, made here with onnxruntime.quantization.quantize_static.
 
 Cache: $EDGED_TEST_DATA, default ~/.cache/edged/test-data. Re-running only checks hashes.
@@ -96,6 +99,17 @@ KERNEL_DEB = {
     "dtb_prefix": "./usr/lib/linux-image-6.1.0-50-arm64/",
     "dest": "linux-6.1.176-arm64",
 }
+# Opt-in (--with-armhf): the 32-bit arm boards of the same kernel release.
+KERNEL_DEB_ARMHF = {
+    "package": "linux-image-6.1.0-50-armmp",
+    "version": "6.1.176-1",
+    "arch": "armhf",
+    "suite": "bookworm",
+    "filename": "linux-image-6.1.0-50-armmp_6.1.176-1_armhf.deb",
+    "sha256": "ddd1d8dd0c6beabb9eb96bcfab26549eb30c63331bae31de481ffae4af0e982a",
+    "dtb_prefix": "./usr/lib/linux-image-6.1.0-50-armmp/",
+    "dest": "linux-6.1.176-armhf",
+}
 
 # INT8 QDQ variants: (source model, output, calibration input shape, preprocessing).
 QUANTIZED = [
@@ -176,14 +190,14 @@ def fetch_models(root: Path) -> None:
         log(f"extracted {dest.name}")
 
 
-def _apt_env(state: Path) -> dict[str, str]:
-    """A private apt configuration: arm64 lists in `state`, the host's apt left alone."""
+def _apt_env(state: Path, arches: tuple[str, ...] = ("arm64",)) -> dict[str, str]:
+    """A private apt configuration: `arches` lists in `state`, the host's apt left alone."""
     uri = _debian_archive_uri()
     for sub in ("lists/partial", "cache/archives/partial", "none.d", "prefs.d"):
         (state / sub).mkdir(parents=True, exist_ok=True)
     (state / "status").touch()
     (state / "sources.list").write_text(
-        f"deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+        f"deb [arch={','.join(arches)} signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
         f"{uri} {KERNEL_DEB['suite']} main\n"
     )
     (state / "apt.conf").write_text(
@@ -196,7 +210,7 @@ def _apt_env(state: Path) -> dict[str, str]:
                 f'Dir::State::status "{state}/status";',
                 f'Dir::Cache "{state}/cache";',
                 'APT::Architecture "arm64";',
-                'APT::Architectures { "arm64"; };',
+                "APT::Architectures { " + " ".join(f'"{a}";' for a in arches) + " };",
                 'APT::Sandbox::User "root";',
             ]
         )
@@ -222,26 +236,27 @@ def _debian_archive_uri() -> str:
     raise FetchError("no Debian archive found in /etc/apt sources (needed for the .dtb files)")
 
 
-def fetch_kernel_deb(root: Path) -> Path:
+def fetch_kernel_deb(root: Path, deb: dict[str, str] = KERNEL_DEB) -> Path:
     debs = root / "debs"
-    path = debs / KERNEL_DEB["filename"]
-    if path.exists() and sha256_file(path) == KERNEL_DEB["sha256"]:
+    path = debs / deb["filename"]
+    if path.exists() and sha256_file(path) == deb["sha256"]:
         return path
     if shutil.which("apt-get") is None:
         raise FetchError("apt-get not found: the .dtb files come from Debian's kernel package")
     debs.mkdir(parents=True, exist_ok=True)
-    env = _apt_env(root / "apt-state")
-    log(f"apt-get update (private state, arm64 {KERNEL_DEB['suite']})")
+    arches = ("arm64",) if deb["arch"] == "arm64" else ("arm64", deb["arch"])
+    env = _apt_env(root / "apt-state", arches)
+    log(f"apt-get update (private state, {'+'.join(arches)} {deb['suite']})")
     proc = subprocess.run(["apt-get", "-q", "update"], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise FetchError(f"apt-get update failed: {proc.stderr.strip()[-400:]}")
-    spec = f"{KERNEL_DEB['package']}:{KERNEL_DEB['arch']}={KERNEL_DEB['version']}"
+    spec = f"{deb['package']}:{deb['arch']}={deb['version']}"
     log(f"apt-get download {spec}")
     proc = subprocess.run(["apt-get", "-q", "download", spec], env=env, cwd=debs,
                           capture_output=True, text=True)
     if proc.returncode != 0 or not path.exists():
         raise FetchError(f"apt-get download {spec} failed: {proc.stderr.strip()[-400:]}")
-    check_sha(path, KERNEL_DEB["sha256"])
+    check_sha(path, deb["sha256"])
     return path
 
 
@@ -266,12 +281,12 @@ def _deb_data_tar(deb: Path) -> tarfile.TarFile:
     raise FetchError(f"{deb}: no data.tar member")
 
 
-def fetch_dtbs(root: Path) -> None:
-    dest = root / "dtb" / KERNEL_DEB["dest"]
+def fetch_dtbs(root: Path, kernel: dict[str, str] = KERNEL_DEB) -> None:
+    dest = root / "dtb" / kernel["dest"]
     stamp = dest / ".complete"
-    if stamp.exists() and stamp.read_text().strip() == KERNEL_DEB["sha256"]:
+    if stamp.exists() and stamp.read_text().strip() == kernel["sha256"]:
         return
-    deb = fetch_kernel_deb(root)
+    deb = fetch_kernel_deb(root, kernel)
     tmp = dest.with_name(dest.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
     count = 0
@@ -279,9 +294,9 @@ def fetch_dtbs(root: Path) -> None:
         for info in tar.getmembers():
             if not (info.isfile() and info.name.endswith(".dtb")):
                 continue
-            if not info.name.startswith(KERNEL_DEB["dtb_prefix"]):
+            if not info.name.startswith(kernel["dtb_prefix"]):
                 continue
-            rel = info.name[len(KERNEL_DEB["dtb_prefix"]) :]
+            rel = info.name[len(kernel["dtb_prefix"]) :]
             out = tmp / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             extracted = tar.extractfile(info)
@@ -289,8 +304,8 @@ def fetch_dtbs(root: Path) -> None:
             out.write_bytes(extracted.read())
             count += 1
     if count == 0:
-        raise FetchError(f"{deb}: no .dtb files under {KERNEL_DEB['dtb_prefix']}")
-    (tmp / ".complete").write_text(KERNEL_DEB["sha256"] + "\n")
+        raise FetchError(f"{deb}: no .dtb files under {kernel['dtb_prefix']}")
+    (tmp / ".complete").write_text(kernel["sha256"] + "\n")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     log(f"extracted {count} .dtb files into {dest}")
@@ -385,6 +400,9 @@ def write_manifest(root: Path) -> None:
                    if p.suffix in (".onnx", ".tflite")},
         "dtb": KERNEL_DEB["dest"],
     }
+    armhf = root / "dtb" / KERNEL_DEB_ARMHF["dest"] / ".complete"
+    if armhf.exists():
+        manifest["dtb_armhf"] = KERNEL_DEB_ARMHF["dest"]
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
@@ -392,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=["models", "dtb"], help="fetch just one kind")
     parser.add_argument("--print-dir", action="store_true", help="print the cache folder")
+    parser.add_argument("--with-armhf", action="store_true",
+                        help="also fetch the armhf board .dtb files (~43 MB download; opt-in)")
     args = parser.parse_args(argv)
     root = cache_dir()
     if args.print_dir:
@@ -404,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
             quantize_models(root)
         if args.only in (None, "dtb"):
             fetch_dtbs(root)
+            if args.with_armhf:
+                fetch_dtbs(root, KERNEL_DEB_ARMHF)
         write_manifest(root)
     except (FetchError, OSError) as exc:
         log(f"error: {exc}")
