@@ -12,7 +12,6 @@ the audit, a `fail`-severity check that only warns counts as warn. A check that 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import sys
@@ -33,10 +32,10 @@ _COLOURS = {"pass": "32", "warn": "33", "fail": "31", "skip": "2", "error": "35"
 
 
 def _load_checks() -> None:
+    """Importing a check module registers its checks."""
+    import sysconf.dtcheck  # registers devicetree
     import sysconf.hostchecks  # registers isolation, thermal
-
-    with contextlib.suppress(ImportError):  # the device-tree check may not be installed
-        import sysconf.dtcheck  # noqa: F401  (registers devicetree)
+    import sysconf.services  # noqa: F401  (registers services)
 
 
 def add_audit_parser(sub) -> argparse.ArgumentParser:

@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     placement.add_argument("--boot", action="store_true",
                            help="on the live system, also edit the boot command line "
                                 "(with --root it always is)")
+    placement.add_argument("--trim", action="store_true",
+                           help="also mask the services and timers that steal cores (into "
+                                "--root only; live, it says which systemctl mask to run); "
+                                "the config's [audit] trim/keep adjust the list")
     sub.add_parser("plan", parents=[tuning, placement],
                    help="list every isolation change: path, old, new, reason")
     sub.add_parser("apply", parents=[tuning, placement],
@@ -448,22 +452,26 @@ def _isolation_plan(args):
 
     root = SysRoot.at(args.root)
     configured = None
-    if args.inference_cpus:
-        configured = parse_cpus_text(args.inference_cpus, "--inference-cpus")
-    elif args.config is not None:
+    config = None
+    if args.config is not None:
         from edged.config import ConfigError, load_config
 
         try:
             config = load_config(args.config)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
+    if args.inference_cpus:
+        configured = parse_cpus_text(args.inference_cpus, "--inference-cpus")
+    elif config is not None:
         pinned = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
         configured = pinned or None
     try:
         cpus = decide(read_cpusets(root), configured)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return root, plan(root, cpus, boot_on_live=args.boot)
+    keep, extra = (config.audit.keep, config.audit.trim) if config is not None else ((), ())
+    return root, plan(root, cpus, boot_on_live=args.boot, trim=getattr(args, "trim", False),
+                      keep=keep, extra=extra)
 
 
 def parse_cpus_text(text: str, flag: str) -> list[int]:

@@ -48,8 +48,10 @@ MODEL_KEYS = ("name", "path", "backend", "threads", "cpus", "shapes", "max_batch
 TELEMETRY_KEYS = ("enabled", "interval_s", "mqtt")
 MQTT_KEYS = ("url", "group", "device_id", "spool_max_mb", "spool_max_age_days", "ca_file",
              "cert_file", "key_file", "username", "password_file", "keepalive_s", "protocol")
+AUDIT_KEYS = ("trim", "keep")
 TOP_KEYS = {"server": SERVER_KEYS, "selection": SELECTION_KEYS, "models": MODEL_KEYS,
-            "telemetry": TELEMETRY_KEYS}
+            "telemetry": TELEMETRY_KEYS, "audit": AUDIT_KEYS}
+UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]+")  # a systemd unit name (no path separators)
 TOPIC_PART = re.compile(r"[^/#+\x00]+")  # an MQTT topic level without wildcards or separators
 
 
@@ -125,12 +127,19 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    trim: tuple[str, ...] = ()  # extra units to trim (mask), beside the built-in candidates
+    keep: tuple[str, ...] = ()  # units never to trim
+
+
+@dataclass(frozen=True)
 class Config:
     source: Path  # absolute
     server: ServerConfig = field(default_factory=ServerConfig)
     selection: Policy = field(default_factory=Policy)
     models: tuple[ModelConfig, ...] = ()
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -172,7 +181,8 @@ def parse_config(text: str, source: Path) -> Config:
     selection = v.selection(v.table(doc, "selection"))
     models = v.models(doc.get("models", []))
     telemetry = v.telemetry(v.table(doc, "telemetry"))
-    return Config(v.absolute, server, selection, models, telemetry)
+    audit = v.audit(v.table(doc, "audit"))
+    return Config(v.absolute, server, selection, models, telemetry, audit)
 
 
 class _Validator:
@@ -406,6 +416,29 @@ class _Validator:
             mqtt = self.mqtt(self.table(table, "mqtt"))
         return TelemetryConfig(self.boolean(table, "enabled", "telemetry", True), interval,
                                mqtt)
+
+    def audit(self, table: Mapping[str, Any]) -> AuditConfig:
+        from sysconf.services import is_protected
+
+        self.keys(table, "audit", AUDIT_KEYS)
+        trim = self.unit_list(table, "trim", "audit")
+        for index, unit in enumerate(trim):
+            if is_protected(unit):
+                raise self.fail(f"audit.trim[{index}]",
+                                f"{unit!r} is a protected unit and is never trimmed")
+        return AuditConfig(trim, self.unit_list(table, "keep", "audit"))
+
+    def unit_list(self, table: Mapping[str, Any], key: str, prefix: str) -> tuple[str, ...]:
+        value = table.get(key, [])
+        if not isinstance(value, list):
+            raise self.fail(f"{prefix}.{key}",
+                            f"must be an array of unit names, got {_show(value)}")
+        for index, item in enumerate(value):
+            if not isinstance(item, str) or not UNIT_NAME.fullmatch(item):
+                raise self.fail(f"{prefix}.{key}[{index}]",
+                                f"must be a systemd unit name like 'cups.service', "
+                                f"got {_show(item)}")
+        return tuple(value)
 
     def mqtt(self, table: Mapping[str, Any]) -> MqttConfig:
         prefix = "telemetry.mqtt"

@@ -4,7 +4,10 @@ Every change is "this file gets this exact content": IRQ affinities, sysctls und
 workqueue masks and governors under /sys, the irqbalance defaults file and the boot command
 line alike. That one shape makes revert exact: the journal records the old content, fsynced,
 before each write, so `revert` restores what was there (or removes a file that was not),
-also after a crash half-way through `apply`.
+also after a crash half-way through `apply`. The one exception is a "mask" (a symlink to
+/dev/null, systemctl mask): its record also keeps `old_link` (a symlink that was there) and
+`old_mode`, and revert puts back exactly the symlink, file or nothing that was there. Masks
+are written into image roots only; on the live root they are refused (systemctl mask --now).
 
 Journal: JSON lines, append-only, in the state dir. Records: {"op": "set", "path", "old",
 "new"} before a write, {"op": "skipped", "path", "reason"} when the kernel refused it (EIO
@@ -38,7 +41,7 @@ REFUSED = {errno.EIO: "EIO", errno.EINVAL: "EINVAL", errno.EPERM: "EPERM",
 @dataclass(frozen=True)
 class Change:
     kind: str  # "irq", "irq-default", "irqbalance", "workqueue", "governor", "sysctl", "thp",
-    #            "cmdline"
+    #            "cmdline", "mask" (a symlink to `new`, e.g. /dev/null: systemctl mask)
     path: str  # as on the device, e.g. /proc/irq/24/smp_affinity_list
     old: str | None  # current content (None: the file does not exist)
     new: str
@@ -141,6 +144,24 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+LINK_KINDS = frozenset({"mask"})  # changes whose `new` is a symlink target, not file content
+
+
+def write_symlink(path: Path, target: str) -> None:
+    """Make `path` a symlink to `target` atomically (a temporary link, then rename over)."""
+    tmp = temp_path(path)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
 def same_value(current: str | None, new: str) -> bool:
     """Kernel files echo values with a trailing newline and sometimes other spacing."""
     return current is not None and current.strip() == new.strip()
@@ -214,6 +235,9 @@ class Journal:
     def apply(self, changes: Iterable[Change]) -> ApplyResult:
         result = ApplyResult()
         for change in changes:
+            if change.kind in LINK_KINDS:
+                self._apply_link(change, result)
+                continue
             target = self.root.path(change.path)
             try:
                 current = read_current(target)
@@ -248,6 +272,65 @@ class Journal:
         self._append({"op": "done", "ts": time.time()})
         return result
 
+    def _apply_link(self, change: Change, result: ApplyResult) -> None:
+        """A symlink change (a mask). Records what was there: nothing, a symlink (`old_link`)
+        or a file (`old` with its `old_mode`), so revert restores exactly that."""
+        if self.root.is_live:
+            unit = os.path.basename(change.path)
+            why = (f"refusing to write a {change.kind} on the live system; live masking: run "
+                   f"systemctl mask --now {unit}")
+            result.skipped.append((change, why))
+            return
+        target = self.root.path(change.path)
+        old_link = old = old_mode = None
+        try:
+            if target.is_symlink():
+                old_link = os.readlink(target)
+            elif target.is_dir():
+                result.skipped.append((change, f"{target} is a directory"))
+                return
+            elif target.exists():
+                old = read_current(target)
+                old_mode = target.stat().st_mode & 0o7777
+        except OSError as exc:
+            why = f"cannot read the current value, so revert could not restore it " \
+                  f"({_error_name(exc)})"
+            result.skipped.append((change, why))
+            return
+        if old_link == change.new:
+            result.unchanged.append(change)
+            return
+        if not target.parent.is_dir():
+            result.skipped.append((change, f"{target.parent} does not exist"))
+            return
+        self._append({"op": "set", "path": change.path, "old": old, "old_link": old_link,
+                      "old_mode": old_mode, "new_link": change.new, "new": change.new,
+                      "kind": change.kind, "ts": time.time()})
+        try:
+            write_symlink(target, change.new)
+        except OSError as exc:
+            why = _error_name(exc)
+            self._append({"op": "skipped", "path": change.path, "reason": why})
+            result.skipped.append((change, why))
+            return
+        result.applied.append(change)
+
+    def _revert_link(self, record: dict) -> str:
+        target = self.root.path(record["path"])
+        with contextlib.suppress(OSError):
+            temp_path(target).unlink(missing_ok=True)  # a crash mid-write_symlink
+        if record.get("old_link") is not None:
+            write_symlink(target, record["old_link"])
+            return "restored"
+        if target.is_symlink():
+            target.unlink()  # never write through the mask into /dev/null
+        if record.get("old") is None:
+            return "removed"
+        self._write(target, record["old"], False)
+        if record.get("old_mode") is not None:
+            os.chmod(target, record["old_mode"])
+        return "restored"
+
     def revert(self) -> list[tuple[str, str]]:
         """Restore every recorded old value, newest first. Returns (path, action) pairs."""
         records = self.records()
@@ -259,6 +342,12 @@ class Journal:
             following = records[index + 1] if index + 1 < len(records) else {}
             if following.get("op") == "skipped" and following.get("path") == record["path"]:
                 continue  # the write was refused: nothing to undo
+            if "new_link" in record:
+                try:
+                    done.append((record["path"], self._revert_link(record)))
+                except OSError as exc:
+                    done.append((record["path"], f"failed: {exc.strerror or exc}"))
+                continue
             target = self.root.path(record["path"])
             old = record.get("old")
             kernel = is_kernel_file(record["path"])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from sysconf.changes import Change
 from sysconf.cpusets import CpuPlan
 from sysconf.irq import Unmovable, plan_irqs
+from sysconf.services import plan_trim  # also registers the "services" audit check
 from sysconf.sysroot import SysRoot
 from sysconf.tuning import plan_isolation
 
@@ -25,9 +27,12 @@ class IsolationPlan:
         }
 
 
-def plan(root: SysRoot, cpus: CpuPlan, boot_on_live: bool = False) -> IsolationPlan:
-    """IRQ moves first (they matter at once), then workqueues, governor, sysctls, THP, and
-    last the boot command line (only into an image root, or live with `boot_on_live`)."""
+def plan(root: SysRoot, cpus: CpuPlan, boot_on_live: bool = False, trim: bool = False,
+         keep: Iterable[str] = (), extra: Iterable[str] = ()) -> IsolationPlan:
+    """IRQ moves first (they matter at once), then workqueues, governor, sysctls, THP, the
+    boot command line (only into an image root, or live with `boot_on_live`), and last, with
+    `trim`, the service masks (`sysconf.services.plan_trim`; `keep`/`extra` from [audit])."""
     irq_changes, unmovable = plan_irqs(root, cpus)
-    return IsolationPlan(cpus, [*irq_changes, *plan_isolation(root, cpus, boot_on_live)],
-                         unmovable)
+    masks = plan_trim(root, keep, extra) if trim else []
+    return IsolationPlan(cpus, [*irq_changes, *plan_isolation(root, cpus, boot_on_live),
+                                *masks], unmovable)

@@ -1,0 +1,347 @@
+"""Service and timer trimming: discovery in image roots, the SVC audit check, the mask change
+kind in the journal (exact revert), and `edgectl plan/apply/revert --trim` on roots only."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from roots import board_root, tree_state
+
+from edged.config import ConfigError, parse_config
+from sysconf.changes import Journal
+from sysconf.findings import AuditContext
+from sysconf.services import (
+    check_services,
+    enable_links,
+    is_protected,
+    plan_trim,
+    trim_candidates,
+    unit_state,
+)
+from sysconf.sysroot import SysRoot
+
+REPO = Path(__file__).resolve().parent.parent
+HOST_UNITS = Path("/lib/systemd/system")
+
+# Written when this machine has no copy (realistic Debian unit files, shortened).
+FALLBACK_UNITS = {
+    "apt-daily.timer": "[Unit]\nDescription=Daily apt download activities\n\n[Timer]\n"
+                       "OnCalendar=*-*-* 6,18:00\nRandomizedDelaySec=12h\nPersistent=true\n\n"
+                       "[Install]\nWantedBy=timers.target\n",
+    "apt-daily-upgrade.timer": "[Unit]\nDescription=Daily apt upgrade and clean activities\n"
+                               "After=apt-daily.timer\n\n[Timer]\nOnCalendar=*-*-* 6:00\n"
+                               "RandomizedDelaySec=60m\nPersistent=true\n\n[Install]\n"
+                               "WantedBy=timers.target\n",
+    "man-db.timer": "[Unit]\nDescription=Daily man-db regeneration\n"
+                    "Documentation=man:mandb(8)\n\n[Timer]\nOnCalendar=daily\n"
+                    "AccuracySec=12h\nPersistent=true\n\n[Install]\nWantedBy=timers.target\n",
+    "fstrim.timer": "[Unit]\nDescription=Discard unused blocks once a week\n"
+                    "Documentation=man:fstrim\n\n[Timer]\nOnCalendar=weekly\n"
+                    "AccuracySec=1h\nPersistent=true\nRandomizedDelaySec=100min\n\n"
+                    "[Install]\nWantedBy=timers.target\n",
+    "e2scrub_all.timer": "[Unit]\nDescription=Periodic ext4 Online Metadata Check for All "
+                         "Filesystems\n\n[Timer]\nOnCalendar=Sun *-*-* 03:10:00\n"
+                         "RandomizedDelaySec=60\nPersistent=true\n\n[Install]\n"
+                         "WantedBy=timers.target\n",
+    "systemd-journald.service": "[Unit]\nDescription=Journal Service\nDefaultDependencies=no"
+                                "\n\n[Service]\nExecStart=/lib/systemd/systemd-journald\n"
+                                "Type=notify\nSockets=systemd-journald.socket\n",
+}
+WRITTEN_UNITS = {
+    "unattended-upgrades.service": "[Unit]\nDescription=Unattended Upgrades Shutdown\n"
+                                   "After=network.target local-fs.target\n\n[Service]\n"
+                                   "ExecStart=/usr/share/unattended-upgrades/"
+                                   "unattended-upgrade-shutdown --wait-for-signal\n"
+                                   "TimeoutStopSec=1800\n\n[Install]\n"
+                                   "WantedBy=multi-user.target\n",
+    "cups.service": "[Unit]\nDescription=CUPS Scheduler\nAfter=sssd.service network.target\n"
+                    "\n[Service]\nExecStart=/usr/sbin/cupsd -l\nType=notify\nRestart=on-failure"
+                    "\n\n[Install]\nAlso=cups.socket cups.path\nWantedBy=printer.target "
+                    "multi-user.target\n",
+    "avahi-daemon.service": "[Unit]\nDescription=Avahi mDNS/DNS-SD Stack\n"
+                            "Requires=avahi-daemon.socket\n\n[Service]\nType=dbus\n"
+                            "BusName=org.freedesktop.Avahi\nExecStart=/usr/sbin/avahi-daemon -s"
+                            "\n\n[Install]\nWantedBy=multi-user.target\n"
+                            "Also=avahi-daemon.socket\nAlias=dbus-org.freedesktop.Avahi.service"
+                            "\n",
+    "bluetooth.service": "[Unit]\nDescription=Bluetooth service\n\n[Service]\nType=dbus\n"
+                         "BusName=org.bluez\nExecStart=/usr/libexec/bluetooth/bluetoothd\n\n"
+                         "[Install]\nWantedBy=bluetooth.target\n",
+    "ssh.service": "[Unit]\nDescription=OpenBSD Secure Shell server\n\n[Service]\n"
+                   "ExecStart=/usr/sbin/sshd -D $SSHD_OPTS\n\n[Install]\n"
+                   "WantedBy=multi-user.target\nAlias=sshd.service\n",
+    "getty@.service": "[Unit]\nDescription=Getty on %I\n\n[Service]\n"
+                      "ExecStart=-/sbin/agetty -o '-p -- \\\\u' --noclear - $TERM\n\n"
+                      "[Install]\nWantedBy=getty.target\n",
+    "systemd-networkd.service": "[Unit]\nDescription=Network Configuration\n\n[Service]\n"
+                                "ExecStart=/lib/systemd/systemd-networkd\n\n[Install]\n"
+                                "WantedBy=multi-user.target\n",
+    "rsyslog.service": "[Unit]\nDescription=System Logging Service\nRequires=syslog.socket\n"
+                       "\n[Service]\nType=notify\nExecStart=/usr/sbin/rsyslogd -n -iNONE\n\n"
+                       "[Install]\nWantedBy=multi-user.target\nAlias=syslog.service\n",
+}
+# (wants folder, unit, the unit file the enable symlink points at)
+ENABLED = [
+    ("timers.target.wants", "apt-daily.timer", "apt-daily.timer"),
+    ("timers.target.wants", "apt-daily-upgrade.timer", "apt-daily-upgrade.timer"),
+    ("timers.target.wants", "man-db.timer", "man-db.timer"),
+    ("timers.target.wants", "fstrim.timer", "fstrim.timer"),
+    ("timers.target.wants", "e2scrub_all.timer", "e2scrub_all.timer"),
+    ("multi-user.target.wants", "unattended-upgrades.service", "unattended-upgrades.service"),
+    ("multi-user.target.wants", "cups.service", "cups.service"),
+    ("multi-user.target.wants", "avahi-daemon.service", "avahi-daemon.service"),
+    ("bluetooth.target.wants", "bluetooth.service", "bluetooth.service"),
+    ("multi-user.target.wants", "ssh.service", "ssh.service"),
+    ("multi-user.target.wants", "systemd-networkd.service", "systemd-networkd.service"),
+    ("multi-user.target.wants", "rsyslog.service", "rsyslog.service"),
+    ("getty.target.wants", "getty@tty1.service", "getty@.service"),
+]
+EXPECTED_TRIM = {"apt-daily.timer", "apt-daily-upgrade.timer", "man-db.timer", "fstrim.timer",
+                 "e2scrub_all.timer", "unattended-upgrades.service", "cups.service",
+                 "avahi-daemon.service"}  # bluetooth is masked already
+
+
+def add_units(root: Path) -> Path:
+    """A Debian-like image's units: vendor files (copied from this machine where present),
+    enable symlinks in /etc/systemd/system/*.wants, one mask, one linked unit, one override
+    file, and journald forwarding to rsyslog."""
+    lib = root / "lib" / "systemd" / "system"
+    etc = root / "etc" / "systemd" / "system"
+    lib.mkdir(parents=True, exist_ok=True)
+    etc.mkdir(parents=True, exist_ok=True)
+    for name, text in FALLBACK_UNITS.items():
+        host = HOST_UNITS / name
+        if host.is_file():
+            shutil.copyfile(host, lib / name)
+        else:
+            (lib / name).write_text(text)
+    for name, text in WRITTEN_UNITS.items():
+        (lib / name).write_text(text)
+    for folder, unit, target in ENABLED:
+        (etc / folder).mkdir(exist_ok=True)
+        os.symlink(f"/lib/systemd/system/{target}", etc / folder / unit)
+    os.symlink("/lib/systemd/system/rsyslog.service", etc / "syslog.service")  # its alias
+    os.symlink("/dev/null", etc / "bluetooth.service")  # masked by the admin already
+    os.symlink("/lib/systemd/system/fstrim.timer", etc / "fstrim.timer")  # a linked unit
+    override = etc / "avahi-daemon.service"  # an admin's full override copy, mode 0640
+    override.write_text(WRITTEN_UNITS["avahi-daemon.service"].replace("-s", "-s --no-rlimits"))
+    override.chmod(0o640)
+    (root / "etc" / "systemd" / "journald.conf").write_text(
+        "#  This file is part of systemd.\n[Journal]\nStorage=persistent\n"
+        "#RateLimitBurst=10000\nForwardToSyslog=yes\n")
+    return root
+
+
+def image_root(tmp_path: Path) -> Path:
+    return add_units(board_root(tmp_path / "root", cpus=4))
+
+
+def findings(root: Path, **options) -> list:
+    return list(check_services(AuditContext(root=SysRoot.at(root), options=options)))
+
+
+def ids(found, status: str = "warn") -> dict[str, set[str]]:
+    result: dict[str, set[str]] = {}
+    for f in found:
+        if f.status == status:
+            result.setdefault(f.id, set()).add(f.subject)
+    return result
+
+
+# -- discovery and the check ------------------------------------------------------------------
+
+def test_candidates_found_in_image_root(tmp_path: Path) -> None:
+    root = SysRoot.at(image_root(tmp_path))
+    links = enable_links(root)
+    assert links["getty@tty1.service"] == [
+        "/etc/systemd/system/getty.target.wants/getty@tty1.service"]
+    assert {s.name for s in trim_candidates(root)} == EXPECTED_TRIM
+    bluetooth = unit_state(root, "bluetooth")
+    assert bluetooth.masked and bluetooth.enabled_by and not bluetooth.enabled
+    assert unit_state(root, "fstrim.timer").path == "/etc/systemd/system/fstrim.timer"
+    assert unit_state(root, "man-db.timer").path == "/lib/systemd/system/man-db.timer"
+
+
+def test_protected_never_proposed(tmp_path: Path) -> None:
+    root = SysRoot.at(image_root(tmp_path))
+    for unit in ("systemd-journald.service", "ssh", "sshd.service", "getty@tty1.service",
+                 "serial-getty@ttyS0.service", "systemd-networkd.service", "dbus.socket",
+                 "edged", "edged-tune.service", "chrony.service", "NetworkManager"):
+        assert is_protected(unit), unit
+    assert not is_protected("cups") and not is_protected("getty-static.service")
+    extra = ("ssh.service", "systemd-networkd", "getty@tty1.service", "rsyslog.service")
+    proposed = {s.name for s in trim_candidates(root, extra=extra)}
+    assert proposed == EXPECTED_TRIM | {"rsyslog.service"}
+    found = findings(root.root, trim=list(extra))
+    assert ids(found)["SVC-PROTECTED"] == {"ssh.service", "systemd-networkd.service",
+                                           "getty@tty1.service"}
+    assert not any(f.subject in ids(found)["SVC-PROTECTED"] for f in found
+                   if f.id == "SVC-TRIM")
+    assert {c.path.rsplit("/", 1)[1] for c in plan_trim(root, extra=extra)} == proposed
+
+
+def test_keep_respected(tmp_path: Path) -> None:
+    root = SysRoot.at(image_root(tmp_path))
+    keep = ("cups", "fstrim.timer")
+    assert {s.name for s in trim_candidates(root, keep=keep)} == \
+        EXPECTED_TRIM - {"cups.service", "fstrim.timer"}
+    assert ids(findings(root.root, keep=list(keep)))["SVC-TRIM"] == \
+        EXPECTED_TRIM - {"cups.service", "fstrim.timer"}
+
+
+def test_check_findings(tmp_path: Path) -> None:
+    root = image_root(tmp_path)
+    found = findings(root)
+    trim = [f for f in found if f.id == "SVC-TRIM"]
+    assert {f.subject for f in trim} == EXPECTED_TRIM
+    assert all(f.severity == "warn" and f.status == "warn" and f.fixable for f in trim)
+    assert all(f"--root {root}" in f.remedy and "--trim" in f.remedy for f in trim)
+    assert trim[0].evidence[0].path.startswith("/etc/systemd/system/")
+    double = ids(found)["SVC-DOUBLE-LOGGING"]
+    assert double == {"rsyslog.service"}
+    assert "SVC-JOURNALD-STORAGE" in ids(found)
+    # ForwardToSyslog=no in a drop-in, a rate limit: both pass.
+    dropin = root / "etc" / "systemd" / "journald.conf.d"
+    dropin.mkdir()
+    (dropin / "edged.conf").write_text("[Journal]\nForwardToSyslog=no\nRateLimitBurst=500\n")
+    warned = ids(findings(root))
+    assert "SVC-DOUBLE-LOGGING" not in warned and "SVC-JOURNALD-STORAGE" not in warned
+
+
+def test_root_without_units_skips(tmp_path: Path) -> None:
+    found = findings(tmp_path)
+    assert [(f.id, f.status) for f in found] == [("SVC-TRIM", "skip")]
+
+
+# -- the journal's mask kind ------------------------------------------------------------------
+
+def test_mask_apply_revert_exact(tmp_path: Path) -> None:
+    root_dir = image_root(tmp_path)
+    root = SysRoot.at(root_dir)
+    before = tree_state(root_dir)
+    changes = plan_trim(root)
+    assert {c.kind for c in changes} == {"mask"} and all(c.new == "/dev/null" for c in changes)
+    olds = {c.path.rsplit("/", 1)[1]: c.old for c in changes}
+    assert olds["fstrim.timer"] == "/lib/systemd/system/fstrim.timer"
+    assert "--no-rlimits" in olds["avahi-daemon.service"] and olds["cups.service"] is None
+    result = Journal(root).apply(changes)
+    assert len(result.applied) == len(changes) and not result.skipped
+    etc = root_dir / "etc" / "systemd" / "system"
+    for change in changes:
+        assert os.readlink(root.path(change.path)) == "/dev/null"
+    assert plan_trim(root) == [] and trim_candidates(root) == []
+    again = Journal(root).apply(changes)
+    assert len(again.unchanged) == len(changes) and not again.applied
+    reverted = Journal(root).revert()
+    assert len(reverted) == len(changes)
+    assert tree_state(root_dir) == before
+    assert (etc / "avahi-daemon.service").stat().st_mode & 0o7777 == 0o640
+
+
+class LiveLooking(SysRoot):
+    @property
+    def is_live(self) -> bool:  # a folder the code must treat as `/`
+        return True
+
+
+def test_live_masks_refused(tmp_path: Path) -> None:
+    root_dir = image_root(tmp_path)
+    before = tree_state(root_dir)
+    root = LiveLooking(root_dir)
+    changes = plan_trim(root)
+    assert changes and all("live masking: run systemctl mask --now" in c.reason
+                           for c in changes)
+    assert all(f.remedy.startswith("systemctl mask --now") and not f.fixable
+               for f in check_services(AuditContext(root=root)) if f.id == "SVC-TRIM"
+               and f.status == "warn")
+    journal = Journal(root)
+    result = journal.apply(changes)
+    assert not result.applied and len(result.skipped) == len(changes)
+    assert all("refusing" in why and "systemctl mask --now" in why for _, why in result.skipped)
+    assert not journal.pending()
+    assert tree_state(root_dir) == before
+
+
+# -- config ------------------------------------------------------------------------------------
+
+def test_config_audit_table(tmp_path: Path) -> None:
+    config = parse_config('[audit]\ntrim = ["rsyslog", "snapd.service"]\nkeep = ["cups"]\n',
+                          tmp_path / "edged.toml")
+    assert config.audit.trim == ("rsyslog", "snapd.service")
+    assert config.audit.keep == ("cups",)
+    assert parse_config("", tmp_path / "edged.toml").audit.trim == ()
+
+
+@pytest.mark.parametrize("text, key", [
+    ('[audit]\ntrim = "cups"\n', "audit.trim"),
+    ('[audit]\nkeep = [1]\n', "audit.keep[0]"),
+    ('[audit]\ntrim = ["a/b.service"]\n', "audit.trim[0]"),
+    ('[audit]\ntrim = ["cups", "ssh"]\n', "audit.trim[1]"),
+    ('[audit]\ntrimm = []\n', "audit.trimm"),
+    ('audit = 3\n', "audit"),
+])
+def test_config_audit_errors_name_the_key(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, tmp_path / "edged.toml")
+    assert key in str(info.value)
+
+
+# -- edgectl on a root -------------------------------------------------------------------------
+
+def edgectl(*args: str, rc: int | None = 0) -> subprocess.CompletedProcess:
+    assert "--root" in args, "tests must never touch the live system"
+    proc = subprocess.run([sys.executable, "-m", "edged.cli", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"})
+    if rc is not None:
+        assert proc.returncode == rc, proc.stderr
+    return proc
+
+
+def audit_trim(root: Path) -> set[str]:
+    out = edgectl("audit", "--root", str(root), "--only", "SVC", "--format", "json", rc=None)
+    assert out.returncode in (0, 1), out.stderr
+    return {f["subject"] for f in json.loads(out.stdout)["findings"]
+            if f["id"] == "SVC-TRIM" and f["status"] == "warn"}
+
+
+def test_cli_trim_round_trip(tmp_path: Path) -> None:
+    root = image_root(tmp_path)
+    before = tree_state(root)
+    args = ("--root", str(root), "--trim", "--inference-cpus", "1", "--json")
+    assert audit_trim(root) == EXPECTED_TRIM
+    plain = json.loads(edgectl("plan", *args[:2], *args[3:]).stdout)
+    assert not [c for c in plain["changes"] if c["kind"] == "mask"], "masks only with --trim"
+    plan = json.loads(edgectl("plan", *args).stdout)
+    masks = [c for c in plan["changes"] if c["kind"] == "mask"]
+    assert {c["path"].rsplit("/", 1)[1] for c in masks} == EXPECTED_TRIM
+    applied = json.loads(edgectl("apply", *args).stdout)
+    assert len(applied["applied"]) + len(applied["skipped"]) == len(plan["changes"])
+    assert {c["path"] for c in applied["applied"]} >= {c["path"] for c in masks}
+    assert audit_trim(root) == set()
+    assert json.loads(edgectl("plan", *args).stdout)["changes"] == []
+    second = json.loads(edgectl("apply", *args).stdout)
+    assert second["applied"] == [] and second["skipped"] == []
+    reverted = json.loads(edgectl("revert", "--root", str(root), "--json").stdout)
+    assert len(reverted["reverted"]) == len(applied["applied"])
+    assert tree_state(root) == before
+    assert audit_trim(root) == EXPECTED_TRIM
+
+
+def test_cli_config_keep_and_trim(tmp_path: Path) -> None:
+    root = image_root(tmp_path)
+    config = tmp_path / "edged.toml"
+    config.write_text('[audit]\ntrim = ["rsyslog"]\nkeep = ["cups.service"]\n')
+    plan = json.loads(edgectl("plan", "--root", str(root), "--trim", "--inference-cpus", "1",
+                              "--config", str(config), "--json").stdout)
+    masked = {c["path"].rsplit("/", 1)[1] for c in plan["changes"] if c["kind"] == "mask"}
+    assert masked == EXPECTED_TRIM - {"cups.service"} | {"rsyslog.service"}
+    config.write_text('[audit]\ntrim = ["ssh"]\n')
+    bad = edgectl("plan", "--root", str(root), "--trim", "--config", str(config), rc=2)
+    assert "audit.trim[0]" in bad.stderr
