@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("apply", parents=[tuning, placement],
                    help="apply the plan through the journal (root only, or --root)")
     sub.add_parser("revert", parents=[tuning], help="restore what apply changed, exactly")
+    provision = sub.add_parser("provision", parents=[placement],
+                               help="write the whole tuned configuration into an image root "
+                                    "(plan --trim, sysctl.d, CPUAffinity, edged enabled)")
+    provision.add_argument("--root", type=Path, default=None,
+                           help="the image root (required: never the live system)")
+    provision.add_argument("--json", action="store_true", help="machine-readable output")
 
     from edged.audit import add_audit_parser
     from edged.fleet import add_fleet_parser
@@ -157,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_plan_apply(args)
         if args.command == "revert":
             return cmd_revert(args)
+        if args.command == "provision":
+            return cmd_provision(args)
         if args.threads is not None and args.threads < 1:
             raise UsageError("--threads must be at least 1")
         if args.command == "backends":
@@ -446,9 +454,18 @@ def cmd_status(args) -> int:
 
 
 def _isolation_plan(args):
+    from sysconf.isolation import plan
+
+    root, cpus, keep, extra = _placement(args)
+    return root, plan(root, cpus, boot_on_live=args.boot, trim=getattr(args, "trim", False),
+                      keep=keep, extra=extra)
+
+
+def _placement(args):
+    """The root, its CPU plan and the [audit] keep/trim lists, from --root, --config and
+    --inference-cpus."""
     from sysconf import SysRoot
     from sysconf.cpusets import decide, read_cpusets
-    from sysconf.isolation import plan
 
     root = SysRoot.at(args.root)
     configured = None
@@ -470,8 +487,7 @@ def _isolation_plan(args):
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     keep, extra = (config.audit.keep, config.audit.trim) if config is not None else ((), ())
-    return root, plan(root, cpus, boot_on_live=args.boot, trim=getattr(args, "trim", False),
-                      keep=keep, extra=extra)
+    return root, cpus, keep, extra
 
 
 def parse_cpus_text(text: str, flag: str) -> list[int]:
@@ -534,6 +550,29 @@ def format_plan(report: dict[str, Any], applied: bool) -> str:
         lines.append(f"  cannot move IRQ {item['irq']} ({item['name']}): {item['why']}; "
                      f"remedy: {item['remedy']}")
     return "\n".join(lines)
+
+
+def cmd_provision(args) -> int:
+    """plan --trim plus the persistent configuration, applied through the root's journal."""
+    from sysconf.provision import provision_plan
+
+    if args.root is None:
+        raise UsageError("provision needs --root DIR (an image root; it never writes the live "
+                         "system: use edgectl apply there)")
+    root, cpus, keep, extra = _placement(args)
+    try:
+        provisioned = provision_plan(root, cpus, keep, extra)
+    except ValueError as exc:  # the root is the live system
+        raise UsageError(str(exc)) from None
+    journal = _journal(root)
+    report: dict[str, Any] = provisioned.to_dict()
+    report.update(journal.apply(provisioned.changes).to_dict())
+    report["journal"] = str(journal.path)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_plan(report, applied=True))
+    return EXIT_OK
 
 
 def cmd_revert(args) -> int:

@@ -41,7 +41,8 @@ REFUSED = {errno.EIO: "EIO", errno.EINVAL: "EINVAL", errno.EPERM: "EPERM",
 @dataclass(frozen=True)
 class Change:
     kind: str  # "irq", "irq-default", "irqbalance", "workqueue", "governor", "sysctl", "thp",
-    #            "cmdline", "mask" (a symlink to `new`, e.g. /dev/null: systemctl mask)
+    #            "cmdline", "mask" (a symlink to `new`, e.g. /dev/null: systemctl mask),
+    #            "enable" (a symlink to the unit file `new`: systemctl enable)
     path: str  # as on the device, e.g. /proc/irq/24/smp_affinity_list
     old: str | None  # current content (None: the file does not exist)
     new: str
@@ -144,7 +145,9 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-LINK_KINDS = frozenset({"mask"})  # changes whose `new` is a symlink target, not file content
+# Changes whose `new` is a symlink target, not file content: "mask" (-> /dev/null) and
+# "enable" (a *.wants/ link to the unit file, systemctl enable; edgectl provision).
+LINK_KINDS = frozenset({"mask", "enable"})
 
 
 def write_symlink(path: Path, target: str) -> None:

@@ -1,0 +1,108 @@
+"""Provision an image root: the whole tuned configuration an image needs at its first boot.
+
+`provision_plan` is `sysconf.isolation.plan(root, cpus, trim=True)` (IRQs, kernel noise, the
+boot command line, the irqbalance ban list, the service masks) plus what survives a reboot:
+
+- `/etc/sysctl.d/90-edged.conf`: the latency sysctls (`sysconf.tuning.SYSCTLS`), read by
+  systemd-sysctl at every boot;
+- `/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf`: `[Manager] CPUAffinity=` the
+  housekeeping cores, so every service starts off the inference cores;
+- edged.service and edged-tune.service enabled (a symlink in multi-user.target.wants to the
+  unit file, as `systemctl enable` makes it), after copying them from the repo's `systemd/`
+  folder into `/etc/systemd/system` when the image does not carry them.
+
+The plan's runtime changes (/proc, /sys) are kept, not dropped: a fixture or image root that
+has those files gets them written too, so `edgectl audit --root` of the result is clean; on a
+real image they are whatever the image holds and edged-tune.service re-applies them at boot.
+
+Every change is a `Change` for the `Journal` (file content, or an "enable" symlink), so
+`edgectl revert --root DIR` undoes provisioning exactly, and provisioning an already
+provisioned root plans nothing. Files whose folder does not exist in the root are skipped by
+the journal (it creates no folders: revert could not remove them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from sysconf.changes import Change, read_current
+from sysconf.cpulist import format_cpulist
+from sysconf.cpusets import CpuPlan
+from sysconf.isolation import IsolationPlan, plan
+from sysconf.sysroot import SysRoot
+from sysconf.tuning import SYSCTLS
+
+SYSCTL_CONF = "/etc/sysctl.d/90-edged.conf"
+AFFINITY_DROPIN = "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf"
+WANTS = "/etc/systemd/system/multi-user.target.wants"
+UNITS = ("edged.service", "edged-tune.service")
+# Where systemd finds a unit, first wins (/etc overrides the vendor folders).
+UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
+REPO_UNITS = Path(__file__).resolve().parent.parent / "systemd"
+
+
+def sysctl_conf() -> str:
+    lines = ["# Written by edgectl provision: latency sysctls for the inference cores.\n"]
+    for name, value, _why in SYSCTLS:
+        lines.append(f"{name} = {value}\n")
+    return "".join(lines)
+
+
+def affinity_dropin(cpus: CpuPlan) -> str:
+    return ("# Written by edgectl provision: services start on the housekeeping cores.\n"
+            f"[Manager]\nCPUAffinity={format_cpulist(sorted(cpus.housekeeping))}\n")
+
+
+def _file(root: SysRoot, kind: str, path: str, new: str, reason: str) -> list[Change]:
+    old = read_current(root.path(path))
+    return [] if old == new else [Change(kind, path, old, new, reason)]
+
+
+def _unit_path(root: SysRoot, unit: str) -> str | None:
+    return next((f"{d}/{unit}" for d in UNIT_DIRS if root.path(f"{d}/{unit}").is_file()), None)
+
+
+def _units(root: SysRoot, units_dir: Path) -> list[Change]:
+    changes = []
+    for unit in UNITS:
+        target = _unit_path(root, unit)
+        if target is None:
+            source = units_dir / unit
+            if not source.is_file():
+                continue
+            target = f"/etc/systemd/system/{unit}"
+            changes.append(Change("unit", target, None, read_current(source),
+                                  f"{unit} is not in the image: installed from {source}"))
+        link = root.path(f"{WANTS}/{unit}")
+        current = os.readlink(link) if link.is_symlink() else None
+        if current != target:
+            changes.append(Change("enable", f"{WANTS}/{unit}", current, target,
+                                  f"enable {unit} (systemctl enable: WantedBy=multi-user."
+                                  "target) so it starts at boot"))
+    return changes
+
+
+def provision_plan(root: SysRoot, cpus: CpuPlan, keep: Iterable[str] = (),
+                   extra: Iterable[str] = (), units_dir: Path = REPO_UNITS) -> IsolationPlan:
+    """The isolation plan with trim, plus the persistent configuration (see the module doc).
+    Image roots only: on the live system it raises ValueError."""
+    if root.is_live:
+        raise ValueError("provision writes an image root; give --root DIR (on the live system "
+                         "use edgectl apply and systemctl)")
+    base = plan(root, cpus, boot_on_live=False, trim=True, keep=keep, extra=extra)
+    persistent = [
+        *_file(root, "sysctl-conf", SYSCTL_CONF, sysctl_conf(),
+               "the latency sysctls at every boot (systemd-sysctl reads /etc/sysctl.d)"),
+        *_file(root, "systemd-conf", AFFINITY_DROPIN, affinity_dropin(cpus),
+               "systemd starts every service on the housekeeping cores "
+               f"{format_cpulist(sorted(cpus.housekeeping))}"),
+        *_units(root, units_dir),
+    ]
+    return IsolationPlan(base.cpus, [*base.changes, *persistent], base.unmovable)
+
+
+def provision_changes(root: SysRoot, cpus: CpuPlan, keep: Iterable[str] = (),
+                      extra: Iterable[str] = (), units_dir: Path = REPO_UNITS) -> list[Change]:
+    return provision_plan(root, cpus, keep, extra, units_dir).changes

@@ -1,0 +1,142 @@
+"""`edgectl provision --root DIR`: the whole tuned configuration written into an image root,
+idempotent, audited clean afterwards, and reverted byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from roots import board_root, tree_state
+from test_services import EXPECTED_TRIM, add_units
+
+from edged.cli import main
+from sysconf.cpusets import CpuPlan
+from sysconf.provision import (
+    AFFINITY_DROPIN,
+    SYSCTL_CONF,
+    WANTS,
+    provision_changes,
+    sysctl_conf,
+)
+from sysconf.sysroot import SysRoot
+
+GRUB = ('GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || '
+        'echo Debian`\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n')
+CPUS = CpuPlan((3,), (0, 1, 2), "configured")
+PROVISION = ["provision", "--inference-cpus", "3", "--json"]
+
+
+def image(tmp_path: Path, boot: str = "grub") -> Path:
+    """board_root + Debian-like units (enabled timers) + boot config + the folders a Debian
+    image has (sysctl.d, system.conf.d, multi-user.target.wants)."""
+    root = add_units(board_root(tmp_path / "root", cpus=4))
+    if boot == "grub":
+        (root / "etc/default/grub").write_text(GRUB)
+    else:
+        (root / "boot/firmware").mkdir(parents=True)
+        (root / "boot/firmware/cmdline.txt").write_text(
+            "console=serial0,115200 root=PARTUUID=4e639091-02 rootfstype=ext4 rootwait\n")
+    (root / "etc/sysctl.d").mkdir()
+    (root / "etc/systemd/system.conf.d").mkdir()
+    (root / WANTS.lstrip("/")).mkdir(exist_ok=True)
+    return root
+
+
+def provision(root: Path, capsys) -> dict:
+    capsys.readouterr()
+    assert main([*PROVISION, "--root", str(root)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def audit(root: Path, capsys) -> dict:
+    capsys.readouterr()
+    main(["audit", "--root", str(root), "--inference-cpus", "3", "--format", "json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def test_provision_audit_idempotent_revert(tmp_path, capsys):
+    root = image(tmp_path)
+    before = tree_state(root)
+    audited = audit(root, capsys)
+    fixable_before = {f["id"] for f in audited["findings"]
+                      if f["fixable"] and f["status"] in ("warn", "fail")}
+    assert {"SVC-TRIM", "KRN-CMDLINE"} <= fixable_before
+
+    report = provision(root, capsys)
+    assert not report["skipped"], report["skipped"]
+    assert report["cpus"]["housekeeping_list"] == "0-2"
+
+    assert (root / SYSCTL_CONF.lstrip("/")).read_text() == sysctl_conf()
+    conf = (root / SYSCTL_CONF.lstrip("/")).read_text()
+    for line in ("kernel.timer_migration = 0", "vm.stat_interval = 10",
+                 "kernel.nmi_watchdog = 0", "kernel.numa_balancing = 0"):
+        assert line in conf.splitlines()
+    dropin = (root / AFFINITY_DROPIN.lstrip("/")).read_text()
+    assert "[Manager]\nCPUAffinity=0-2\n" in dropin
+    grub = (root / "etc/default/grub").read_text()
+    assert ('GRUB_CMDLINE_LINUX_DEFAULT="quiet isolcpus=managed_irq,domain,3 nohz_full=3 '
+            'rcu_nocbs=3 irqaffinity=0-2"') in grub
+    etc = root / "etc/systemd/system"
+    for unit in EXPECTED_TRIM:
+        assert os.readlink(etc / unit) == "/dev/null", unit
+    # The units were not in the image: installed from the repo's systemd/ and enabled.
+    repo = Path(__file__).resolve().parent.parent / "systemd"
+    for unit in ("edged.service", "edged-tune.service"):
+        assert (etc / unit).read_bytes() == (repo / unit).read_bytes()
+        assert os.readlink(etc / "multi-user.target.wants" / unit) == \
+            f"/etc/systemd/system/{unit}"
+    # The plan's runtime changes were applied too (see sysconf/provision.py).
+    assert {c["kind"] for c in report["applied"]} >= {"irq", "cmdline", "mask", "enable",
+                                                      "unit", "sysctl-conf", "systemd-conf"}
+
+    after = audit(root, capsys)
+    left = [f for f in after["findings"] if f["fixable"] and f["status"] in ("warn", "fail")]
+    assert not left, left
+    assert all(f["status"] == "pass" for f in after["findings"] if f["id"] == "SVC-TRIM")
+    # What is left of KRN-CMDLINE is the running kernel's /proc/cmdline: the next boot fixes it.
+    assert all("was not booted" in f["title"] for f in after["findings"]
+               if f["id"] == "KRN-CMDLINE" and f["status"] != "pass")
+
+    state = tree_state(root)
+    again = provision(root, capsys)
+    assert again["applied"] == [] and again["skipped"] == []
+    assert tree_state(root) == state
+
+    capsys.readouterr()
+    assert main(["revert", "--root", str(root)]) == 0
+    assert tree_state(root) == before
+
+
+def test_units_in_image_are_enabled_in_place(tmp_path, capsys):
+    root = image(tmp_path, boot="rpi")
+    lib = root / "lib/systemd/system"
+    (lib / "edged.service").write_text("[Service]\nExecStart=/usr/bin/edged\n")
+    (lib / "edged-tune.service").write_text("[Service]\nExecStart=/usr/bin/edgectl apply\n")
+    before = tree_state(root)
+    changes = provision_changes(SysRoot.at(root), CPUS)
+    kinds = {c.kind for c in changes}
+    assert "unit" not in kinds and "cmdline" in kinds
+    provision(root, capsys)
+    wants = root / WANTS.lstrip("/")
+    assert os.readlink(wants / "edged.service") == "/lib/systemd/system/edged.service"
+    assert os.readlink(wants / "edged-tune.service") == "/lib/systemd/system/edged-tune.service"
+    assert not (root / "etc/systemd/system/edged.service").exists()
+    assert "isolcpus=managed_irq,domain,3" in (root / "boot/firmware/cmdline.txt").read_text()
+    assert provision_changes(SysRoot.at(root), CPUS) == []
+    assert main(["revert", "--root", str(root)]) == 0
+    assert tree_state(root) == before
+
+
+def test_missing_folder_is_skipped_not_created(tmp_path, capsys):
+    root = image(tmp_path)
+    (root / "etc/systemd/system.conf.d").rmdir()
+    report = provision(root, capsys)
+    assert [c["path"] for c in report["skipped"]] == [AFFINITY_DROPIN]
+    assert not (root / "etc/systemd/system.conf.d").exists()
+
+
+def test_root_required(capsys):
+    assert main(["provision", "--inference-cpus", "3"]) == 2
+    assert "--root" in capsys.readouterr().err
+    assert main(["provision", "--root", "/", "--inference-cpus", "0"]) == 2
