@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     placement.add_argument("--inference-cpus", default=None,
                            help="inference cores, e.g. 2-3 (else: the config's model cpus, "
                                 "the kernel's isolated set, or the last core)")
+    placement.add_argument("--dtb", type=Path, default=None,
+                           help="the board's device tree: its CPUs, for an image root that "
+                                "has no /sys")
     placement.add_argument("--boot", action="store_true",
                            help="on the live system, also edit the boot command line "
                                 "(with --root it always is)")
@@ -482,12 +486,34 @@ def _placement(args):
     elif config is not None:
         pinned = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
         configured = pinned or None
+    cpusets = read_cpusets(root)
+    if not cpusets.online and getattr(args, "dtb", None) is not None:
+        cpusets = replace(cpusets, online=dtb_cpus(args.dtb))
+    if not cpusets.online:
+        raise UsageError(f"{root.root}: no CPU information (no /sys/devices/system/cpu/online, "
+                         f"as in an image root); give the board's --dtb")
     try:
-        cpus = decide(read_cpusets(root), configured)
+        cpus = decide(cpusets, configured)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     keep, extra = (config.audit.keep, config.audit.trim) if config is not None else ((), ())
     return root, cpus, keep, extra
+
+
+def dtb_cpus(path: Path) -> list[int]:
+    """CPU numbers 0..n-1 for the board's /cpus/cpu@* nodes (what the kernel will bring up)."""
+    from sysconf.fdt import FdtError, load_fdt
+
+    try:
+        tree = load_fdt(path)
+    except FdtError as exc:
+        raise UsageError(str(exc)) from None
+    cpus = tree.find("/cpus")
+    count = sum(1 for node in (cpus.children if cpus else [])
+                if node.prop_str("device_type") == "cpu")
+    if not count:
+        raise UsageError(f"{path}: no /cpus/cpu@* nodes with device_type \"cpu\"")
+    return list(range(count))
 
 
 def parse_cpus_text(text: str, flag: str) -> list[int]:

@@ -97,3 +97,16 @@ def test_corrupt_journal_is_a_clear_error(tmp_path: Path) -> None:
     proc = edgectl("revert", "--root", str(root), rc=2)
     assert "tuning-journal.jsonl: line 2" in proc.stderr
     assert journal.exists()  # nothing was touched
+
+
+def test_image_root_takes_its_cpus_from_the_board_dtb(tmp_path: Path, dtb_corpus: Path) -> None:
+    image = tmp_path / "image"
+    (image / "etc" / "default").mkdir(parents=True)
+    (image / "etc" / "default" / "grub").write_text('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n')
+    proc = edgectl("plan", "--root", str(image), rc=2)
+    assert "no CPU information" in proc.stderr and "--dtb" in proc.stderr
+    dtb = dtb_corpus / "freescale" / "imx8mp-evk.dtb"  # 4 Cortex-A53
+    plan = json.loads(edgectl("plan", "--root", str(image), "--dtb", str(dtb), "--json").stdout)
+    assert plan["cpus"]["inference_list"] == "3" and plan["cpus"]["housekeeping_list"] == "0-2"
+    [grub] = [c for c in plan["changes"] if c["kind"] == "cmdline"]
+    assert "isolcpus=managed_irq,domain,3" in grub["new"]
