@@ -29,7 +29,18 @@ RULES: dict[str, tuple[str, str]] = {
     "DT-CMA-SMALL": ("fail", f"the CMA pool is at least {CMA_MIN // MIB} MiB"),
     "DT-CMA-NOMAP-REUSABLE": ("fail", "no reserved-memory node is both `no-map` and `reusable`"),
     "DT-DMA-PIO-FALLBACK": ("info", "UART/SPI/I2S/SAI instances use DMA like their siblings"),
+    "DT-CMA-NOT-REUSABLE": ("warn", "the default CMA pool is `reusable`"),
+    "DT-CMA-MISALIGNED": ("warn", "default CMA pools are aligned to 4 MiB (arm64, 4K pages)"),
+    "DT-CMA-OUTSIDE-MEMORY": ("fail", "CMA `reg`/`alloc-ranges` lie inside a /memory node"),
+    "DT-RESERVED-FOR-DISABLED": ("info", "reserved memory is used by an enabled device"),
+    "DT-DMA-RANGES-BROKEN": ("warn", "no empty `dma-ranges` sits below a bus without them"),
 }
+# rmem_cma_setup() refuses a pool whose base or size is off CMA_MIN_ALIGNMENT_BYTES ("incorrect
+# alignment of CMA region"). On arm64 with 4K pages that was max(MAX_ORDER - 1, pageblock_order)
+# = order 10 = 4 MiB up to Linux 5.18; since 5.19 (commit "mm: cma: use pageblock_order as the
+# single alignment") it is pageblock_order = 9 = 2 MiB with hugetlb. We check the stricter
+# 4 MiB, which every kernel accepts.
+CMA_ALIGN = 4 * MIB
 
 # phandle-list properties and the provider property that gives the cells after each phandle
 # (None: a plain list of phandles).
@@ -44,7 +55,22 @@ PHANDLE_PROPS: dict[str, str | None] = {
     "mboxes": "#mbox-cells",
     "interrupt-parent": None,
     "memory-region": None,
+    "interrupts-extended": "#interrupt-cells",
+    "nvmem-cells": None,
 }
+
+
+def _phandle_cells(prop: str) -> tuple[bool, str | None]:
+    """(whether `prop` holds phandles, the provider's cells property or None)."""
+    if prop in PHANDLE_PROPS:
+        return True, PHANDLE_PROPS[prop]
+    if prop == "gpios" or prop.endswith("-gpios"):
+        return True, "#gpio-cells"
+    if prop.endswith("-supply"):  # a single regulator phandle
+        return True, None
+    if prop.startswith("pinctrl-") and prop[8:].isdigit():
+        return True, None
+    return False, None
 
 # Compatible substrings of devices that allocate large contiguous DMA buffers (NPU/GPU/VPU).
 ACCEL_COMPATIBLES = (
@@ -75,14 +101,19 @@ def _finding(rule: str, status: str, title: str, node: Node, source: str, observ
                    remedy=remedy, subject=node.path)
 
 
+def _ancestors(node: Node) -> Iterator[Node]:
+    """The node, its parent, ... up to the root; stops if a (hand-built) chain loops."""
+    seen: set[int] = set()
+    cur: Node | None = node
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.parent
+
+
 def _enabled(node: Node) -> bool:
     """Enabled itself and every ancestor (a disabled bus disables what sits on it)."""
-    cur: Node | None = node
-    while cur is not None:
-        if not cur.status_ok:
-            return False
-        cur = cur.parent
-    return True
+    return all(n.status_ok for n in _ancestors(node))
 
 
 def _cells(node: Node, prop: str) -> list[int]:
@@ -195,11 +226,12 @@ def _phandle_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
     for node in _nodes(tree):
         if not _enabled(node):
             continue
-        props = [p for p in node.properties if p in PHANDLE_PROPS or p.startswith("pinctrl-")]
-        for prop in props:
-            if prop.startswith("pinctrl-") and not prop[8:].isdigit():
+        for prop in list(node.properties):
+            is_ref, cells_prop = _phandle_cells(prop)
+            # a gpio-hog's `gpios` are cells of its parent controller, not phandle references
+            if not is_ref or (prop == "gpios" and "gpio-hog" in node.properties):
                 continue
-            for ph, provider, _args in _specifiers(tree, node, prop, PHANDLE_PROPS.get(prop)):
+            for ph, provider, _args in _specifiers(tree, node, prop, cells_prop):
                 if provider is None:
                     yield _finding(
                         "DT-PHANDLE-DANGLING", "fail",
@@ -276,6 +308,150 @@ def _cma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
             )
 
 
+def _addr_cells(parent: Node | None) -> tuple[int, int]:
+    """(#address-cells, #size-cells) that `parent` gives its children (spec defaults 2, 1)."""
+    ac = _cells(parent, "#address-cells") if parent else []
+    sc = _cells(parent, "#size-cells") if parent else []
+    return (ac[0] if len(ac) == 1 else 2), (sc[0] if len(sc) == 1 else 1)
+
+
+def _num(cells: list[int]) -> int:
+    return int("".join(f"{c:08x}" for c in cells) or "0", 16)
+
+
+def _ranges(node: Node, prop: str, parent: Node | None) -> list[tuple[int, int]]:
+    """(base, size) pairs of a reg-style property in `parent`'s cells ([] if unparsable)."""
+    a, s = _addr_cells(parent)
+    cells = _cells(node, prop)
+    if not cells or not a or not s or len(cells) % (a + s):
+        return []
+    return [(_num(cells[i : i + a]), _num(cells[i + a : i + a + s]))
+            for i in range(0, len(cells), a + s)]
+
+
+def _default_cmas(tree: DeviceTree) -> list[Node]:
+    """shared-dma-pool nodes meant as the default CMA (`linux,cma-default` or named linux,cma)."""
+    resmem = tree.find("/reserved-memory")
+    return [n for n in (resmem.children if resmem else [])
+            if "shared-dma-pool" in n.prop_strings("compatible") and n.status_ok
+            and ("linux,cma-default" in n.properties or n.base_name == "linux,cma")]
+
+
+def _memory(tree: DeviceTree) -> list[tuple[int, int]]:
+    """RAM from the /memory nodes; sizes of 0 (filled in by the bootloader) are left out."""
+    out = []
+    for node in tree.root.children:
+        if node.prop_str("device_type") == "memory" or node.base_name == "memory":
+            out.extend(r for r in _ranges(node, "reg", tree.root) if r[1])
+    return out
+
+
+def _cma_extra_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
+    resmem = tree.find("/reserved-memory")
+    memory = _memory(tree)
+    for pool in _default_cmas(tree):
+        if "reusable" not in pool.properties:
+            yield _finding(
+                "DT-CMA-NOT-REUSABLE", "warn",
+                f"default CMA pool {pool.path} is not `reusable`: the kernel does not use it "
+                "as CMA (a plain carve-out, lost to the page allocator)",
+                pool, source, "no `reusable`", "reusable;",
+                f"fdtput FILE.dtb {pool.path} reusable",
+            )
+        checks = [(prop, _num(_cells(pool, prop))) for prop in ("size", "alignment")
+                  if pool.prop(prop)]
+        for base, size in _ranges(pool, "reg", resmem):
+            checks += [("reg base", base), ("reg size", size)]
+        bad = [(what, v) for what, v in checks if v % CMA_ALIGN]
+        if bad:
+            shown = ", ".join(f"{what} 0x{v:x}" for what, v in bad)
+            yield _finding(
+                "DT-CMA-MISALIGNED", "warn",
+                f"CMA pool {pool.path}: {shown} not a multiple of 4 MiB (the CMA alignment of "
+                "arm64 with 4K pages; the kernel refuses an unaligned pool)",
+                pool, source, shown, "multiples of 0x400000 (4 MiB)",
+                f"round {', '.join(w for w, _ in bad)} of {pool.path} to 4 MiB "
+                "(e.g. alignment = <0 0x400000>)",
+            )
+        if not memory:
+            continue
+        for prop in ("reg", "alloc-ranges"):
+            for base, size in _ranges(pool, prop, resmem):
+                # `reg` must lie inside RAM; `alloc-ranges` only bounds where the kernel may
+                # place the pool, so it is broken only when it misses RAM entirely.
+                if prop == "reg" and any(m <= base and base + size <= m + ms
+                                         for m, ms in memory):
+                    continue
+                if prop != "reg" and any(base < m + ms and m < base + size for m, ms in memory):
+                    continue
+                yield _finding(
+                    "DT-CMA-OUTSIDE-MEMORY", "fail",
+                    f"CMA pool {pool.path}: {prop} 0x{base:x}+0x{size:x} is outside every "
+                    "/memory range (the pool cannot be set up)",
+                    pool, source, f"{prop} 0x{base:x}..0x{base + size:x}",
+                    "inside " + ", ".join(f"0x{m:x}..0x{m + ms:x}" for m, ms in memory),
+                    f"move {prop} of {pool.path} inside RAM or drop it and let the kernel place "
+                    "the pool",
+                )
+
+
+def _reserved_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+    resmem = tree.find("/reserved-memory")
+    if resmem is None:
+        return
+    users: dict[str, list[Node]] = defaultdict(list)
+    for node in _nodes(tree):
+        for _ph, region, _args in _specifiers(tree, node, "memory-region", None):
+            if region is not None and region.parent is resmem and node not in users[region.path]:
+                users[region.path].append(node)
+    for region in resmem.children:
+        refs = users.get(region.path, [])
+        if not refs or any(_enabled(u) for u in refs) or not region.status_ok:
+            continue
+        sizes = [s for _b, s in _ranges(region, "reg", resmem)]
+        size = _num(_cells(region, "size")) if "size" in region.properties else sum(sizes)
+        yield _finding(
+            "DT-RESERVED-FOR-DISABLED", "warn",  # status; severity stays info
+            f"{region.path} ({size / MIB:.1f} MiB) is reserved only for disabled device(s) "
+            f"{', '.join(u.path for u in refs)}",
+            region, source, "memory-region users all disabled", "an enabled user or no region",
+            f"disable the region too (fdtput -t s FILE.dtb {region.path} status disabled) or "
+            "enable its device",
+        )
+
+
+def _dma_ranges_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+    """An empty `dma-ranges;` (1:1 pass-through) below a bus without `dma-ranges`.
+
+    Kept simple and on the kernel's own terms: of_dma_get_range() walks up from a device's
+    bus; empty `dma-ranges` are passed through, the first non-empty one ends the walk, and
+    "once we find 'dma-ranges', then a missing one is an error" (-ENODEV): the device then
+    gets no DMA window from the tree (default mask, no offset). So a bus that declares
+    `dma-ranges;` under a non-root bus lacking the property has a broken chain. Buses with
+    non-empty `dma-ranges` are not flagged (the kernel stops there). Only the nearest
+    offending bus is reported; the walk is cycle-safe (`_ancestors`).
+    """
+    for node in _nodes(tree):
+        value = node.prop("dma-ranges")
+        if value is None or value or not _enabled(node):
+            continue
+        for up in list(_ancestors(node))[1:]:
+            if up.parent is None:  # the root needs none
+                break
+            ranges = up.prop("dma-ranges")
+            if ranges:  # a real mapping: the kernel's walk ends here
+                break
+            if ranges is None:
+                yield _finding(
+                    "DT-DMA-RANGES-BROKEN", "warn",
+                    f"{node.path} has `dma-ranges;` but its parent bus {up.path} has none: the "
+                    "DMA translation chain is broken (of_dma_get_range: -ENODEV)",
+                    node, source, f"{up.path}: no dma-ranges", "dma-ranges on every bus up to /",
+                    f"add `dma-ranges;` (1:1) or the real mapping to {up.path}",
+                )
+                break
+
+
 def _family(node: Node) -> str | None:
     compats = node.prop_strings("compatible")
     if not compats:
@@ -311,7 +487,8 @@ def _pio_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
 def check_tree(tree: DeviceTree, source: str) -> list[Finding]:
     """All device-tree rules over one tree, plus one `pass` per rule that found nothing."""
     found: list[Finding] = []
-    for rule in (_dma_rules, _phandle_rule, _cma_rules, _pio_rule):
+    for rule in (_dma_rules, _phandle_rule, _cma_rules, _cma_extra_rules, _reserved_rule,
+                 _dma_ranges_rule, _pio_rule):
         found.extend(rule(tree, source))
     fired = {f.id for f in found}
     for rule_id, (severity, title) in RULES.items():

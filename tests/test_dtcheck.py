@@ -72,15 +72,22 @@ def test_corpus_scan(dtb_corpus: Path) -> None:
     assert elapsed < 20
     # Rules that fire on upstream trees (seen when this test was written, 6.1.176).
     for rule in ("DT-DMA-DISABLED-CONTROLLER", "DT-DMA-NAMES-MISMATCH", "DT-DMA-SHARED-REQUEST",
-                 "DT-CMA-MISSING", "DT-DMA-PIO-FALLBACK"):
+                 "DT-CMA-MISSING", "DT-DMA-PIO-FALLBACK", "DT-RESERVED-FOR-DISABLED",
+                 "DT-DMA-RANGES-BROKEN"):
         assert hits[rule] > 0, rule
-    assert hits["DT-PHANDLE-DANGLING"] == 0  # dtc resolves every label
+    assert hits["DT-PHANDLE-DANGLING"] == 0  # dtc resolves every label (gpios, supplies too)
+    # Upstream default CMA pools are reusable, 4 MiB aligned and inside RAM (6.1.176).
+    for rule in ("DT-CMA-NOT-REUSABLE", "DT-CMA-MISALIGNED", "DT-CMA-OUTSIDE-MEMORY"):
+        assert hits[rule] == 0, rule
 
 
 def test_clean_boards(dtb_corpus: Path) -> None:
     _assert_only_passes(_check(dtb_corpus / CLEAN))
     _assert_only_passes(_check(dtb_corpus / RPI4))
-    _assert_only_passes(_check(dtb_corpus / DMA_CLEAN))
+    # DMA_CLEAN reserves 32 MiB for its disabled DSP (a real finding); nothing else fires.
+    dma_clean = [f for f in _check(dtb_corpus / DMA_CLEAN) if f.status != "pass"]
+    assert [(f.id, f.subject) for f in dma_clean] == [
+        ("DT-RESERVED-FOR-DISABLED", "/reserved-memory/dsp@92400000")]
 
 
 def test_dma_disabled_controller_real(dtb_corpus: Path) -> None:
@@ -219,3 +226,160 @@ def test_truncated_dtb_fails_before_checks(dtb_corpus: Path, tmp_path: Path) -> 
     cut.write_bytes((dtb_corpus / CLEAN).read_bytes()[:5000])
     with pytest.raises(FdtError, match="truncated"):
         load_fdt(cut)
+
+
+# --- CMA placement, reserved memory, dma-ranges, more phandle properties, cycles ---------------
+
+CMA = "/reserved-memory/linux,cma"
+
+
+def test_new_rules_clean_on_clean_boards(dtb_corpus: Path) -> None:
+    new = ("DT-CMA-NOT-REUSABLE", "DT-CMA-MISALIGNED", "DT-CMA-OUTSIDE-MEMORY",
+           "DT-RESERVED-FOR-DISABLED", "DT-DMA-RANGES-BROKEN")
+    for board in (CLEAN, RPI4, "ti/k3-am62a7-sk.dtb", "freescale/imx8mp-evk.dtb"):
+        findings = _check(dtb_corpus / board)
+        fired = {f.id for f in findings if f.status != "pass"}
+        if board in (CLEAN, RPI4):
+            assert not fired & set(new), board
+        else:  # each fires one rule (tested below) but no CMA rule
+            assert not fired & set(new[:3]), board
+
+
+def test_cma_not_reusable_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
+    copy = _copy(dtb_corpus, RPI4, tmp_path)
+    _fdtput("-d", copy, CMA, "reusable")
+    hits = _fired(_check(copy), "DT-CMA-NOT-REUSABLE")
+    assert [f.subject for f in hits] == [CMA]
+    assert (hits[0].severity, hits[0].status) == ("warn", "warn")
+    assert "reusable" in hits[0].remedy
+
+
+def test_cma_not_reusable_by_name_only(dtb_corpus: Path, tmp_path: Path) -> None:
+    """Named linux,cma without linux,cma-default still counts as the default pool."""
+    copy = _copy(dtb_corpus, RPI4, tmp_path)
+    _fdtput("-d", copy, CMA, "linux,cma-default")
+    assert not _fired(_check(copy), "DT-CMA-NOT-REUSABLE")
+    _fdtput("-d", copy, CMA, "reusable")
+    assert len(_fired(_check(copy), "DT-CMA-NOT-REUSABLE")) == 1
+
+
+def test_cma_misaligned_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
+    copy = _copy(dtb_corpus, RPI4, tmp_path)
+    _fdtput("-t", "x", copy, CMA, "size", "4100000")  # 65 MiB
+    _fdtput("-t", "x", copy, CMA, "alignment", "100000")  # 1 MiB
+    hits = _fired(_check(copy), "DT-CMA-MISALIGNED")
+    assert [f.subject for f in hits] == [CMA]
+    assert "size 0x4100000" in hits[0].title and "alignment 0x100000" in hits[0].title
+    assert "4 MiB" in hits[0].title and hits[0].severity == "warn"
+
+    (tmp_path / "reg").mkdir()
+    fixed = _copy(dtb_corpus, RPI4, tmp_path / "reg")
+    _fdtput("-t", "x", fixed, CMA, "reg", "0", "30200000", "4000000")  # base off by 2 MiB
+    hits = _fired(_check(fixed), "DT-CMA-MISALIGNED")
+    assert "reg base 0x30200000" in hits[0].title and "reg size" not in hits[0].title
+
+
+def test_cma_outside_memory_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
+    copy = _copy(dtb_corpus, RPI4, tmp_path)
+    # The Pi's /memory reg is zero-sized (the firmware fills it in): no RAM known, no finding.
+    _fdtput("-t", "x", copy, CMA, "alloc-ranges", "1", "0", "10000000")
+    assert not _fired(_check(copy), "DT-CMA-OUTSIDE-MEMORY")
+    _fdtput("-t", "x", copy, "/memory@0", "reg", "0", "0", "40000000")  # 1 GiB at 0
+    hits = _fired(_check(copy), "DT-CMA-OUTSIDE-MEMORY")
+    assert [f.subject for f in hits] == [CMA]
+    assert "alloc-ranges 0x100000000+0x10000000" in hits[0].title
+    assert (hits[0].severity, hits[0].status) == ("fail", "fail")
+    _fdtput("-t", "x", copy, CMA, "alloc-ranges", "0", "0", "80000000")  # overlaps RAM: fine
+    assert not _fired(_check(copy), "DT-CMA-OUTSIDE-MEMORY")
+    _fdtput("-t", "x", copy, CMA, "reg", "0", "3c000000", "8000000")  # runs past 1 GiB
+    hits = _fired(_check(copy), "DT-CMA-OUTSIDE-MEMORY")
+    assert ["reg" in f.title for f in hits] == [True]
+
+
+def test_reserved_for_disabled_real(dtb_corpus: Path, tmp_path: Path) -> None:
+    board = "freescale/imx8mp-evk.dtb"
+    hits = _fired(_check(dtb_corpus / board), "DT-RESERVED-FOR-DISABLED")
+    assert [f.subject for f in hits] == ["/reserved-memory/dsp@92400000"]
+    assert "/soc@0/dsp@3b6e8000" in hits[0].title and "32.0 MiB" in hits[0].title
+    assert (hits[0].severity, hits[0].status) == ("info", "warn")
+    copy = _copy(dtb_corpus, board, tmp_path)
+    _fdtput("-t", "s", copy, "/soc@0/dsp@3b6e8000", "status", "okay")
+    assert not _fired(_check(copy), "DT-RESERVED-FOR-DISABLED")
+
+
+def test_dma_ranges_broken_real(dtb_corpus: Path, tmp_path: Path) -> None:
+    board = "ti/k3-am62a7-sk.dtb"
+    hits = _fired(_check(dtb_corpus / board), "DT-DMA-RANGES-BROKEN")
+    assert [f.subject for f in hits] == ["/bus@f0000/bus@48000000"]
+    assert "/bus@f0000" in hits[0].evidence[0].observed
+    copy = _copy(dtb_corpus, board, tmp_path)
+    _fdtput(copy, "/bus@f0000", "dma-ranges")  # empty: 1:1 all the way up
+    assert not _fired(_check(copy), "DT-DMA-RANGES-BROKEN")
+
+
+def test_dma_ranges_broken_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
+    copy = _copy(dtb_corpus, CLEAN, tmp_path)
+    tree = load_fdt(copy)
+    bus = next(n for n in tree.walk() if n.path.count("/") == 2 and "ranges" in n.properties
+               and n.path.startswith("/soc"))
+    _fdtput(copy, bus.path, "dma-ranges")
+    hits = _fired(_check(copy), "DT-DMA-RANGES-BROKEN")
+    assert [f.subject for f in hits] == [bus.path]
+
+
+def test_phandle_dangling_more_props(dtb_corpus: Path, tmp_path: Path) -> None:
+    copy = _copy(dtb_corpus, CLEAN, tmp_path)
+    tree = load_fdt(copy)
+    mmc = "/soc@0/bus@42800000/mmc@42860000"
+    gpio = tree.find(mmc).prop_u32s("cd-gpios")
+    _fdtput("-t", "x", copy, mmc, "cd-gpios", "f00d", *(f"{c:x}" for c in gpio[1:]))
+    _fdtput("-t", "x", copy, mmc, "vmmc-supply", "cafe")
+    others = [n for n in tree.walk() if n.status_ok and n.path.startswith("/soc@0/bus@")
+              and "interrupts" in n.properties and n.path != mmc][:2]
+    _fdtput("-t", "x", copy, others[0].path, "interrupts-extended", "dead", "0", "1", "4")
+    _fdtput("-t", "x", copy, others[1].path, "nvmem-cells", "beef")
+    hits = _fired(_check(copy), "DT-PHANDLE-DANGLING")
+    titles = sorted(f.title for f in hits)
+    assert len(hits) == 4, titles
+    for needle in ("cd-gpios refers to phandle 0xf00d", "vmmc-supply refers to phandle 0xcafe",
+                   "interrupts-extended refers to phandle 0xdead",
+                   "nvmem-cells refers to phandle 0xbeef"):
+        assert any(needle in t for t in titles), needle
+
+
+def test_interrupts_extended_valid_cells(dtb_corpus: Path, tmp_path: Path) -> None:
+    """Several interrupts-extended entries split by #interrupt-cells: no false dangling."""
+    copy = _copy(dtb_corpus, CLEAN, tmp_path)
+    tree = load_fdt(copy)
+    holder = next(n for n in tree.walk() if "interrupt-parent" in n.properties)
+    gic = tree.by_phandle(holder.prop_u32s("interrupt-parent")[0])
+    node = next(n for n in tree.walk() if n.status_ok and "interrupts" in n.properties
+                and n.path.startswith("/soc@0/bus@"))
+    assert gic is not None and gic.prop_u32s("#interrupt-cells") == [3]
+    ph = f"{gic.prop_u32s('phandle')[0]:x}"
+    _fdtput("-t", "x", copy, node.path, "interrupts-extended", ph, "0", "1", "4", ph, "0", "2", "4")
+    assert not _fired(_check(copy), "DT-PHANDLE-DANGLING")
+
+
+def test_interrupt_parent_loop_is_safe(dtb_corpus: Path, tmp_path: Path) -> None:
+    """A.interrupt-parent = B, B.interrupt-parent = A (fdtput): check_tree still finishes."""
+    copy = _copy(dtb_corpus, CLEAN, tmp_path)
+    tree = load_fdt(copy)
+    a, b = [n for n in tree.walk() if "phandle" in n.properties and n.path.startswith("/soc")][:2]
+    _fdtput("-t", "x", copy, a.path, "interrupt-parent", f"{b.prop_u32s('phandle')[0]:x}")
+    _fdtput("-t", "x", copy, b.path, "interrupt-parent", f"{a.prop_u32s('phandle')[0]:x}")
+    findings = _check(copy)
+    assert sorted({f.id for f in findings}) == sorted(RULES)
+
+
+def test_parent_cycle_is_safe(dtb_corpus: Path) -> None:
+    """A hand-broken Node graph whose parent chain loops: the ancestor walks terminate."""
+    from sysconf.dtcheck import _ancestors, _enabled
+
+    tree = load_fdt(dtb_corpus / CLEAN)
+    node = next(n for n in tree.walk() if n.path.count("/") >= 3)
+    assert node.parent is not None
+    tree.root.parent = node  # root -> ... -> node -> root
+    assert len(list(_ancestors(node))) == node.path.count("/") + 1
+    assert _enabled(node) is True
+    check_tree(tree, "cyclic.dtb")  # finishes

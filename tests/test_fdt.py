@@ -16,7 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from sysconf.dtcheck import RULES, check_tree
 from sysconf.fdt import DeviceTree, FdtError, Node, load_fdt, materialize, parse_fdt, read_tree_dir
 
 IMX8MP = "freescale/imx8mp-evk.dtb"
@@ -429,3 +432,121 @@ def test_only_fdt_error_on_damage(dtb_corpus: Path) -> None:
                 node.prop_strings("compatible")
                 node.prop_str("status")
     assert parsed > 0  # some scribbles only hit property values
+
+
+# --- fuzzing and cycles -------------------------------------------------------------------------
+
+_FUZZ_BOARDS = ("freescale/imx93-11x11-evk.dtb", "broadcom/bcm2711-rpi-4-b.dtb", IMX8MP)
+_INTERESTING = (
+    0,
+    1,
+    3,
+    4,
+    8,
+    16,
+    17,
+    40,
+    0x38,
+    0xFF,
+    0xFFFF,
+    0x7FFFFFFF,
+    0x80000000,
+    0xFFFFFFF8,
+    0xFFFFFFFC,
+    0xFFFFFFFF,
+    0xD00DFEED,
+)
+
+
+@pytest.fixture(scope="module")
+def fuzz_blobs(dtb_corpus: Path) -> list[bytes]:
+    return [(dtb_corpus / board).read_bytes() for board in _FUZZ_BOARDS]
+
+
+def _mutate(blob: bytes, kind: str, data: st.DataObject) -> bytes:
+    if kind == "flip":
+        out = bytearray(blob)
+        for _ in range(data.draw(st.integers(1, 8), label="flips")):
+            at = data.draw(st.integers(0, len(out) - 1), label="at")
+            out[at] = data.draw(st.integers(0, 255), label="byte")
+        return bytes(out)
+    if kind == "truncate":
+        cut = data.draw(st.integers(0, len(blob) - 1), label="cut")
+        out = blob[:cut]
+        if cut >= 8 and data.draw(st.booleans(), label="fix totalsize"):
+            out = _patch_u32(out, 4, cut)  # a header that claims the cut file is whole
+        return out
+    # header field rewrite: one of the ten u32 fields, an interesting or a random value
+    field = data.draw(st.integers(0, 9), label="field")
+    value = data.draw(st.sampled_from(_INTERESTING) | st.integers(0, 0xFFFFFFFF), label="value")
+    return _patch_u32(blob, field * 4, value)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    board=st.integers(0, len(_FUZZ_BOARDS) - 1),
+    kind=st.sampled_from(["flip", "truncate", "header"]),
+    data=st.data(),
+)
+def test_fuzz_damaged_real_dtbs(
+    fuzz_blobs: list[bytes], board: int, kind: str, data: st.DataObject
+) -> None:
+    """Mutated real dtbs: FdtError with the source name, or a tree the audit can check."""
+    blob = _mutate(fuzz_blobs[board], kind, data)
+    try:
+        tree = parse_fdt(blob, "fuzz.dtb")
+    except FdtError as exc:
+        assert str(exc).startswith("fuzz.dtb: ")
+        return
+    nodes = list(tree.walk())
+    assert nodes[0] is tree.root and tree.root.path == "/"
+    for node in nodes:
+        assert node.path == "/" or node.parent is not None
+        node.prop_strings("compatible")
+        node.prop_str("status")
+    findings = check_tree(tree, "fuzz.dtb")  # the DT rules never crash on a parsed tree
+    assert {f.id for f in findings} == set(RULES)
+
+
+def _prop_value_offset(data: bytes, node_name: bytes, prop: str) -> int:
+    """Offset of `prop`'s value inside the node `node_name` of a real blob (dtc layout)."""
+    h = _header(data)
+    strings = data[h["off_strings"] : h["off_strings"] + h["size_strings"]]
+    nameoff = strings.index(prop.encode() + b"\0")
+    start = data.index(b"\0\0\0\x01" + node_name + b"\0", h["off_struct"])
+    at = start
+    while True:
+        at = data.index(b"\0\0\0\x03", at + 4)
+        length, off = struct.unpack_from(">II", data, at + 4)
+        if off == nameoff and length == 4:
+            return at + 12
+
+
+def test_crafted_phandle_cycles(imx8mp_bytes: bytes) -> None:
+    """A blob edited so that a node is its own interrupt parent and two nodes share a phandle.
+
+    The flattened format cannot nest a node inside itself (the token stream is a strict
+    tree; over-deep or unbalanced nesting is `test_nesting_limit` / `test_corrupt_tokens`), so
+    cycles can only come through phandles. They parse, and the DT rules terminate on them.
+    """
+    tree = parse_fdt(imx8mp_bytes)
+    gpc = next(
+        n for n in tree.walk() if "phandle" in n.properties and "interrupt-parent" in n.properties
+    )
+    own = gpc.properties["phandle"]
+    data = bytearray(imx8mp_bytes)
+    at = _prop_value_offset(imx8mp_bytes, gpc.name.encode(), "interrupt-parent")
+    data[at : at + 4] = own  # interrupt-parent = itself
+    other = next(
+        n
+        for n in tree.walk()
+        if "phandle" in n.properties and n is not gpc and n.path.startswith("/soc@0")
+    )
+    at = _prop_value_offset(imx8mp_bytes, other.name.encode(), "phandle")
+    data[at : at + 4] = own  # a duplicate phandle
+    cyclic = parse_fdt(bytes(data), "cyclic.dtb")
+    node = cyclic.find(gpc.path)
+    assert node is not None and node.properties["interrupt-parent"] == own
+    assert cyclic.by_phandle(struct.unpack(">I", own)[0]) in (node, cyclic.find(other.path))
+    findings = check_tree(cyclic, "cyclic.dtb")
+    assert {f.id for f in findings} == set(RULES)
