@@ -47,6 +47,9 @@ def add_audit_parser(sub) -> argparse.ArgumentParser:
                    help="a flattened device tree to check (repeatable)")
     p.add_argument("--inference-cpus", default=None, metavar="LIST",
                    help="the inference cores, e.g. 2-3 (default: isolated, else the last)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="edged's TOML config: [audit] trim/keep and the models' cpus (the "
+                        "inference cores, unless --inference-cpus is given)")
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("--output", type=Path, default=None, metavar="FILE",
                    help="write the report here instead of stdout")
@@ -86,14 +89,40 @@ def cmd_audit(args) -> int:
 
 def _context(args) -> AuditContext:
     from sysconf.cpulist import parse_cpulist
-    from sysconf.cpusets import decide, read_cpusets
+    from sysconf.cpusets import decide, read_cpusets_for
     from sysconf.fdt import FdtError, load_fdt
     from sysconf.sysroot import SysRoot
 
     if args.root is not None and not Path(args.root).is_dir():
         raise _InputError(f"{args.root}: --root is not a directory")
     root = SysRoot.at(args.root)
+    dtbs = []
+    for path in args.dtb:
+        try:
+            dtbs.append((str(path), load_fdt(path)))
+        except FdtError as exc:
+            msg = str(exc)
+            raise _InputError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+    # An image root has no /sys: the board's device tree says which CPUs it will have.
+    cpusets = read_cpusets_for(root, [tree for _, tree in dtbs])
     options: dict[str, Any] = {}
+    config_cpus = None
+    if getattr(args, "config", None) is not None:
+        from edged.config import ConfigError, load_config
+
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            raise _InputError(str(exc)) from None
+        options["trim"] = list(config.audit.trim)
+        options["keep"] = list(config.audit.keep)
+        config_cpus = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())}) or None
+    if config_cpus and not args.inference_cpus:
+        try:
+            decide(cpusets, config_cpus)
+        except ValueError as exc:
+            raise _InputError(f"{args.config}: models.cpus: {exc}") from None
+        options["inference_cpus"] = config_cpus
     if args.inference_cpus:
         try:
             cpus = parse_cpulist(args.inference_cpus)
@@ -102,17 +131,10 @@ def _context(args) -> AuditContext:
         if not cpus:
             raise _InputError("--inference-cpus: empty CPU list")
         try:
-            decide(read_cpusets(root), cpus)
+            decide(cpusets, cpus)
         except ValueError as exc:
             raise _InputError(f"--inference-cpus: {exc}") from None
         options["inference_cpus"] = cpus
-    dtbs = []
-    for path in args.dtb:
-        try:
-            dtbs.append((str(path), load_fdt(path)))
-        except FdtError as exc:
-            msg = str(exc)
-            raise _InputError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
     _load_checks()
     return AuditContext(root=root, dtbs=dtbs, options=options)
 

@@ -502,15 +502,13 @@ def _placement(args):
 
 def dtb_cpus(path: Path) -> list[int]:
     """CPU numbers 0..n-1 for the board's /cpus/cpu@* nodes (what the kernel will bring up)."""
+    from sysconf.cpusets import dt_cpu_count
     from sysconf.fdt import FdtError, load_fdt
 
     try:
-        tree = load_fdt(path)
+        count = dt_cpu_count(load_fdt(path))
     except FdtError as exc:
         raise UsageError(str(exc)) from None
-    cpus = tree.find("/cpus")
-    count = sum(1 for node in (cpus.children if cpus else [])
-                if node.prop_str("device_type") == "cpu")
     if not count:
         raise UsageError(f"{path}: no /cpus/cpu@* nodes with device_type \"cpu\"")
     return list(range(count))

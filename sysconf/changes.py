@@ -11,9 +11,11 @@ are written into image roots only; on the live root they are refused (systemctl 
 
 Journal: JSON lines, append-only, in the state dir. Records: {"op": "set", "path", "old",
 "new"} before a write, {"op": "skipped", "path", "reason"} when the kernel refused it (EIO
-from a managed IRQ, EINVAL), {"op": "done"} when an apply finished. `revert` walks the records
-backwards and writes every `old` of a `set` that was not skipped, then moves the journal
-aside, so a second revert finds nothing to do.
+from a managed IRQ, EINVAL), {"op": "done"} when an apply finished, {"op": "mkdir", "path"}
+(fsynced) before creating a missing parent folder (never under /proc or /sys). `revert` walks
+the records backwards and writes every `old` of a `set` that was not skipped, removes the
+folders it made (newest first, only when empty), then moves the journal aside, so a second
+revert finds nothing to do.
 
 Values are compared and recorded as exact text (bytes decoded as UTF-8 with surrogateescape,
 no newline translation), so a CRLF cmdline.txt or a Latin-1 comment comes back byte for byte.
@@ -28,7 +30,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from sysconf.sysroot import SysRoot
 
@@ -259,9 +261,10 @@ class Journal:
                 result.unchanged.append(change)
                 continue
             if current is None and not target.parent.is_dir():
-                why = f"{target.parent} does not exist"
-                result.skipped.append((change, why))
-                continue
+                why = self._make_parents(change.path)
+                if why:
+                    result.skipped.append((change, why))
+                    continue
             self._append({"op": "set", "path": change.path, "old": current,
                           "new": change.new, "kind": change.kind, "ts": time.time()})
             try:
@@ -304,8 +307,10 @@ class Journal:
             result.unchanged.append(change)
             return
         if not target.parent.is_dir():
-            result.skipped.append((change, f"{target.parent} does not exist"))
-            return
+            why = self._make_parents(change.path)
+            if why:
+                result.skipped.append((change, why))
+                return
         self._append({"op": "set", "path": change.path, "old": old, "old_link": old_link,
                       "old_mode": old_mode, "new_link": change.new, "new": change.new,
                       "kind": change.kind, "ts": time.time()})
@@ -317,6 +322,44 @@ class Journal:
             result.skipped.append((change, why))
             return
         result.applied.append(change)
+
+    def _make_parents(self, device_path: str) -> str:
+        """Create the missing folders above `device_path`, outermost first, each after an
+        fsynced {"op": "mkdir"} record so revert removes them (a crash between the record and
+        the mkdir leaves a record revert finds nothing for). Returns why it could not, or "".
+        Kernel interfaces (/proc, /sys) get no folders: a missing one there is a missing
+        device (an IRQ that went away), not configuration."""
+        parent = self.root.path(device_path).parent
+        if is_kernel_file(device_path):
+            return f"{parent} does not exist"
+        missing = [p for p in reversed(PurePosixPath(device_path).parents)
+                   if str(p) != "/" and not self.root.path(str(p)).is_dir()]
+        for folder in missing:
+            target = self.root.path(str(folder))
+            if target.exists() or target.is_symlink():
+                return f"{target} is not a directory"
+        for folder in missing:
+            target = self.root.path(str(folder))
+            self._append({"op": "mkdir", "path": str(folder), "ts": time.time()})
+            try:
+                target.mkdir()
+            except OSError as exc:
+                why = _error_name(exc)
+                self._append({"op": "skipped", "path": str(folder), "reason": why})
+                return f"cannot create {target} ({why})"
+            _fsync_dir(target.parent)
+        return ""
+
+    def _revert_mkdir(self, record: dict) -> str:
+        target = self.root.path(record["path"])
+        try:
+            target.rmdir()
+        except FileNotFoundError:
+            return "absent"  # a crash between the record and the mkdir
+        except OSError as exc:
+            return f"kept: {exc.strerror or exc}"  # not empty: something else lives there
+        _fsync_dir(target.parent)
+        return "removed"
 
     def _revert_link(self, record: dict) -> str:
         target = self.root.path(record["path"])
@@ -340,6 +383,9 @@ class Journal:
         done: list[tuple[str, str]] = []
         for index in range(len(records) - 1, -1, -1):
             record = records[index]
+            if record.get("op") == "mkdir":
+                done.append((record["path"], self._revert_mkdir(record)))
+                continue
             if record.get("op") != "set":
                 continue
             following = records[index + 1] if index + 1 < len(records) else {}

@@ -10,7 +10,7 @@ ignores nohz_full= and has no nohz_full file at all.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sysconf.cpulist import MAX_CPUS, format_cpulist, parse_cpulist
 from sysconf.sysroot import SysRoot
@@ -219,3 +219,23 @@ def decide(cpusets: CpuSets, configured: Sequence[int] | None = None,
             f"(online: {format_cpulist(online)}); keep at least one CPU out of the set"
         )
     return CpuPlan(tuple(inference), tuple(housekeeping), source)
+
+
+def dt_cpu_count(tree) -> int:
+    """CPUs a board's device tree declares (/cpus/cpu@* with device_type "cpu")."""
+    node = tree.find("/cpus")
+    return sum(1 for child in (node.children if node else [])
+               if child.prop_str("device_type") == "cpu")
+
+
+def read_cpusets_for(root: SysRoot, trees: Sequence = ()) -> CpuSets:
+    """`read_cpusets`, and for an image root without /sys the CPUs of the board's device
+    tree (the first of `trees` that declares any)."""
+    cpusets = read_cpusets(root)
+    if cpusets.online:
+        return cpusets
+    for tree in trees:
+        count = dt_cpu_count(tree)
+        if count:
+            return replace(cpusets, online=list(range(count)))
+    return cpusets

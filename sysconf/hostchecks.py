@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from sysconf.cpulist import format_cpulist
-from sysconf.cpusets import decide, parse_cmdline, read_cpusets
+from sysconf.cpusets import decide, parse_cmdline, read_cpusets_for
 from sysconf.findings import AuditContext, Evidence, Finding, register
 from sysconf.isolation import plan
 from sysconf.thermal import CPU_DIR, THERMAL_DIR, THROTTLED_PATH, read_thermal
@@ -50,7 +50,8 @@ def _apply_command(ctx: AuditContext, boot: bool = False) -> str:
 @register("isolation", "ISO")
 def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
     root = ctx.root
-    cpusets = read_cpusets(root)
+    cpusets = read_cpusets_for(root, [tree for _, tree in ctx.dtbs])
+    yield from _isolated_offline(cpusets)
     configured = ctx.options.get("inference_cpus")
     try:
         cpus = decide(cpusets, configured)
@@ -128,6 +129,45 @@ def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
     if not isolation.unmovable:
         yield Finding("IRQ-UNMOVABLE", "warn", "pass",
                       "no unmovable interrupt fires on the inference cores")
+
+
+def _isolated_offline(cpusets) -> Iterator[Finding]:
+    """An isolated CPU (isolated, or isolcpus= on the command line) that is offline: the
+    inference threads pinned to it cannot run there (sched_setaffinity fails or they fall
+    back to housekeeping cores)."""
+    isolated = sorted(set(cpusets.isolated) | set(cpusets.isolcpus))
+    where = Evidence("/sys/devices/system/cpu/online", format_cpulist(cpusets.online)
+                     or "(unknown)", "every isolated CPU")
+    if not isolated:
+        return  # nothing isolated: ISO-ISOLATED-CORES says so
+    if not cpusets.online:
+        yield Finding("ISO-ISOLATED-OFFLINE", "fail", "skip",
+                      "isolated CPUs not checked: which CPUs are online is not known",
+                      evidence=(where,))
+        return
+    offline = [cpu for cpu in isolated if cpu not in cpusets.online]
+    if not offline:
+        yield Finding("ISO-ISOLATED-OFFLINE", "fail", "pass",
+                      f"the isolated CPUs {format_cpulist(isolated)} are online",
+                      evidence=(where,))
+        return
+    cores = format_cpulist(offline)
+    yield Finding(
+        "ISO-ISOLATED-OFFLINE", "fail", "fail",
+        f"isolated CPUs {cores} are not online: inference pinned there cannot run",
+        evidence=(Evidence("/sys/devices/system/cpu/online", format_cpulist(cpusets.online),
+                           f"includes {cores}"),
+                  Evidence("/sys/devices/system/cpu/isolated",
+                           format_cpulist(cpusets.isolated) or "(empty)", "online CPUs"),
+                  Evidence("/proc/cmdline",
+                           _param_text(cpusets.cmdline, "isolcpus") or "(no isolcpus)",
+                           "online CPUs")),
+        remedy=" && ".join(f"echo 1 > /sys/devices/system/cpu/cpu{cpu}/online"
+                           for cpu in offline)
+        + ", or fix isolcpus= (maxcpus=/nr_cpus= on the command line, a core disabled in "
+          "the device tree)",
+        subject=cores,
+    )
 
 
 def _cmdline_finding(ctx: AuditContext, cpus, cmdline: str) -> Iterator[Finding]:

@@ -17,8 +17,8 @@ real image they are whatever the image holds and edged-tune.service re-applies t
 
 Every change is a `Change` for the `Journal` (file content, or an "enable" symlink), so
 `edgectl revert --root DIR` undoes provisioning exactly, and provisioning an already
-provisioned root plans nothing. Files whose folder does not exist in the root are skipped by
-the journal (it creates no folders: revert could not remove them).
+provisioned root plans nothing. Folders that do not exist in the root are created by the
+journal, which records them so revert removes them again.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ def sysctl_conf() -> str:
 
 def affinity_dropin(cpus: CpuPlan) -> str:
     return ("# Written by edgectl provision: services start on the housekeeping cores.\n"
-            f"[Manager]\nCPUAffinity={format_cpulist(sorted(cpus.housekeeping))}\n")
+            # The empty assignment first: systemd merges CPUAffinity= lines across system.conf
+            # and its drop-ins, so without it the image's own setting would stay allowed.
+            f"[Manager]\nCPUAffinity=\nCPUAffinity={format_cpulist(sorted(cpus.housekeeping))}\n")
 
 
 def _file(root: SysRoot, kind: str, path: str, new: str, reason: str) -> list[Change]:

@@ -14,10 +14,12 @@ Options read from `AuditContext.options` (from the config's [audit] table):
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sysconf.changes import Change
+from sysconf.cpulist import format_cpulist, parse_cpulist
+from sysconf.cpusets import decide, read_cpusets_for
 from sysconf.findings import AuditContext, Evidence, Finding, register
 from sysconf.sysroot import SysRoot
 
@@ -202,6 +204,104 @@ def journald_settings(root: SysRoot) -> dict[str, tuple[str, str]]:
     return settings
 
 
+def _unit_conf(root: SysRoot, main: str, dropin_dirs: Sequence[str], section: str
+               ) -> list[tuple[str, str, str]]:
+    """Every `key=value` of `[section]` in `main` then its drop-ins (sorted by file name across
+    folders, a same name in a later folder replacing the earlier one), in the order systemd
+    reads them: (key, value, file)."""
+    dropins: dict[str, str] = {}
+    for folder in dropin_dirs:
+        for name in root.listdir(folder):
+            if name.endswith(".conf"):
+                dropins[name] = f"{folder}/{name}"
+    entries = []
+    for path in [main, *(dropins[name] for name in sorted(dropins))]:
+        text = root.read_text(path)
+        if text is None:
+            continue
+        current = None
+        for line in text.splitlines():
+            line = line.strip()
+            if not line or line.startswith(("#", ";")):
+                continue
+            if line.startswith("["):
+                current = line.strip("[]").strip()
+                continue
+            if current == section and "=" in line:
+                key, value = line.split("=", 1)
+                entries.append((key.strip(), value.strip(), path))
+    return entries
+
+
+SYSTEM_CONF = "/etc/systemd/system.conf"
+# Low to high priority: a drop-in of the same name in a later folder replaces the earlier one.
+SYSTEM_CONF_DROPINS = ("/usr/lib/systemd/system.conf.d", "/lib/systemd/system.conf.d",
+                       "/usr/local/lib/systemd/system.conf.d", "/run/systemd/system.conf.d",
+                       "/etc/systemd/system.conf.d")
+AFFINITY_DROPIN = "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf"
+
+
+def manager_cpu_affinity(root: SysRoot) -> tuple[list[int] | None, str, str]:
+    """systemd's `[Manager] CPUAffinity=` as systemd-system.conf(5) reads it: assignments
+    merge, an empty one resets the mask (so a later drop-in wins when it starts with an empty
+    `CPUAffinity=`). Returns (CPUs or None when unset, the text as written, the file of the
+    last assignment). Raises ValueError for a value systemd would not take as a CPU list."""
+    cpus: set[int] | None = None
+    texts: list[str] = []
+    where = SYSTEM_CONF
+    for key, value, path in _unit_conf(root, SYSTEM_CONF, SYSTEM_CONF_DROPINS, "Manager"):
+        if key != "CPUAffinity":
+            continue
+        where = path
+        if not value:
+            cpus, texts = None, []
+            continue
+        texts.append(value)
+        cpus = (cpus or set()) | set(parse_cpulist(",".join(value.replace(",", " ").split())))
+    return (None if cpus is None else sorted(cpus)), " ".join(texts), where
+
+
+_TIME_UNITS = {"us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3, "s": 1, "sec": 1,
+               "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60, "minutes": 60,
+               "h": 3600, "hr": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400,
+               "days": 86400}
+
+
+def parse_timespan(text: str) -> float:
+    """systemd.time(7) spans in seconds: "30s", "1min 30s", "500ms", a bare number = s."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty time span")
+    total, number, unit = 0.0, "", ""
+    for char in text + " ":
+        if char.isdigit() or char == ".":
+            if unit:
+                total += float(number) * _unit_seconds(unit)
+                number, unit = "", ""
+            number += char
+        elif char.isspace():
+            continue
+        else:
+            if not number:
+                raise ValueError(f"bad time span {text!r}")
+            unit += char
+    if number:
+        total += float(number) * (_unit_seconds(unit) if unit else 1)
+    return total
+
+
+def _unit_seconds(unit: str) -> float:
+    if unit not in _TIME_UNITS:
+        raise ValueError(f"unknown time unit {unit!r}")
+    return _TIME_UNITS[unit]
+
+
+# journald's defaults (systemd >= 240): 10000 messages per 30 s per service.
+JOURNALD_INTERVAL_S, JOURNALD_BURST = 30.0, 10000
+# "Very high": more than ten times the default rate (messages per second).
+JOURNALD_MAX_RATE = 10 * JOURNALD_BURST / JOURNALD_INTERVAL_S
+
+
 def _yes(value: str) -> bool:
     return value.lower() in ("yes", "true", "on", "1", "y", "t")
 
@@ -224,6 +324,8 @@ def check_services(ctx: AuditContext) -> Iterator[Finding]:
         yield Finding("SVC-TRIM", "warn", "skip", "no systemd unit folders in this root",
                       evidence=(Evidence(MASK_DIR, "(absent)", "systemd unit files"),))
         return
+    yield from _cpu_affinity(ctx)
+    yield from _journald_ratelimit(root)
 
     asked_protected = [unit_name(u) for u in extra if is_protected(u)]
     for unit in asked_protected:
@@ -282,3 +384,104 @@ def check_services(ctx: AuditContext) -> Iterator[Finding]:
     else:
         yield Finding("SVC-JOURNALD-STORAGE", "info", "pass",
                       "journald storage and rate limits are bounded")
+
+
+def _has_systemd(root: SysRoot) -> bool:
+    return root.path("/etc/systemd").is_dir() or any(root.listdir(d) for d in UNIT_DIRS)
+
+
+def _cpu_affinity(ctx: AuditContext) -> Iterator[Finding]:
+    """SVC-CPUAFFINITY: systemd starts every service on the housekeeping cores."""
+    fid = "SVC-CPUAFFINITY"
+    root = ctx.root
+    if not _has_systemd(root):
+        yield Finding(fid, "warn", "skip", "no systemd configuration in this root",
+                      evidence=(Evidence(SYSTEM_CONF, "(absent)", "systemd"),))
+        return
+    cpusets = read_cpusets_for(root, [tree for _, tree in ctx.dtbs])
+    configured = ctx.options.get("inference_cpus")
+    isolated = set(cpusets.isolated) | set(cpusets.isolcpus)
+    if not configured and not isolated & set(cpusets.online):
+        yield Finding(fid, "warn", "pass",
+                      "no inference cores are isolated or configured: systemd may use every "
+                      "core")
+        return
+    try:
+        cpus = decide(cpusets, configured or sorted(isolated & set(cpusets.online)))
+    except ValueError as exc:
+        yield Finding(fid, "warn", "skip", f"systemd CPUAffinity not checked: {exc}")
+        return
+    housekeeping = sorted(cpus.housekeeping)
+    wanted = format_cpulist(housekeeping)
+    try:
+        current, text, where = manager_cpu_affinity(root)
+    except ValueError as exc:
+        current, text, where = None, f"unreadable ({exc})", SYSTEM_CONF
+    else:
+        text = text or "(not set: every core)"
+    if current == housekeeping:
+        yield Finding(fid, "warn", "pass",
+                      f"systemd starts services on the housekeeping cores {wanted}",
+                      evidence=(Evidence(where, text, f"CPUAffinity={wanted}"),))
+        return
+    inference = format_cpulist(cpus.inference)
+    if root.is_live:
+        remedy = (f"write [Manager] CPUAffinity={wanted} (after an empty CPUAffinity= line) to "
+                  f"{AFFINITY_DROPIN}, then systemctl daemon-reexec or reboot")
+    else:
+        remedy = f"edgectl provision --root {root.root} --inference-cpus {inference}"
+    yield Finding(
+        fid, "warn", "warn",
+        f"systemd's CPUAffinity is not the housekeeping set {wanted}: services and their "
+        f"children may run on the inference cores {inference}",
+        evidence=(Evidence(where, text, f"CPUAffinity={wanted}"),),
+        remedy=remedy, fixable=not root.is_live,
+    )
+
+
+def _journald_ratelimit(root: SysRoot) -> Iterator[Finding]:
+    """SVC-JOURNALD-RATELIMIT: with persistent storage, an unlimited (0) or very high
+    journald rate limit lets one chatty service keep a core and the disk busy."""
+    fid = "SVC-JOURNALD-RATELIMIT"
+    settings = journald_settings(root)
+    storage = settings.get("Storage")
+    if not storage or storage[0].lower() != "persistent":
+        yield Finding(fid, "info", "pass",
+                      "journald does not store logs persistently: rate limits matter less")
+        return
+    interval = settings.get("RateLimitIntervalSec") or settings.get("RateLimitInterval")
+    burst = settings.get("RateLimitBurst")
+    problems, evidence = [], []
+    try:
+        seconds = parse_timespan(interval[0]) if interval else JOURNALD_INTERVAL_S
+        count = int(burst[0]) if burst else JOURNALD_BURST
+    except ValueError:
+        yield Finding(fid, "info", "pass", "journald rate limits are not numbers edged reads")
+        return
+    if interval and seconds == 0:
+        problems.append("RateLimitIntervalSec=0 disables rate limiting")
+        evidence.append(Evidence(interval[1], f"RateLimitIntervalSec={interval[0]}",
+                                 f"RateLimitIntervalSec={JOURNALD_INTERVAL_S:g}s"))
+    if burst and count == 0:
+        problems.append("RateLimitBurst=0 disables rate limiting")
+        evidence.append(Evidence(burst[1], f"RateLimitBurst={burst[0]}",
+                                 f"RateLimitBurst={JOURNALD_BURST}"))
+    if not problems and count / seconds > JOURNALD_MAX_RATE:
+        problems.append(f"{count} messages per {seconds:g} s is more than ten times the "
+                        "default rate")
+        evidence.append(Evidence((burst or interval)[1],
+                                 f"RateLimitBurst={count}, RateLimitIntervalSec={seconds:g}s",
+                                 f"at most {JOURNALD_MAX_RATE:g} messages/s"))
+    if not problems:
+        yield Finding(fid, "info", "pass", "journald rate limits are bounded")
+        return
+    yield Finding(
+        fid, "info", "warn",
+        "journald stores logs persistently with " + "; ".join(problems)
+        + ": a burst of log writes competes with inference for I/O and CPU",
+        evidence=(Evidence(storage[1], f"Storage={storage[0]}", "Storage=volatile or bounded "
+                           "rate limits"), *evidence),
+        remedy=f"set RateLimitIntervalSec={JOURNALD_INTERVAL_S:g}s and "
+               f"RateLimitBurst={JOURNALD_BURST} (or Storage=volatile) in a "
+               "/etc/systemd/journald.conf.d/ drop-in",
+    )

@@ -286,3 +286,178 @@ def test_single_cpu_root_skips_isolation(capsys, tmp_path: Path) -> None:
     assert report["summary"]["error"] == 0
     iso = [f for f in report["findings"] if f["id"].startswith(("ISO", "IRQ", "KRN"))]
     assert [(f["id"], f["status"]) for f in iso] == [("ISO-INFERENCE-CPUS", "skip")]
+
+
+# -- --config -----------------------------------------------------------------------------------
+
+def _config(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "m.onnx").write_bytes(b"")  # models' paths must exist
+    path = tmp_path / "edged.toml"
+    path.write_text(text)
+    return path
+
+
+def test_config_gives_trim_keep_and_inference_cores(capsys, tmp_path: Path) -> None:
+    from test_services import add_units
+
+    root = add_units(board_root(tmp_path / "root", cpus=4))
+    (root / "lib/systemd/system/poller.service").write_text("[Service]\nExecStart=/bin/true\n")
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(exist_ok=True)
+    os.symlink("/lib/systemd/system/poller.service", wants / "poller.service")
+    config = _config(tmp_path, '[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "3"\n\n'
+                               '[audit]\ntrim = ["poller"]\nkeep = ["cups"]\n')
+    plain = audit_json(capsys, "--root", str(root), "--inference-cpus", "3", rc=None)
+    report = audit_json(capsys, "--root", str(root), "--config", str(config), rc=None)
+    trimmed = {f["subject"] for f in report["findings"] if f["id"] == "SVC-TRIM"}
+    assert "cups.service" in {f["subject"] for f in plain["findings"] if f["id"] == "SVC-TRIM"}
+    assert "cups.service" not in trimmed and "poller.service" in trimmed
+    iso = next(f for f in report["findings"] if f["id"] == "ISO-ISOLATED-CORES")
+    assert "inference cores 3 (configured)" in iso["title"]
+    # --inference-cpus wins over the models' cpus
+    other = audit_json(capsys, "--root", str(root), "--config", str(config),
+                       "--inference-cpus", "2-3", rc=None)
+    iso = next(f for f in other["findings"] if f["id"] == "ISO-ISOLATED-CORES")
+    assert "inference cores 2-3" in iso["title"]
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[audit]\ntrim = [1]\n", "audit.trim"),
+    ('[audit]\ntrim = ["ssh"]\n', "audit.trim[0]"),
+    ("[audit]\nbogus = 1\n", "audit.bogus"),
+    ('[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "0-3"\n', "models.cpus"),
+    ("[audit\n", ""),
+])
+def test_config_errors_exit_2_naming_the_key(capsys, board: Path, tmp_path: Path,
+                                             text: str, key: str) -> None:
+    config = _config(tmp_path, text)
+    assert main(["audit", "--root", str(board), "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"edgectl: error: {config}") and key in err
+
+
+def test_missing_config_exits_2(capsys, board: Path, tmp_path: Path) -> None:
+    assert main(["audit", "--root", str(board), "--config", str(tmp_path / "none.toml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+# -- SVC-CPUAFFINITY, SVC-JOURNALD-RATELIMIT, ISO-ISOLATED-OFFLINE ------------------------------
+
+def _svc_root(tmp_path: Path, isolated: str = "") -> Path:
+    root = board_root(tmp_path / "root", cpus=4, isolated=isolated)
+    (root / "lib/systemd/system").mkdir(parents=True)
+    (root / "lib/systemd/system/cron.service").write_text("[Service]\n")
+    return root
+
+
+def _find(report: dict, fid: str) -> dict:
+    found = [f for f in report["findings"] if f["id"] == fid]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_cpuaffinity_absent_then_set_by_dropin(capsys, tmp_path: Path) -> None:
+    root = _svc_root(tmp_path)
+    args = ("--root", str(root), "--inference-cpus", "3", "--only", "SVC")
+    f = _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")
+    assert f["status"] == "warn" and f["fixable"]
+    assert f["evidence"][0]["expected"] == "CPUAffinity=0-2"
+    assert f["remedy"] == f"edgectl provision --root {root} --inference-cpus 3"
+    _put(root, "/etc/systemd/system.conf", "[Manager]\n#CPUAffinity=1 2\n")
+    assert _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")["status"] == "warn"
+    _put(root, "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf",
+         "[Manager]\nCPUAffinity=0-2\n")
+    f = _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")
+    assert f["status"] == "pass"
+    # Assignments merge (systemd-system.conf(5)): the main file's 3 joins the drop-in's 0-2...
+    _put(root, "/etc/systemd/system.conf", "[Manager]\nCPUAffinity=3\n")
+    f = _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")
+    assert f["status"] == "warn" and f["evidence"][0]["observed"] == "3 0-2"
+    # ...unless the later file resets with an empty assignment first: then it wins.
+    _put(root, "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf",
+         "[Manager]\nCPUAffinity=\nCPUAffinity=0 1,2\n")
+    assert _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")["status"] == "pass"
+    # A later-sorting drop-in overrides again.
+    _put(root, "/etc/systemd/system.conf.d/99-other.conf", "[Manager]\nCPUAffinity=\n")
+    f = _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")
+    assert f["status"] == "warn"
+    assert f["evidence"][0]["path"] == "/etc/systemd/system.conf.d/99-other.conf"
+
+
+def test_cpuaffinity_uses_the_isolated_set_and_passes_without_one(capsys,
+                                                                  tmp_path: Path) -> None:
+    root = _svc_root(tmp_path / "a", isolated="2-3")
+    f = _find(audit_json(capsys, "--root", str(root), "--only", "SVC"), "SVC-CPUAFFINITY")
+    assert f["status"] == "warn" and f["evidence"][0]["expected"] == "CPUAffinity=0-1"
+    plain = _svc_root(tmp_path / "b")
+    f = _find(audit_json(capsys, "--root", str(plain), "--only", "SVC"), "SVC-CPUAFFINITY")
+    assert f["status"] == "pass" and "no inference cores" in f["title"]
+
+
+def test_cpuaffinity_unparseable_value_warns(capsys, tmp_path: Path) -> None:
+    root = _svc_root(tmp_path)
+    _put(root, "/etc/systemd/system.conf", "[Manager]\nCPUAffinity=all\n")
+    f = _find(audit_json(capsys, "--root", str(root), "--inference-cpus", "3", "--only", "SVC"),
+              "SVC-CPUAFFINITY")
+    assert f["status"] == "warn" and f["evidence"][0]["observed"].startswith("unreadable")
+
+
+@pytest.mark.parametrize("conf, status", [
+    ("Storage=persistent\nRateLimitBurst=0\n", "warn"),
+    ("Storage=persistent\nRateLimitIntervalSec=0\n", "warn"),
+    ("Storage=persistent\nRateLimitBurst=1000000\n", "warn"),
+    ("Storage=persistent\nRateLimitIntervalSec=100ms\nRateLimitBurst=10000\n", "warn"),
+    ("Storage=persistent\nRateLimitIntervalSec=30s\nRateLimitBurst=10000\n", "pass"),
+    ("Storage=persistent\nRateLimitIntervalSec=1min 30s\nRateLimitBurst=50000\n", "pass"),
+    ("Storage=persistent\n", "pass"),
+    ("Storage=volatile\nRateLimitBurst=0\n", "pass"),
+])
+def test_journald_ratelimit(capsys, tmp_path: Path, conf: str, status: str) -> None:
+    root = _svc_root(tmp_path)
+    _put(root, "/etc/systemd/journald.conf", "[Journal]\n#RateLimitBurst=10000\n")
+    _put(root, "/etc/systemd/journald.conf.d/50-local.conf", "[Journal]\n" + conf)
+    f = _find(audit_json(capsys, "--root", str(root), "--only", "SVC"),
+              "SVC-JOURNALD-RATELIMIT")
+    assert f["severity"] == "info" and f["status"] == status
+    if status == "warn":
+        assert f["evidence"][0]["observed"] == "Storage=persistent"
+        assert "RateLimitBurst=10000" in f["remedy"]
+
+
+def test_parse_timespan() -> None:
+    from sysconf.services import parse_timespan
+
+    assert parse_timespan("30s") == 30 and parse_timespan("30") == 30
+    assert parse_timespan("1min 30s") == 90 and parse_timespan("500ms") == 0.5
+    assert parse_timespan("2h") == 7200 and parse_timespan("0") == 0
+    for bad in ("", "s", "5 parsecs"):
+        with pytest.raises(ValueError):
+            parse_timespan(bad)
+
+
+def test_isolated_cpu_offline_fails(capsys, tmp_path: Path) -> None:
+    root = board_root(tmp_path / "root", cpus=4, isolated="3")
+    _put(root, "/sys/devices/system/cpu/online", "0-2\n")
+    _put(root, "/sys/devices/system/cpu/offline", "3\n")
+    report = audit_json(capsys, "--root", str(root), "--only", "ISO", rc=1)
+    f = _find(report, "ISO-ISOLATED-OFFLINE")
+    assert (f["severity"], f["status"], f["subject"]) == ("fail", "fail", "3")
+    assert f["evidence"][0] == {"path": "/sys/devices/system/cpu/online", "observed": "0-2",
+                                "expected": "includes 3"}
+    assert "cpu3/online" in f["remedy"]
+
+
+def test_isolated_cpus_online_pass_and_cmdline_only_counts(capsys, tmp_path: Path) -> None:
+    root = board_root(tmp_path / "a", cpus=4, isolated="2-3")
+    assert _find(audit_json(capsys, "--root", str(root), "--only", "ISO"),
+                 "ISO-ISOLATED-OFFLINE")["status"] == "pass"
+    # isolcpus= names CPU 5 on a 4-CPU board (the kernel ignores it): still not online.
+    cmd = board_root(tmp_path / "b", cpus=4,
+                     cmdline="root=/dev/mmcblk0p2 isolcpus=managed_irq,domain,3,5")
+    f = _find(audit_json(capsys, "--root", str(cmd), "--only", "ISO", rc=None),
+              "ISO-ISOLATED-OFFLINE")
+    assert f["status"] == "fail" and f["subject"] == "5"
+    plain = board_root(tmp_path / "c", cpus=4)
+    ids = {f["id"] for f in audit_json(capsys, "--root", str(plain), "--only", "ISO",
+                                       rc=None)["findings"]}
+    assert "ISO-ISOLATED-OFFLINE" not in ids

@@ -305,7 +305,7 @@ def test_an_unreadable_file_is_skipped_not_recorded_as_absent(root: Path, monkey
     assert snapshot(root) == before
 
 
-def test_a_missing_parent_folder_is_skipped(root: Path) -> None:
+def test_a_missing_kernel_folder_is_skipped_not_created(root: Path) -> None:
     journal = Journal(SysRoot(root))
     result = journal.apply([Change("irq", IRQ.format(99), None, "0-1", "gone IRQ")])
     assert result.skipped and "does not exist" in result.skipped[0][1]
@@ -521,3 +521,88 @@ def test_plan_json_has_exactly_the_documented_fields() -> None:
                     "why", selector=True)
     assert change.to_dict() == {"kind": "thp", "path": change.path, "old": "madvise",
                                 "new": "never", "reason": "why"}
+
+
+# -- folders the journal creates --------------------------------------------------------------
+
+DROPIN = "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf"
+
+
+def test_a_missing_folder_is_created_and_revert_removes_it(root: Path) -> None:
+    before = tree_state(root)
+    assert not (root / "etc/systemd").exists()
+    journal = Journal(SysRoot(root))
+    result = journal.apply([Change("systemd-conf", DROPIN, None, "[Manager]\nCPUAffinity=0-2\n",
+                                   "drop-in")])
+    assert [c.path for c in result.applied] == [DROPIN] and not result.skipped
+    assert (root / DROPIN.lstrip("/")).read_text() == "[Manager]\nCPUAffinity=0-2\n"
+    records = journal.records()
+    assert [(r["op"], r.get("path")) for r in records] == [
+        ("mkdir", "/etc/systemd"), ("mkdir", "/etc/systemd/system.conf.d"),
+        ("set", DROPIN), ("done", None)]
+    done = journal.revert()
+    assert done == [(DROPIN, "removed"), ("/etc/systemd/system.conf.d", "removed"),
+                    ("/etc/systemd", "removed")]
+    assert tree_state(root) == before
+
+
+def test_the_mkdir_record_is_fsynced_before_the_folder_is_made(root: Path, monkeypatch) -> None:
+    journal_file = root / STATE / JOURNAL_NAME
+    events: list[str] = []
+    real_fsync, real_mkdir = os.fsync, Path.mkdir
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        if os.readlink(f"/proc/self/fd/{fd}") == str(journal_file):
+            events.append("fsync " + json.loads(journal_file.read_text().splitlines()[-1])["op"])
+
+    def mkdir(self: Path, *args, **kwargs) -> None:
+        if self.is_relative_to(root / "etc"):
+            last = json.loads(journal_file.read_text().splitlines()[-1])
+            assert last == {**last, "op": "mkdir", "path": "/" + self.relative_to(root)
+                            .as_posix()}
+            events.append("mkdir " + self.name)
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    Journal(SysRoot(root)).apply([Change("systemd-conf", DROPIN, None, "x\n", "drop-in")])
+    assert events[:5] == ["fsync mkdir", "mkdir systemd", "fsync mkdir", "mkdir system.conf.d",
+                          "fsync set"]
+
+
+def test_a_crash_between_the_mkdir_record_and_the_mkdir_reverts_cleanly(root: Path) -> None:
+    before = tree_state(root)
+    journal = Journal(SysRoot(root))
+    journal._append({"op": "mkdir", "path": "/etc/systemd"})  # then the power went
+    assert journal.revert() == [("/etc/systemd", "absent")]
+    assert tree_state(root) == before
+
+
+def test_revert_keeps_a_made_folder_that_is_no_longer_empty(root: Path) -> None:
+    journal = Journal(SysRoot(root))
+    journal.apply([Change("systemd-conf", DROPIN, None, "x\n", "drop-in")])
+    (root / "etc/systemd/system.conf.d/other.conf").write_text("mine\n")
+    done = dict(journal.revert())
+    assert done[DROPIN] == "removed"
+    assert done["/etc/systemd/system.conf.d"].startswith("kept")
+    assert (root / "etc/systemd/system.conf.d/other.conf").read_text() == "mine\n"
+
+
+def test_a_file_in_the_way_of_a_folder_is_skipped(root: Path) -> None:
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc/systemd").write_text("not a folder\n")
+    journal = Journal(SysRoot(root))
+    result = journal.apply([Change("systemd-conf", DROPIN, None, "x\n", "drop-in")])
+    assert result.skipped and "not a directory" in result.skipped[0][1]
+    assert "mkdir" not in ops(journal) and "set" not in ops(journal)
+
+
+def test_a_mask_into_a_missing_folder_creates_it_and_revert_removes_it(root: Path) -> None:
+    before = tree_state(root)
+    journal = Journal(SysRoot(root))
+    path = "/etc/systemd/system/cups.service"
+    result = journal.apply([Change("mask", path, None, "/dev/null", "trim")])
+    assert result.applied and os.readlink(root / path.lstrip("/")) == "/dev/null"
+    journal.revert()
+    assert tree_state(root) == before

@@ -61,7 +61,7 @@ def test_provision_audit_idempotent_revert(tmp_path, capsys):
     audited = audit(root, capsys)
     fixable_before = {f["id"] for f in audited["findings"]
                       if f["fixable"] and f["status"] in ("warn", "fail")}
-    assert {"SVC-TRIM", "KRN-CMDLINE"} <= fixable_before
+    assert {"SVC-TRIM", "KRN-CMDLINE", "SVC-CPUAFFINITY"} <= fixable_before
 
     report = provision(root, capsys)
     assert not report["skipped"], report["skipped"]
@@ -73,7 +73,7 @@ def test_provision_audit_idempotent_revert(tmp_path, capsys):
                  "kernel.nmi_watchdog = 0", "kernel.numa_balancing = 0"):
         assert line in conf.splitlines()
     dropin = (root / AFFINITY_DROPIN.lstrip("/")).read_text()
-    assert "[Manager]\nCPUAffinity=0-2\n" in dropin
+    assert "[Manager]\nCPUAffinity=\nCPUAffinity=0-2\n" in dropin
     grub = (root / "etc/default/grub").read_text()
     assert ('GRUB_CMDLINE_LINUX_DEFAULT="quiet isolcpus=managed_irq,domain,3 nohz_full=3 '
             'rcu_nocbs=3 irqaffinity=0-2"') in grub
@@ -128,12 +128,19 @@ def test_units_in_image_are_enabled_in_place(tmp_path, capsys):
     assert tree_state(root) == before
 
 
-def test_missing_folder_is_skipped_not_created(tmp_path, capsys):
+def test_missing_dropin_folder_is_created_and_revert_removes_it(tmp_path, capsys):
     root = image(tmp_path)
     (root / "etc/systemd/system.conf.d").rmdir()
+    before = tree_state(root)
     report = provision(root, capsys)
-    assert [c["path"] for c in report["skipped"]] == [AFFINITY_DROPIN]
+    assert not report["skipped"], report["skipped"]
+    assert AFFINITY_DROPIN in [c["path"] for c in report["applied"]]
+    dropin = (root / AFFINITY_DROPIN.lstrip("/")).read_text()
+    assert "[Manager]\nCPUAffinity=\nCPUAffinity=0-2\n" in dropin
+    capsys.readouterr()
+    assert main(["revert", "--root", str(root)]) == 0
     assert not (root / "etc/systemd/system.conf.d").exists()
+    assert tree_state(root) == before
 
 
 def test_root_required(capsys):
