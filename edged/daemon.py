@@ -472,7 +472,14 @@ def pin_housekeeping(config: Config) -> list[int] | None:
         log.warning("no housekeeping CPU left (models pinned to %s of %s); the API threads "
                     "stay unpinned", sorted(set(allowed) - set(wanted)), allowed)
         return None
-    os.sched_setaffinity(0, usable)
+    # Threads that already exist (a BLAS pool started at import, say) keep the CPU set they
+    # were born with, so every task of the process is moved, not only this one. No model
+    # worker exists yet: they are started after this and pin themselves.
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), usable)
+        except (ProcessLookupError, PermissionError):
+            continue  # the thread ended meanwhile, or is not ours to move
     log.info("housekeeping threads on CPUs %s", usable)
     return usable
 
