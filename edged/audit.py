@@ -116,6 +116,7 @@ def _context(args) -> AuditContext:
             raise _InputError(str(exc)) from None
         options["trim"] = list(config.audit.trim)
         options["keep"] = list(config.audit.keep)
+        options["realtime"] = any(mc.rt_priority for mc in config.models)
         config_cpus = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())}) or None
     if config_cpus and not args.inference_cpus:
         try:

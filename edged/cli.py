@@ -114,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="on the live system, also edit the boot command line "
                                 "(with --root it always is)")
     placement.add_argument("--trim", action="store_true",
-                           help="also mask the services and timers that steal cores (into "
-                                "--root only; live, it says which systemctl mask to run); "
-                                "the config's [audit] trim/keep adjust the list")
+                           help="also mask the services and timers that steal cores (with "
+                                "--root: the mask symlinks; live: as systemctl mask --now, "
+                                "and revert unmasks and restarts what ran); the config's "
+                                "[audit] trim/keep adjust the list")
     sub.add_parser("plan", parents=[tuning, placement],
                    help="list every isolation change: path, old, new, reason")
     sub.add_parser("apply", parents=[tuning, placement],
@@ -462,7 +463,18 @@ def _isolation_plan(args):
 
     root, cpus, keep, extra = _placement(args)
     return root, plan(root, cpus, boot_on_live=args.boot, trim=getattr(args, "trim", False),
-                      keep=keep, extra=extra)
+                      keep=keep, extra=extra, realtime=_uses_rt_priority(args))
+
+
+def _uses_rt_priority(args) -> bool:
+    """Whether a model of --config runs its worker SCHED_FIFO (`rt_priority`): only then does
+    the plan turn RT throttling off (kernel.sched_rt_runtime_us=-1). `_placement` has already
+    loaded and validated the config, so this second load cannot fail differently."""
+    if getattr(args, "config", None) is None:
+        return False
+    from edged.config import load_config
+
+    return any(mc.rt_priority for mc in load_config(args.config).models)
 
 
 def _placement(args):
@@ -585,7 +597,8 @@ def cmd_provision(args) -> int:
                          "system: use edgectl apply there)")
     root, cpus, keep, extra = _placement(args)
     try:
-        provisioned = provision_plan(root, cpus, keep, extra)
+        provisioned = provision_plan(root, cpus, keep, extra,
+                                     realtime=_uses_rt_priority(args))
     except ValueError as exc:  # the root is the live system
         raise UsageError(str(exc)) from None
     journal = _journal(root)

@@ -6,8 +6,11 @@ line alike. That one shape makes revert exact: the journal records the old conte
 before each write, so `revert` restores what was there (or removes a file that was not),
 also after a crash half-way through `apply`. The one exception is a "mask" (a symlink to
 /dev/null, systemctl mask): its record also keeps `old_link` (a symlink that was there) and
-`old_mode`, and revert puts back exactly the symlink, file or nothing that was there. Masks
-are written into image roots only; on the live root they are refused (systemctl mask --now).
+`old_mode`, and revert puts back exactly the symlink, file or nothing that was there. On the
+live root a mask is `systemctl mask --now` built from the same record: the journal writes the
+symlink itself, and the runtime half goes through `sysconf.systemctl.Systemctl` (see
+`_apply_link`); its record also keeps `unit` and `was_active`, so revert unmasks, reloads and
+starts only the units that ran before. "enable" links are refused on the live root.
 
 Journal: JSON lines, append-only, in the state dir. Records: {"op": "set", "path", "old",
 "new"} before a write, {"op": "skipped", "path", "reason"} when the kernel refused it (EIO
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from sysconf.sysroot import SysRoot
+from sysconf.systemctl import Systemctl, SystemctlError
 
 JOURNAL_NAME = "tuning-journal.jsonl"
 # Errors that mean "the kernel will not take this value here", not "edged is broken".
@@ -179,12 +183,21 @@ def _error_name(exc: OSError) -> str:
 
 class Journal:
     def __init__(self, root: SysRoot, state_dir: str = "/var/lib/edged",
-                 writer: Writer = write_file) -> None:
+                 writer: Writer = write_file, systemctl: Systemctl | None = None) -> None:
         """`state_dir` is as seen on the device: with an image root the journal lives inside
-        that root, so the image carries its own journal."""
+        that root, so the image carries its own journal. `systemctl` runs the runtime half of
+        a live mask (default: the real `systemctl`); it is never called for an image root,
+        and tests pass one with a fake runner (with a root whose `is_live` is true)."""
         self.root = root
         self.path = root.path(state_dir) / JOURNAL_NAME
         self._write = writer
+        self._systemctl = systemctl
+
+    @property
+    def systemctl(self) -> Systemctl:
+        if self._systemctl is None:
+            self._systemctl = Systemctl()
+        return self._systemctl
 
     # -- recording ---------------------------------------------------------------------------
     def _append(self, record: dict) -> None:
@@ -280,11 +293,19 @@ class Journal:
 
     def _apply_link(self, change: Change, result: ApplyResult) -> None:
         """A symlink change (a mask). Records what was there: nothing, a symlink (`old_link`)
-        or a file (`old` with its `old_mode`), so revert restores exactly that."""
-        if self.root.is_live:
-            unit = os.path.basename(change.path)
-            why = (f"refusing to write a {change.kind} on the live system; live masking: run "
-                   f"systemctl mask --now {unit}")
+        or a file (`old` with its `old_mode`), so revert restores exactly that.
+
+        On the live root a mask is `systemctl mask --now`: ask whether the unit runs (before
+        anything is written, so a missing or broken systemctl changes nothing), record that
+        with the old link, write the mask, then `daemon-reload` and `stop`. If either fails
+        the mask is taken back at once (and a stopped unit started again) and a "skipped"
+        record follows, so the journal never claims a mask that is not there, and revert
+        never starts or unmasks what apply did not touch."""
+        live = self.root.is_live
+        unit = os.path.basename(change.path)
+        if live and change.kind != "mask":
+            why = f"refusing to write an {change.kind} link on the live system " \
+                  f"(use systemctl {change.kind} {unit})"
             result.skipped.append((change, why))
             return
         target = self.root.path(change.path)
@@ -306,14 +327,22 @@ class Journal:
         if old_link == change.new:
             result.unchanged.append(change)
             return
+        runtime: dict = {}
+        if live:
+            try:
+                runtime = {"unit": unit, "was_active": self.systemctl.is_active(unit)}
+            except SystemctlError as exc:
+                result.skipped.append((change, f"{exc}; nothing was changed"))
+                return
         if not target.parent.is_dir():
             why = self._make_parents(change.path)
             if why:
                 result.skipped.append((change, why))
                 return
-        self._append({"op": "set", "path": change.path, "old": old, "old_link": old_link,
-                      "old_mode": old_mode, "new_link": change.new, "new": change.new,
-                      "kind": change.kind, "ts": time.time()})
+        record = {"op": "set", "path": change.path, "old": old, "old_link": old_link,
+                  "old_mode": old_mode, "new_link": change.new, "new": change.new,
+                  "kind": change.kind, **runtime, "ts": time.time()}
+        self._append(record)
         try:
             write_symlink(target, change.new)
         except OSError as exc:
@@ -321,7 +350,46 @@ class Journal:
             self._append({"op": "skipped", "path": change.path, "reason": why})
             result.skipped.append((change, why))
             return
+        if live:
+            why = self._mask_now(record)
+            if why:
+                result.skipped.append((change, why))
+                return
         result.applied.append(change)
+
+    def _mask_now(self, record: dict) -> str:
+        """The runtime half of `systemctl mask --now` after the mask link is written: reload
+        so systemd sees the mask, then stop the unit (always, as --now does: a timer may have
+        fired since is-active). On failure the mask is undone and why is returned ("": done)."""
+        unit = record["unit"]
+        stopping = False
+        try:
+            self.systemctl.daemon_reload()
+            stopping = True
+            self.systemctl.stop(unit)
+        except SystemctlError as failed:
+            return self._undo_live_mask(record, failed, restart=stopping)
+        return ""
+
+    def _undo_live_mask(self, record: dict, failed: SystemctlError, restart: bool) -> str:
+        """Take a live mask back after `failed`: the old link, a reload, and a start when the
+        unit ran before and a stop was attempted. Only when the old link is back does a
+        "skipped" record say so; otherwise the set record stays and revert undoes it."""
+        unit = record["unit"]
+        try:
+            self._revert_link(record)
+        except OSError as exc:
+            return (f"{failed}; the mask could not be taken back ({_error_name(exc)}): it "
+                    f"stays in the journal, and edgectl revert removes it")
+        self._append({"op": "skipped", "path": record["path"], "reason": str(failed)})
+        problems = []
+        try:
+            self.systemctl.daemon_reload()
+            if restart and record.get("was_active"):
+                self.systemctl.start(unit)
+        except SystemctlError as exc:
+            problems.append(f"then {exc}")
+        return "; ".join([f"{failed}; the mask was taken back", *problems])
 
     def _make_parents(self, device_path: str) -> str:
         """Create the missing folders above `device_path`, outermost first, each after an
@@ -381,6 +449,7 @@ class Journal:
         """Restore every recorded old value, newest first. Returns (path, action) pairs."""
         records = self.records()
         done: list[tuple[str, str]] = []
+        live_masks: list[tuple[int, dict]] = []  # (index in done, record): runtime to undo
         for index in range(len(records) - 1, -1, -1):
             record = records[index]
             if record.get("op") == "mkdir":
@@ -396,6 +465,9 @@ class Journal:
                     done.append((record["path"], self._revert_link(record)))
                 except OSError as exc:
                     done.append((record["path"], f"failed: {exc.strerror or exc}"))
+                    continue
+                if "was_active" in record:
+                    live_masks.append((len(done) - 1, record))
                 continue
             target = self.root.path(record["path"])
             old = record.get("old")
@@ -412,6 +484,8 @@ class Journal:
                     done.append((record["path"], "restored"))
             except OSError as exc:
                 done.append((record["path"], f"failed: {exc.strerror or exc}"))
+        if live_masks:
+            self._unmask_now(live_masks, done)
         if records:
             stamp = time.strftime("%Y%m%dT%H%M%S")
             aside = self.path.with_name(f"{JOURNAL_NAME}.reverted-{stamp}")
@@ -421,6 +495,30 @@ class Journal:
                 number += 1
             self.path.rename(aside)
         return done
+
+    def _unmask_now(self, live_masks: list[tuple[int, dict]], done: list[tuple[str, str]]
+                    ) -> None:
+        """After the live masks' old links are back: one `daemon-reload`, then `start` of each
+        unit that was active before apply (oldest first, the order apply stopped them). A
+        failure turns that entry's action into "failed: ..." naming the command to run."""
+        try:
+            self.systemctl.daemon_reload()
+        except SystemctlError as exc:
+            for position, record in live_masks:
+                done[position] = (record["path"], f"failed: link restored, but {exc}; run "
+                                  f"systemctl daemon-reload"
+                                  + (f" and systemctl start {record['unit']}"
+                                     if record.get("was_active") else ""))
+            return
+        for position, record in reversed(live_masks):
+            if not record.get("was_active"):
+                continue
+            try:
+                self.systemctl.start(record["unit"])
+            except SystemctlError as exc:
+                done[position] = (record["path"], f"failed: link restored, but {exc}")
+            else:
+                done[position] = (record["path"], f"{done[position][1]}, started")
 
     def pending(self) -> bool:
         """True while an apply is recorded and not reverted."""

@@ -34,6 +34,8 @@ RULES: dict[str, tuple[str, str]] = {
     "DT-CMA-OUTSIDE-MEMORY": ("fail", "CMA `reg`/`alloc-ranges` lie inside a /memory node"),
     "DT-RESERVED-FOR-DISABLED": ("info", "reserved memory is used by an enabled device"),
     "DT-DMA-RANGES-BROKEN": ("warn", "no empty `dma-ranges` sits below a bus without them"),
+    "DT-CMA-OUTSIDE-DMA-WINDOW": ("fail", "CMA pools lie inside the DMA window of the "
+                                          "devices that allocate from them"),
 }
 # rmem_cma_setup() refuses a pool whose base or size is off CMA_MIN_ALIGNMENT_BYTES ("incorrect
 # alignment of CMA region"). On arm64 with 4K pages that was max(MAX_ORDER - 1, pageblock_order)
@@ -78,6 +80,13 @@ ACCEL_COMPATIBLES = (
     "npu", "hantro", "amlogic,meson-g12a-vdec", "nvidia,gk20a", "nvidia,gm20b", "nvidia,gp10b",
     "qcom,adreno", "img,powervr", "brcm,2711-v3d", "brcm,bcm2711-v3d", "brcm,v3d",
 )  # fmt: skip
+# Display controllers: they scan out from large contiguous buffers (dumb buffers, CMA helpers).
+DISPLAY_COMPATIBLES = (
+    "-vop", "lcdif", "dcss", "-dss", "ltdc", "display-engine", "-hvs", "-vc5", "-vc4",
+    "meson-g12a-vpu", "mxsfb", "-dpu",
+)  # fmt: skip
+# Register blocks named after a display controller ("rockchip,rk3588-vop-grf").
+DISPLAY_EXCLUDE = ("grf", "syscon")
 # Companions that match the above but allocate no big buffers (SMMUs, GPU management units).
 ACCEL_EXCLUDE = ("smmu", "gmu", "iommu", "interconnect", "-cc", "qfprom")
 
@@ -395,6 +404,144 @@ def _cma_extra_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
                 )
 
 
+def _dma_ranges_entries(bus: Node) -> list[tuple[int, int, int]]:
+    """(child bus address, parent bus address, size) per entry of a non-empty `dma-ranges`:
+    child addresses in the bus's own #address-cells, parent ones in its parent's ([] when the
+    cells do not add up)."""
+    child_cells, size_cells = _addr_cells(bus)
+    parent_cells, _ = _addr_cells(bus.parent)
+    width = child_cells + parent_cells + size_cells
+    cells = _cells(bus, "dma-ranges")
+    if not cells or not size_cells or len(cells) % width:
+        return []
+    return [(_num(cells[i : i + child_cells]),
+             _num(cells[i + child_cells : i + child_cells + parent_cells]),
+             _num(cells[i + child_cells + parent_cells : i + width]))
+            for i in range(0, len(cells), width)]
+
+
+def _dma_window(node: Node) -> list[tuple[int, int]] | None:
+    """The CPU-physical (base, size) ranges `node` can reach by DMA, from the `dma-ranges` of
+    its buses up to the root; None when nothing limits it.
+
+    Per the DT spec a bus without `dma-ranges` gives no DMA translation information, so the
+    walk ends there (the kernel's of_dma_get_range likewise uses no window then, and the
+    device keeps its driver's own mask), and `dma-ranges;` (empty) is 1:1. Each non-empty
+    one maps the window found so far (in its child address space) into its parent's, keeping
+    only what its entries cover. The walk is cycle-safe (`_ancestors`)."""
+    window: list[tuple[int, int]] | None = None  # None: identity, unlimited
+    for bus in list(_ancestors(node))[1:]:
+        if bus.parent is None:  # the root's address space is the CPU's
+            break
+        raw = bus.prop("dma-ranges")
+        if raw is None:
+            break
+        if not raw:
+            continue
+        entries = _dma_ranges_entries(bus)
+        if not entries:
+            break  # unparsable: claim no limit rather than a wrong one
+        mapped = []
+        for child, parent, size in entries:
+            if window is None:
+                mapped.append((parent, size))
+                continue
+            for base, length in window:
+                low, high = max(base, child), min(base + length, child + size)
+                if low < high:
+                    mapped.append((parent + low - child, high - low))
+        window = mapped
+    return window
+
+
+def _uses_cma(node: Node) -> bool:
+    """Devices that allocate big contiguous buffers: accelerators and display controllers."""
+    if _is_accel(node):
+        return True
+    compats = node.prop_strings("compatible")
+    if any(x in c for c in compats for x in ACCEL_EXCLUDE + DISPLAY_EXCLUDE):
+        return False
+    return any(k in c for c in compats for k in DISPLAY_COMPATIBLES)
+
+
+def _pool_spans(pool: Node, resmem: Node | None, memory: list[tuple[int, int]]
+                ) -> tuple[str, list[tuple[int, int]]]:
+    """Where the pool is or may be placed: ("reg", its ranges) when fixed, else
+    ("alloc-ranges", those ranges cut to RAM when /memory is known); ("", []) when the kernel
+    places it freely."""
+    reg = _ranges(pool, "reg", resmem)
+    if reg:
+        return "reg", reg
+    spans = _ranges(pool, "alloc-ranges", resmem)
+    if spans and memory:
+        spans = [(max(b, m), min(b + s, m + ms) - max(b, m)) for b, s in spans
+                 for m, ms in memory if max(b, m) < min(b + s, m + ms)] or spans
+    return ("alloc-ranges", spans) if spans else ("", [])
+
+
+def _outside(spans: list[tuple[int, int]], window: list[tuple[int, int]]
+             ) -> list[tuple[int, int]]:
+    """The parts of `spans` that no range of `window` covers."""
+    left = list(spans)
+    for w_base, w_size in window:
+        rest = []
+        for base, size in left:
+            if base < w_base:
+                rest.append((base, min(size, w_base - base)))
+            if base + size > w_base + w_size:
+                start = max(base, w_base + w_size)
+                rest.append((start, base + size - start))
+        left = rest
+    return left
+
+
+def _cma_window_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+    """DT-CMA-OUTSIDE-DMA-WINDOW: a CMA pool a device cannot reach.
+
+    A device allocates from the pool its `memory-region` names (a shared-dma-pool), else
+    from the default CMA pool. dma-direct hands out a CMA page only if it lies below the
+    device's DMA limit; otherwise it falls back to ordinary pages, where large contiguous
+    buffers (an NPU's or a display's) fail. Devices behind an IOMMU (`iommus`) are skipped:
+    there the IOMMU maps any physical page. `reg` wholly outside the window fails; a pool
+    whose `alloc-ranges` (cut to RAM) reach outside it may land there (warn)."""
+    resmem = tree.find("/reserved-memory")
+    if resmem is None:
+        return
+    memory = _memory(tree)
+    defaults = [n for n in _default_cmas(tree) if "reusable" in n.properties]
+    reported: set[tuple[str, str]] = set()
+    for node in _nodes(tree):
+        if "compatible" not in node.properties or "iommus" in node.properties:
+            continue
+        if not _uses_cma(node) or not _enabled(node):
+            continue
+        window = _dma_window(node)
+        if window is None:
+            continue
+        named = [p for _ph, p, _a in _specifiers(tree, node, "memory-region", None)
+                 if p is not None and p.parent is resmem
+                 and "shared-dma-pool" in p.prop_strings("compatible") and p.status_ok]
+        for pool in named or defaults:
+            prop, spans = _pool_spans(pool, resmem, memory)
+            outside = _outside(spans, window)
+            if not outside or (node.path, pool.path) in reported:
+                continue
+            reported.add((node.path, pool.path))
+            whole = sum(s for _b, s in outside) == sum(s for _b, s in spans)
+            fixed = prop == "reg"
+            shown = ", ".join(f"0x{b:x}..0x{b + s:x}" for b, s in spans)
+            reach = ", ".join(f"0x{b:x}..0x{b + s:x}" for b, s in window) or "nothing"
+            verb = "lies" if fixed and whole else "lies partly" if fixed else "may be placed"
+            yield _finding(
+                "DT-CMA-OUTSIDE-DMA-WINDOW", "fail" if fixed and whole else "warn",
+                f"CMA pool {pool.path} {verb} outside the DMA window of {node.path} (its "
+                "buses' dma-ranges): its contiguous buffers cannot come from that pool",
+                pool, source, f"{prop} {shown}", f"inside {reach}",
+                f"place {pool.path} inside {reach} (alloc-ranges = <the window>, or a `reg` "
+                f"there), or give {node.path} a memory-region pool it can reach",
+            )
+
+
 def _reserved_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
     resmem = tree.find("/reserved-memory")
     if resmem is None:
@@ -487,8 +634,8 @@ def _pio_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
 def check_tree(tree: DeviceTree, source: str) -> list[Finding]:
     """All device-tree rules over one tree, plus one `pass` per rule that found nothing."""
     found: list[Finding] = []
-    for rule in (_dma_rules, _phandle_rule, _cma_rules, _cma_extra_rules, _reserved_rule,
-                 _dma_ranges_rule, _pio_rule):
+    for rule in (_dma_rules, _phandle_rule, _cma_rules, _cma_extra_rules, _cma_window_rule,
+                 _reserved_rule, _dma_ranges_rule, _pio_rule):
         found.extend(rule(tree, source))
     fired = {f.id for f in found}
     for rule_id, (severity, title) in RULES.items():

@@ -8,6 +8,8 @@ the same plan `edgectl plan/apply` uses, so whatever the audit calls `fixable` i
 Options read from `AuditContext.options`:
   inference_cpus  list[int] | None  the inference cores (else the kernel's isolated set, else
                                     the last online core, as `decide` chooses)
+  realtime        bool | None       whether a model runs SCHED_FIFO (`rt_priority`): decides
+                                    whether RT throttling is worth a warning (None: unknown)
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from sysconf.cpusets import decide, parse_cmdline, read_cpusets_for
 from sysconf.findings import AuditContext, Evidence, Finding, register
 from sysconf.isolation import plan
 from sysconf.thermal import CPU_DIR, THERMAL_DIR, THROTTLED_PATH, read_thermal
-from sysconf.tuning import ISOLATION_KEYS, boot_config, isolation_params
+from sysconf.tuning import (
+    ISOLATION_KEYS,
+    RT_PERIOD,
+    RT_THROTTLING,
+    boot_config,
+    configured_sysctl,
+    isolation_params,
+    sysctl_path,
+)
 
 # Change.kind -> (finding id, what a passing finding says was checked)
 CHANGE_IDS = {
@@ -64,6 +74,9 @@ def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
                                          format_cpulist(cpusets.online) or "(unknown)",
                                          "at least 2 CPUs"),))
         return
+    # Only with cores to isolate: on a single core, RT throttling is what keeps a runaway
+    # SCHED_FIFO thread from freezing the whole system.
+    yield from _rt_throttling(ctx)
     cores = format_cpulist(cpus.inference)
 
     # Isolated cores: asked for at boot (isolcpus) or applied by the kernel (isolated).
@@ -167,6 +180,67 @@ def _isolated_offline(cpusets) -> Iterator[Finding]:
         + ", or fix isolcpus= (maxcpus=/nr_cpus= on the command line, a core disabled in "
           "the device tree)",
         subject=cores,
+    )
+
+
+# The kernel's default RT budget (µs of each sched_rt_period_us), in force when nothing sets it.
+RT_RUNTIME_DEFAULT = "950000"
+RT_DROPIN = "/etc/sysctl.d/90-edged-rt.conf"
+
+
+def _rt_throttling(ctx: AuditContext) -> Iterator[Finding]:
+    """KRN-SCHED-RT-RUNTIME: RT throttling stops a busy SCHED_FIFO worker for 50 ms a second.
+
+    Its own finding, not part of KRN-SYSCTL, because turning it off is right only when a
+    real-time thread runs (see `sysconf.tuning.RT_THROTTLING`): `edgectl apply` changes it only
+    for a config with `rt_priority`, so the finding is `fixable` only when the audit knows
+    that (option `realtime`). Live, the running value counts; in an image root, what the
+    root's sysctl.d sets at boot, else the kernel default."""
+    fid = "KRN-SCHED-RT-RUNTIME"
+    root = ctx.root
+    name, wanted, _why = RT_THROTTLING
+    path = sysctl_path(name)
+    realtime = ctx.options.get("realtime")
+    current = root.read_line(path)
+    where = path
+    if current is None:
+        if root.is_live:
+            yield Finding(fid, "warn", "skip", f"{name} is not readable here",
+                          evidence=(Evidence(path, "(absent)", wanted),))
+            return
+        configured = configured_sysctl(root, name)
+        current, where = configured or (RT_RUNTIME_DEFAULT, f"{path} (kernel default; no "
+                                                            "sysctl.d file sets it)")
+    period = root.read_line(sysctl_path(RT_PERIOD)) or "1000000"
+    try:
+        throttled = int(current) >= 0 and int(current) < int(period)
+    except ValueError:
+        yield Finding(fid, "warn", "skip", f"{name} = {current!r} is not a number",
+                      evidence=(Evidence(where, current, wanted),))
+        return
+    evidence = (Evidence(where, f"{current} (of each {period} us)", wanted),)
+    if not throttled:
+        yield Finding(fid, "warn", "pass", "RT throttling is off: a SCHED_FIFO inference "
+                      "worker is never stopped by the kernel", evidence=evidence)
+        return
+    if realtime is False:
+        yield Finding(fid, "warn", "pass", "RT throttling is on, and no model runs SCHED_FIFO "
+                      "(rt_priority): it stays as the kernel's safety net", evidence=evidence)
+        return
+    pause_ms = (int(period) - int(current)) / 1000  # µs -> ms: the stall a busy thread sees
+    who = "a model runs SCHED_FIFO (rt_priority)" if realtime else \
+        "if a model runs SCHED_FIFO (rt_priority)"
+    set_now = f"sysctl -w {name}={wanted} (now) and " if path == where else ""
+    yield Finding(
+        fid, "warn", "warn",
+        f"RT throttling is on ({current} of each {period} us): {who}, its busy worker is "
+        f"stopped for {pause_ms:g} ms every {int(period) / 1e6:g} s",
+        evidence=evidence,
+        remedy=f"{set_now}`{name} = {wanted}` in {RT_DROPIN} (at boot); "
+               "`edgectl apply --config FILE` sets it at runtime when a model has rt_priority. "
+               "Keep it on if no model uses rt_priority: it stops a runaway real-time thread",
+        fixable=bool(realtime) and path == where,
+        subject=name,
     )
 
 

@@ -28,11 +28,13 @@ class IsolationPlan:
 
 
 def plan(root: SysRoot, cpus: CpuPlan, boot_on_live: bool = False, trim: bool = False,
-         keep: Iterable[str] = (), extra: Iterable[str] = ()) -> IsolationPlan:
-    """IRQ moves first (they matter at once), then workqueues, governor, sysctls, THP, the
+         keep: Iterable[str] = (), extra: Iterable[str] = (), realtime: bool = False
+         ) -> IsolationPlan:
+    """IRQ moves first (they matter at once), then workqueues, governor, sysctls (with
+    `realtime`, a SCHED_FIFO inference thread will run: RT throttling off too), THP, the
     boot command line (only into an image root, or live with `boot_on_live`), and last, with
     `trim`, the service masks (`sysconf.services.plan_trim`; `keep`/`extra` from [audit])."""
     irq_changes, unmovable = plan_irqs(root, cpus)
     masks = plan_trim(root, keep, extra) if trim else []
-    return IsolationPlan(cpus, [*irq_changes, *plan_isolation(root, cpus, boot_on_live),
-                                *masks], unmovable)
+    tuning = plan_isolation(root, cpus, boot_on_live, realtime)
+    return IsolationPlan(cpus, [*irq_changes, *tuning, *masks], unmovable)

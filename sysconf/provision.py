@@ -32,7 +32,7 @@ from sysconf.cpulist import format_cpulist
 from sysconf.cpusets import CpuPlan
 from sysconf.isolation import IsolationPlan, plan
 from sysconf.sysroot import SysRoot
-from sysconf.tuning import SYSCTLS
+from sysconf.tuning import RT_THROTTLING, SYSCTLS
 
 SYSCTL_CONF = "/etc/sysctl.d/90-edged.conf"
 AFFINITY_DROPIN = "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf"
@@ -43,9 +43,10 @@ UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/sys
 REPO_UNITS = Path(__file__).resolve().parent.parent / "systemd"
 
 
-def sysctl_conf() -> str:
+def sysctl_conf(realtime: bool = False) -> str:
+    """The latency sysctls; with `realtime` (a model has rt_priority) RT throttling off too."""
     lines = ["# Written by edgectl provision: latency sysctls for the inference cores.\n"]
-    for name, value, _why in SYSCTLS:
+    for name, value, _why in (*SYSCTLS, *((RT_THROTTLING,) if realtime else ())):
         lines.append(f"{name} = {value}\n")
     return "".join(lines)
 
@@ -87,15 +88,17 @@ def _units(root: SysRoot, units_dir: Path) -> list[Change]:
 
 
 def provision_plan(root: SysRoot, cpus: CpuPlan, keep: Iterable[str] = (),
-                   extra: Iterable[str] = (), units_dir: Path = REPO_UNITS) -> IsolationPlan:
+                   extra: Iterable[str] = (), units_dir: Path = REPO_UNITS,
+                   realtime: bool = False) -> IsolationPlan:
     """The isolation plan with trim, plus the persistent configuration (see the module doc).
     Image roots only: on the live system it raises ValueError."""
     if root.is_live:
         raise ValueError("provision writes an image root; give --root DIR (on the live system "
                          "use edgectl apply and systemctl)")
-    base = plan(root, cpus, boot_on_live=False, trim=True, keep=keep, extra=extra)
+    base = plan(root, cpus, boot_on_live=False, trim=True, keep=keep, extra=extra,
+                realtime=realtime)
     persistent = [
-        *_file(root, "sysctl-conf", SYSCTL_CONF, sysctl_conf(),
+        *_file(root, "sysctl-conf", SYSCTL_CONF, sysctl_conf(realtime),
                "the latency sysctls at every boot (systemd-sysctl reads /etc/sysctl.d)"),
         *_file(root, "systemd-conf", AFFINITY_DROPIN, affinity_dropin(cpus),
                "systemd starts every service on the housekeeping cores "

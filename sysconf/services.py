@@ -3,8 +3,9 @@
 Everything here only READS the root (live `/` or an image folder): unit files in systemd's
 search order, their enable symlinks (`*.wants/`, `*.requires/`) and masks (a symlink to
 /dev/null in /etc/systemd/system). Trimming is planned as `Change(kind="mask")` records that
-`sysconf.changes.Journal` applies into an image root; on a live root the journal refuses them
-(masking a running system needs `systemctl mask --now`, which edged does not run).
+`sysconf.changes.Journal` applies: into an image root as the symlink alone; on the live root as
+`systemctl mask --now` (the same symlink, then daemon-reload and stop through
+`sysconf.systemctl`), and revert unmasks and starts again what was running.
 
 Options read from `AuditContext.options` (from the config's [audit] table):
   trim  list[str]  extra units to trim (a name without a suffix means `<name>.service`)
@@ -149,7 +150,7 @@ def trim_candidates(root: SysRoot, keep: Iterable[str] = (), extra: Iterable[str
 def plan_trim(root: SysRoot, keep: Iterable[str] = (), extra: Iterable[str] = ()
               ) -> list[Change]:
     """A mask (symlink /etc/systemd/system/<unit> -> /dev/null) per enabled candidate. On a
-    live root the same changes are planned; the journal refuses to apply them there."""
+    live root the same changes are planned; the journal also stops the unit there."""
     changes = []
     for state in trim_candidates(root, keep, extra):
         path = f"{MASK_DIR}/{state.name}"
@@ -163,7 +164,8 @@ def plan_trim(root: SysRoot, keep: Iterable[str] = (), extra: Iterable[str] = ()
         why = TRIM_CANDIDATES.get(state.name, "listed in the config's [audit] trim")
         reason = f"mask {state.name}: {why}"
         if root.is_live:
-            reason += f" (live masking: run systemctl mask --now {state.name})"
+            reason += " (live: as systemctl mask --now: masked, daemon-reload, stopped; " \
+                      "revert unmasks it and starts it if it ran)"
         changes.append(Change("mask", path, old, MASK_TARGET, reason))
     return changes
 
@@ -337,14 +339,15 @@ def check_services(ctx: AuditContext) -> Iterator[Finding]:
     candidates = trim_candidates(root, keep, extra)
     for state in candidates:
         why = TRIM_CANDIDATES.get(state.name, "listed in the config's [audit] trim")
+        remedy = f"{_apply_command(ctx)} (masks {MASK_DIR}/{state.name} -> {MASK_TARGET}"
         if root.is_live:
-            remedy = f"systemctl mask --now {state.name}"
-        else:
-            remedy = f"{_apply_command(ctx)} (masks {MASK_DIR}/{state.name} -> {MASK_TARGET})"
+            remedy += f" and stops it, as systemctl mask --now {state.name}; edgectl revert " \
+                      "unmasks it and starts it again if it ran"
+        remedy += ")"
         yield Finding(
             "SVC-TRIM", "warn", "warn", f"{state.name} is enabled: {why}",
             evidence=(Evidence(state.enabled_by[0], "enabled", "masked or disabled"),),
-            remedy=remedy, fixable=not root.is_live, subject=state.name,
+            remedy=remedy, fixable=True, subject=state.name,
         )
     if not candidates:
         yield Finding("SVC-TRIM", "warn", "pass",

@@ -50,6 +50,25 @@ SYSCTLS = (
      "hinting page faults land on the inference threads"),
 )
 
+# Not in SYSCTLS on purpose (so neither `plan_kernel_noise` by default nor provision's sysctl.d
+# file sets it): RT throttling is the kernel's safety net against a runaway SCHED_FIFO/RR
+# thread, and it only costs latency when such a thread exists. Unlike the four above it is a
+# trade-off, so it is planned only when the caller says a real-time thread will run
+# (`realtime=True`: edgectl passes it when a model has `rt_priority`), as tuned sets it only
+# in its realtime profiles. The audit reports it on its own (KRN-SCHED-RT-RUNTIME).
+# Microseconds (the kernel's unit); the default is 950000 of each 1000000 (sched_rt_period_us).
+RT_THROTTLING = (
+    "kernel.sched_rt_runtime_us", "-1",
+    "RT throttling lets SCHED_FIFO/RR threads run only sched_rt_runtime_us of each "
+    "sched_rt_period_us (default 950000 of 1000000 us), so a busy SCHED_FIFO inference worker "
+    "(rt_priority) is stopped for 50 ms every second; -1 turns the throttling off",
+)
+RT_PERIOD = "kernel.sched_rt_period_us"
+# systemd-sysctl's folders, highest priority first: a file name in an earlier folder hides the
+# same name in later ones; all files then apply in file-name order, the last assignment wins.
+SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d",
+               "/lib/sysctl.d")
+
 # Selector files: the content lists the choices with the current one in brackets
 # ("always [madvise] never") and takes a single bare word on write. Writing the listing back
 # fails with EINVAL, so these Changes carry `selector=True` and `old` is the bracketed word
@@ -87,9 +106,10 @@ def _cpus(plan: CpuPlan) -> tuple[list[int], list[int]]:
 
 # -- runtime kernel noise ---------------------------------------------------------------------
 
-def plan_kernel_noise(root: SysRoot, plan: CpuPlan) -> list[Change]:
+def plan_kernel_noise(root: SysRoot, plan: CpuPlan, realtime: bool = False) -> list[Change]:
     """Workqueue masks, cpufreq governors, sysctls and transparent hugepages, each only where
-    its file exists in `root` and its value differs. Only reads."""
+    its file exists in `root` and its value differs; with `realtime` (a SCHED_FIFO inference
+    thread will run) also RT throttling off. Only reads."""
     inference, housekeeping = _cpus(plan)
     if not inference:
         return []  # nothing to protect
@@ -97,8 +117,45 @@ def plan_kernel_noise(root: SysRoot, plan: CpuPlan) -> list[Change]:
         *_workqueues(root, housekeeping),
         *_governors(root, inference),
         *_sysctls(root),
+        *(plan_rt_throttling(root) if realtime else []),
         *_thp(root),
     ]
+
+
+def sysctl_path(name: str) -> str:
+    """`kernel.sched_rt_runtime_us` -> `/proc/sys/kernel/sched_rt_runtime_us`."""
+    return "/proc/sys/" + name.replace(".", "/")
+
+
+def plan_rt_throttling(root: SysRoot) -> list[Change]:
+    """kernel.sched_rt_runtime_us=-1 where the file exists and is not -1 already."""
+    name, value, why = RT_THROTTLING
+    path = sysctl_path(name)
+    current = _read(root, path)
+    if current is None or same_value(current, value):
+        return []
+    return [Change("sysctl", path, current, value, f"{name}={value}: {why}")]
+
+
+def configured_sysctl(root: SysRoot, name: str) -> tuple[str, str] | None:
+    """(value, file) that systemd-sysctl would set for `name` at boot from the root's sysctl.d
+    folders, or None when no file sets it. Keys may be written with dots or slashes, and a
+    leading "-" (ignore errors) is allowed."""
+    files: dict[str, str] = {}
+    for folder in SYSCTL_DIRS:
+        for file_name in root.listdir(folder):
+            if file_name.endswith(".conf"):
+                files.setdefault(file_name, f"{folder}/{file_name}")
+    found = None
+    for file_name in sorted(files):
+        for line in (_read(root, files[file_name]) or "").splitlines():
+            line = line.strip()
+            if not line or line.startswith(("#", ";")) or "=" not in line:
+                continue
+            key, value = (part.strip() for part in line.split("=", 1))
+            if key.lstrip("-").replace("/", ".") == name:
+                found = (value, files[file_name])
+    return found
 
 
 def _read(root: SysRoot, path: str) -> str | None:
@@ -376,6 +433,7 @@ def _lines(text: str) -> list[str]:
     return re.findall(r"[^\n]*\n|[^\n]+$", text)
 
 
-def plan_isolation(root: SysRoot, plan: CpuPlan, live_ok: bool = False) -> list[Change]:
+def plan_isolation(root: SysRoot, plan: CpuPlan, live_ok: bool = False,
+                   realtime: bool = False) -> list[Change]:
     """Both parts, runtime first."""
-    return [*plan_kernel_noise(root, plan), *plan_boot_cmdline(root, plan, live_ok)]
+    return [*plan_kernel_noise(root, plan, realtime), *plan_boot_cmdline(root, plan, live_ok)]

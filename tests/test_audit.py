@@ -461,3 +461,44 @@ def test_isolated_cpus_online_pass_and_cmdline_only_counts(capsys, tmp_path: Pat
     ids = {f["id"] for f in audit_json(capsys, "--root", str(plain), "--only", "ISO",
                                        rc=None)["findings"]}
     assert "ISO-ISOLATED-OFFLINE" not in ids
+
+
+# -- KRN-SCHED-RT-RUNTIME ----------------------------------------------------------------------
+
+def _rt_finding(root: Path, **options):
+    from sysconf.findings import AuditContext
+    from sysconf.hostchecks import check_isolation
+    from sysconf.sysroot import SysRoot
+
+    ctx = AuditContext(root=SysRoot(root), options={"inference_cpus": [3], **options})
+    found = [f for f in check_isolation(ctx) if f.id == "KRN-SCHED-RT-RUNTIME"]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_rt_throttling_in_an_image_root(tmp_path: Path) -> None:
+    """No /proc/sys value: the kernel default unless the root's sysctl.d turns it off."""
+    root = board_root(tmp_path / "root", cpus=4)
+    (root / "proc/sys/kernel/sched_rt_runtime_us").unlink(missing_ok=True)
+    default = _rt_finding(root)
+    assert (default.status, default.severity, default.fixable) == ("warn", "warn", False)
+    assert "50 ms every 1 s" in default.title and "if a model runs SCHED_FIFO" in default.title
+    assert "kernel default" in default.evidence[0].path
+    assert "90-edged-rt.conf" in default.remedy and "sysctl -w" not in default.remedy
+    _put(root, "etc/sysctl.d/90-edged-rt.conf", "kernel.sched_rt_runtime_us = -1\n")
+    off = _rt_finding(root)
+    assert off.status == "pass" and off.evidence[0].path == "/etc/sysctl.d/90-edged-rt.conf"
+
+
+def test_rt_throttling_running_value_and_realtime_option(tmp_path: Path) -> None:
+    root = board_root(tmp_path / "root", cpus=4)
+    _put(root, "proc/sys/kernel/sched_rt_runtime_us", "950000\n")
+    _put(root, "proc/sys/kernel/sched_rt_period_us", "1000000\n")
+    rt = _rt_finding(root, realtime=True)
+    assert rt.status == "warn" and rt.fixable and "a model runs SCHED_FIFO" in rt.title
+    assert rt.remedy.startswith("sysctl -w kernel.sched_rt_runtime_us=-1")
+    assert _rt_finding(root, realtime=False).status == "pass"  # the safety net stays
+    _put(root, "proc/sys/kernel/sched_rt_runtime_us", "-1\n")
+    assert _rt_finding(root, realtime=True).status == "pass"
+    _put(root, "proc/sys/kernel/sched_rt_runtime_us", "1000000\n")  # runtime = period: off
+    assert _rt_finding(root, realtime=True).status == "pass"

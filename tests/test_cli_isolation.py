@@ -110,3 +110,29 @@ def test_image_root_takes_its_cpus_from_the_board_dtb(tmp_path: Path, dtb_corpus
     assert plan["cpus"]["inference_list"] == "3" and plan["cpus"]["housekeeping_list"] == "0-2"
     [grub] = [c for c in plan["changes"] if c["kind"] == "cmdline"]
     assert "isolcpus=managed_irq,domain,3" in grub["new"]
+
+
+def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path) -> None:
+    """Only a config with a SCHED_FIFO model (rt_priority) plans sched_rt_runtime_us=-1."""
+    root = board_root(tmp_path / "root", cpus=4)
+    runtime = root / "proc/sys/kernel/sched_rt_runtime_us"
+    runtime.parent.mkdir(parents=True, exist_ok=True)
+    runtime.write_text("950000\n")
+    (tmp_path / "m.onnx").write_bytes(b"")
+    config = tmp_path / "edged.toml"
+    model = '[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "3"\n'
+
+    def planned() -> list[dict]:
+        plan = json.loads(edgectl("plan", "--root", str(root), "--config", str(config),
+                                  "--json").stdout)
+        return [c for c in plan["changes"] if c["path"] == "/proc/sys/kernel/sched_rt_runtime_us"]
+
+    config.write_text(model)
+    assert planned() == []
+    config.write_text(model + "rt_priority = 50\n")
+    assert [(c["old"], c["new"]) for c in planned()] == [("950000\n", "-1")]
+    before = tree_state(root)
+    edgectl("apply", "--root", str(root), "--config", str(config), "--json")
+    assert runtime.read_text() == "-1"
+    edgectl("revert", "--root", str(root), "--json")
+    assert tree_state(root) == before

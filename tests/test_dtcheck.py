@@ -76,8 +76,10 @@ def test_corpus_scan(dtb_corpus: Path) -> None:
                  "DT-DMA-RANGES-BROKEN"):
         assert hits[rule] > 0, rule
     assert hits["DT-PHANDLE-DANGLING"] == 0  # dtc resolves every label (gpios, supplies too)
-    # Upstream default CMA pools are reusable, 4 MiB aligned and inside RAM (6.1.176).
-    for rule in ("DT-CMA-NOT-REUSABLE", "DT-CMA-MISALIGNED", "DT-CMA-OUTSIDE-MEMORY"):
+    # Upstream default CMA pools are reusable, 4 MiB aligned and inside RAM (6.1.176), and
+    # where a bus limits DMA (the Pi 4's /soc: 1 GiB) the pool's alloc-ranges stay inside it.
+    for rule in ("DT-CMA-NOT-REUSABLE", "DT-CMA-MISALIGNED", "DT-CMA-OUTSIDE-MEMORY",
+                 "DT-CMA-OUTSIDE-DMA-WINDOW"):
         assert hits[rule] == 0, rule
 
 
@@ -235,14 +237,14 @@ CMA = "/reserved-memory/linux,cma"
 
 def test_new_rules_clean_on_clean_boards(dtb_corpus: Path) -> None:
     new = ("DT-CMA-NOT-REUSABLE", "DT-CMA-MISALIGNED", "DT-CMA-OUTSIDE-MEMORY",
-           "DT-RESERVED-FOR-DISABLED", "DT-DMA-RANGES-BROKEN")
+           "DT-CMA-OUTSIDE-DMA-WINDOW", "DT-RESERVED-FOR-DISABLED", "DT-DMA-RANGES-BROKEN")
     for board in (CLEAN, RPI4, "ti/k3-am62a7-sk.dtb", "freescale/imx8mp-evk.dtb"):
         findings = _check(dtb_corpus / board)
         fired = {f.id for f in findings if f.status != "pass"}
         if board in (CLEAN, RPI4):
             assert not fired & set(new), board
         else:  # each fires one rule (tested below) but no CMA rule
-            assert not fired & set(new[:3]), board
+            assert not fired & set(new[:4]), board
 
 
 def test_cma_not_reusable_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
@@ -383,3 +385,84 @@ def test_parent_cycle_is_safe(dtb_corpus: Path) -> None:
     assert len(list(_ancestors(node))) == node.path.count("/") + 1
     assert _enabled(node) is True
     check_tree(tree, "cyclic.dtb")  # finishes
+
+
+# --- DT-CMA-OUTSIDE-DMA-WINDOW ------------------------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dtb"  # 12 boards
+HVS = "/soc/hvs@7e400000"  # the Pi 4's display scanout; /soc's dma-ranges reach the low 1 GiB
+WINDOW = "DT-CMA-OUTSIDE-DMA-WINDOW"
+
+
+def test_dma_window_from_dma_ranges(dtb_corpus: Path) -> None:
+    """The Pi 4's /soc maps bus 0xc0000000 to CPU 0 for 1 GiB; /scb has no dma-ranges (no
+    limit known); an unlimited device elsewhere gives None."""
+    from sysconf.dtcheck import _dma_window
+
+    tree = load_fdt(dtb_corpus / RPI4)
+    assert _dma_window(tree.find(HVS)) == [(0, 0x40000000)]
+    assert _dma_window(tree.find("/scb/gpu@7ec00000")) is None
+
+
+def test_cma_outside_dma_window_real_boards(dtb_corpus: Path) -> None:
+    """Not firing on clean boards, including the Pi 4 whose pool sits right at its limit."""
+    for board in (CLEAN, RPI4, DMA_CLEAN, "broadcom/bcm2711-rpi-400.dtb"):
+        assert not _fired(_check(dtb_corpus / board), WINDOW), board
+    for path in sorted(FIXTURES.glob("*.dtb")):
+        assert not _fired(_check(path), WINDOW), path.name
+
+
+def test_cma_outside_dma_window_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
+    copy = _copy(dtb_corpus, RPI4, tmp_path)
+    # alloc-ranges 1..2 GiB: the kernel places the pool there, above the HVS's 1 GiB window
+    _fdtput("-t", "x", copy, CMA, "alloc-ranges", "0", "40000000", "40000000")
+    hits = _fired(_check(copy), WINDOW)
+    assert [(f.subject, f.status, f.severity) for f in hits] == [(CMA, "warn", "fail")]
+    assert HVS in hits[0].title and "may be placed" in hits[0].title
+    assert hits[0].evidence[0].expected == "inside 0x0..0x40000000"
+    # alloc-ranges straddling the limit: it may still land above
+    _fdtput("-t", "x", copy, CMA, "alloc-ranges", "0", "30000000", "20000000")
+    assert [f.status for f in _fired(_check(copy), WINDOW)] == ["warn"]
+    # a fixed pool above the window fails; one inside passes
+    _fdtput("-t", "x", copy, CMA, "reg", "0", "7c000000", "4000000")
+    hits = _fired(_check(copy), WINDOW)
+    assert [(f.status, f.evidence[0].observed) for f in hits] == [
+        ("fail", "reg 0x7c000000..0x80000000")]
+    assert "lies outside" in hits[0].title
+    _fdtput("-t", "x", copy, CMA, "reg", "0", "2c000000", "4000000")
+    assert not _fired(_check(copy), WINDOW)
+    # behind an IOMMU the physical placement does not matter
+    _fdtput("-t", "x", copy, CMA, "reg", "0", "7c000000", "4000000")
+    _fdtput("-t", "x", copy, HVS, "iommus", "1")
+    assert not _fired(_check(copy), WINDOW)
+
+
+def test_cma_outside_dma_window_nested_buses(tmp_path: Path) -> None:
+    """dma-ranges compose bus by bus. On a copy of the i.MX93 EVK (its NPU on /soc@0, which
+    has no dma-ranges: no limit, no finding) /soc@0 maps bus 0 to CPU 0x80000000, and a new
+    inner bus maps its 0x10000000 to /soc@0's 0, 256 MiB, with a display controller on it."""
+    from sysconf.dtcheck import _dma_window
+
+    copy = tmp_path / "imx93.dtb"
+    shutil.copyfile(FIXTURES / "sid--imx93-11x11-evk.dtb", copy)
+    npu, bus = "/soc@0/npu@4a900000", "/soc@0/bus@10000000"
+    display = f"{bus}/display-controller@10000000"
+    assert _dma_window(load_fdt(copy).find(npu)) is None
+    assert not _fired(_check(copy), WINDOW)
+    # /soc@0: #address-cells 1, #size-cells 1; the root's #address-cells 2
+    _fdtput("-t", "x", copy, "/soc@0", "dma-ranges", "0", "0", "80000000", "80000000")
+    _fdtput("-c", copy, bus, display)
+    _fdtput("-t", "x", copy, bus, "#address-cells", "1")
+    _fdtput("-t", "x", copy, bus, "#size-cells", "1")
+    _fdtput("-t", "x", copy, bus, "dma-ranges", "10000000", "0", "10000000")
+    _fdtput("-t", "s", copy, display, "compatible", "fsl,imx93-lcdif")
+    tree = load_fdt(copy)
+    assert _dma_window(tree.find(npu)) == [(0x80000000, 0x80000000)]
+    assert _dma_window(tree.find(display)) == [(0x80000000, 0x10000000)]
+    # the EVK's pool: alloc-ranges 0x80000000..0xc0000000: fine for the NPU, not the display
+    hits = _fired(_check(copy), WINDOW)
+    assert [(f.subject, f.status) for f in hits] == [(CMA, "warn")]
+    assert display in hits[0].title
+    assert hits[0].evidence[0].expected == "inside 0x80000000..0x90000000"
+    _fdtput("-t", "x", copy, CMA, "reg", "0", "84000000", "0", "4000000")  # fixed, inside
+    assert not _fired(_check(copy), WINDOW)

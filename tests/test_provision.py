@@ -147,3 +147,29 @@ def test_root_required(capsys):
     assert main(["provision", "--inference-cpus", "3"]) == 2
     assert "--root" in capsys.readouterr().err
     assert main(["provision", "--root", "/", "--inference-cpus", "0"]) == 2
+
+
+def test_realtime_model_turns_rt_throttling_off_in_image(tmp_path, capsys):
+    """A model with rt_priority in --config: provisioning writes sched_rt_runtime_us = -1 into
+    sysctl.d, and the audit with the same config then passes KRN-SCHED-RT-RUNTIME."""
+    root = image(tmp_path)
+    config = tmp_path / "edged.toml"
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")  # the config checks the file exists; the audit never loads it
+    config.write_text(f'[[models]]\nname = "m"\npath = "{model}"\ncpus = "3"\n'
+                      'rt_priority = 10\n')
+
+    def rt_finding() -> dict:
+        capsys.readouterr()
+        main(["audit", "--root", str(root), "--config", str(config), "--format", "json"])
+        found = json.loads(capsys.readouterr().out)["findings"]
+        return next(f for f in found if f["id"] == "KRN-SCHED-RT-RUNTIME")
+
+    assert rt_finding()["status"] == "warn"
+    capsys.readouterr()
+    assert main(["provision", "--root", str(root), "--config", str(config), "--json"]) == 0
+    conf = (root / SYSCTL_CONF.lstrip("/")).read_text()
+    assert conf == sysctl_conf(realtime=True)
+    assert "kernel.sched_rt_runtime_us = -1" in conf.splitlines()
+    assert "sched_rt_runtime_us" not in sysctl_conf()
+    assert rt_finding()["status"] == "pass"

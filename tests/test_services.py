@@ -14,7 +14,7 @@ import pytest
 from roots import board_root, tree_state
 
 from edged.config import ConfigError, parse_config
-from sysconf.changes import Journal
+from sysconf.changes import Change, Journal
 from sysconf.findings import AuditContext
 from sysconf.services import (
     check_services,
@@ -25,6 +25,7 @@ from sysconf.services import (
     unit_state,
 )
 from sysconf.sysroot import SysRoot
+from sysconf.systemctl import Systemctl
 
 REPO = Path(__file__).resolve().parent.parent
 HOST_UNITS = Path("/lib/systemd/system")
@@ -250,22 +251,182 @@ class LiveLooking(SysRoot):
         return True
 
 
-def test_live_masks_refused(tmp_path: Path) -> None:
+class FakeSystemctl:
+    """The runner behind `Systemctl` in tests: records every command, answers `is-active`
+    from `active`, and fails the commands listed in `fail` (argv tail -> exit code). This
+    machine's systemd is never asked anything."""
+
+    def __init__(self, active: set[str] = frozenset(), fail: dict | None = None) -> None:
+        self.active = set(active)
+        self.fail = dict(fail or {})
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, argv, timeout: float) -> subprocess.CompletedProcess:
+        args = tuple(a for a in argv[1:] if a != "--no-ask-password")
+        self.calls.append(args)
+        if args in self.fail:
+            return subprocess.CompletedProcess(argv, self.fail[args], "",
+                                               f"Failed to {args[0]}: Access denied\n")
+        if args[0] == "is-active":
+            state = "active" if args[1] in self.active else "inactive"
+            return subprocess.CompletedProcess(argv, 0 if state == "active" else 3,
+                                               state + "\n", "")
+        if args[0] == "stop":
+            self.active.discard(args[1])
+        if args[0] == "start":
+            self.active.add(args[1])
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+RUNNING = {"avahi-daemon.service", "cups.service", "apt-daily.timer"}
+
+
+def live_journal(root_dir: Path, fake: FakeSystemctl) -> Journal:
+    return Journal(LiveLooking(root_dir), systemctl=Systemctl(runner=fake))
+
+
+def test_live_plan_and_finding_describe_live_masking(tmp_path: Path) -> None:
+    root = LiveLooking(image_root(tmp_path))
+    changes = plan_trim(root)
+    assert changes and all("systemctl mask --now" in c.reason for c in changes)
+    warned = [f for f in check_services(AuditContext(root=root))
+              if f.id == "SVC-TRIM" and f.status == "warn"]
+    assert warned and all(f.fixable and f.remedy.startswith("edgectl apply --trim (masks ")
+                          and "--root" not in f.remedy and "mask --now" in f.remedy
+                          for f in warned)
+
+
+def test_live_mask_apply_revert_through_systemctl(tmp_path: Path) -> None:
+    """Live: the same mask links as an image root, plus is-active, daemon-reload and stop per
+    unit; revert restores the links exactly, reloads once and starts only what ran."""
     root_dir = image_root(tmp_path)
     before = tree_state(root_dir)
-    root = LiveLooking(root_dir)
-    changes = plan_trim(root)
-    assert changes and all("live masking: run systemctl mask --now" in c.reason
-                           for c in changes)
-    assert all(f.remedy.startswith("systemctl mask --now") and not f.fixable
-               for f in check_services(AuditContext(root=root)) if f.id == "SVC-TRIM"
-               and f.status == "warn")
-    journal = Journal(root)
+    fake = FakeSystemctl(active=RUNNING)
+    journal = live_journal(root_dir, fake)
+    changes = plan_trim(LiveLooking(root_dir))
+    units = [c.path.rsplit("/", 1)[1] for c in changes]
+    result = journal.apply(changes)
+    assert len(result.applied) == len(changes) and not result.skipped
+    for change in changes:
+        assert os.readlink(root_dir / change.path.lstrip("/")) == "/dev/null"
+    assert fake.calls == [call for unit in units for call in
+                          (("is-active", unit), ("daemon-reload",), ("stop", unit))]
+    assert fake.active == set()
+    sets = [r for r in journal.records() if r["op"] == "set"]
+    assert {r["unit"]: r["was_active"] for r in sets} == {u: u in RUNNING for u in units}
+
+    fake.calls.clear()
+    reverted = live_journal(root_dir, fake).revert()
+    assert len(reverted) == len(changes) and not [a for _, a in reverted if "failed" in a]
+    started = {p.rsplit("/", 1)[1] for p, a in reverted if a.endswith(", started")}
+    assert started == RUNNING
+    assert fake.calls[0] == ("daemon-reload",) and fake.calls.count(("daemon-reload",)) == 1
+    assert sorted(fake.calls[1:]) == sorted(("start", u) for u in RUNNING)
+    assert fake.active == RUNNING
+    assert tree_state(root_dir) == before
+
+
+def test_live_mask_failing_stop_is_taken_back(tmp_path: Path) -> None:
+    """A stop that fails leaves no mask behind and a journal that says so: the unit is
+    started again, the others are masked, and revert touches only those."""
+    root_dir = image_root(tmp_path)
+    before = tree_state(root_dir)
+    fake = FakeSystemctl(active=RUNNING, fail={("stop", "cups.service"): 1})
+    journal = live_journal(root_dir, fake)
+    changes = plan_trim(LiveLooking(root_dir))
+    result = journal.apply(changes)
+    assert [c.path for c, _ in result.skipped] == ["/etc/systemd/system/cups.service"]
+    why = result.skipped[0][1]
+    assert "systemctl --no-ask-password stop cups.service" in why and "cups.service" in why
+    assert "exit 1: Failed to stop: Access denied" in why and "taken back" in why
+    assert not (root_dir / "etc/systemd/system/cups.service").is_symlink()
+    assert fake.calls[-2:] == [("daemon-reload",), ("start", "cups.service")]
+    assert len(result.applied) == len(changes) - 1
+    fake.calls.clear()
+    reverted = live_journal(root_dir, fake).revert()
+    assert "/etc/systemd/system/cups.service" not in {p for p, _ in reverted}
+    assert ("start", "cups.service") not in fake.calls
+    assert tree_state(root_dir) == before
+
+
+def test_live_mask_failing_reload_is_taken_back(tmp_path: Path) -> None:
+    root_dir = image_root(tmp_path)
+    before = tree_state(root_dir)
+    fake = FakeSystemctl(active=RUNNING, fail={("daemon-reload",): 1})
+    result = live_journal(root_dir, fake).apply(plan_trim(LiveLooking(root_dir)))
+    assert not result.applied and result.skipped
+    assert all("`systemctl daemon-reload` failed: exit 1" in why for _, why in result.skipped)
+    assert not [c for c in fake.calls if c[0] in ("stop", "start")]
+    assert live_journal(root_dir, fake).revert() == []  # every mask was taken back
+    assert tree_state(root_dir) == before
+
+
+def test_live_mask_without_systemctl_changes_nothing(tmp_path: Path) -> None:
+    """The real subprocess runner with a systemctl that does not exist: a clear error naming
+    the unit, nothing written, nothing journalled."""
+    root_dir = image_root(tmp_path)
+    before = tree_state(root_dir)
+    missing = Systemctl(binary=str(tmp_path / "no-such-systemctl"))
+    journal = Journal(LiveLooking(root_dir), systemctl=missing)
+    changes = plan_trim(LiveLooking(root_dir))
     result = journal.apply(changes)
     assert not result.applied and len(result.skipped) == len(changes)
-    assert all("refusing" in why and "systemctl mask --now" in why for _, why in result.skipped)
+    for change, why in result.skipped:
+        unit = change.path.rsplit("/", 1)[1]
+        assert f"is-active {unit}` for {unit} failed" in why and "not found" in why
     assert not journal.pending()
     assert tree_state(root_dir) == before
+
+
+def test_live_mask_with_a_systemctl_program(tmp_path: Path) -> None:
+    """The real runner against a stand-in `systemctl` script (it logs its arguments): the
+    subprocess path, exit codes and is-active's words, without this machine's systemd."""
+    log = tmp_path / "calls.log"
+    program = tmp_path / "systemctl"
+    program.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
+                       'if [ "$1" = is-active ]; then\n'
+                       '  [ "$2" = cups.service ] && { echo active; exit 0; }\n'
+                       '  echo inactive; exit 3\n'
+                       'fi\n'
+                       'if [ "$3" = man-db.timer ]; then echo boom >&2; exit 5; fi\n'
+                       'exit 0\n')
+    program.chmod(0o755)
+    root_dir = image_root(tmp_path / "img")
+    before = tree_state(root_dir)
+    journal = Journal(LiveLooking(root_dir), systemctl=Systemctl(binary=str(program)))
+    result = journal.apply(plan_trim(LiveLooking(root_dir)))
+    assert [(c.path.rsplit("/", 1)[1], why.split(":")[0]) for c, why in result.skipped] == [
+        ("man-db.timer", f"`{program} --no-ask-password stop man-db.timer` for man-db.timer "
+                         "failed")]
+    assert "exit 5: boom" in result.skipped[0][1]
+    cups = [r for r in journal.records() if r.get("unit") == "cups.service"]
+    assert cups and cups[0]["was_active"] is True
+    reverted = journal.revert()
+    assert ("/etc/systemd/system/cups.service", "removed, started") in reverted
+    assert "--no-ask-password start cups.service" in log.read_text().splitlines()
+    assert tree_state(root_dir) == before
+
+
+def test_live_revert_reports_failed_start(tmp_path: Path) -> None:
+    root_dir = image_root(tmp_path)
+    before = tree_state(root_dir)
+    fake = FakeSystemctl(active=RUNNING)
+    live_journal(root_dir, fake).apply(plan_trim(LiveLooking(root_dir)))
+    fake.fail = {("start", "avahi-daemon.service"): 1}
+    reverted = dict(live_journal(root_dir, fake).revert())
+    action = reverted["/etc/systemd/system/avahi-daemon.service"]
+    assert action.startswith("failed: link restored, but `systemctl --no-ask-password start "
+                             "avahi-daemon.service` for avahi-daemon.service failed")
+    assert tree_state(root_dir) == before
+
+
+def test_live_enable_links_still_refused(tmp_path: Path) -> None:
+    root_dir = image_root(tmp_path)
+    fake = FakeSystemctl()
+    change = Change("enable", "/etc/systemd/system/multi-user.target.wants/edged.service",
+                    None, "/lib/systemd/system/edged.service", "enable edged")
+    result = live_journal(root_dir, fake).apply([change])
+    assert not result.applied and "refusing" in result.skipped[0][1] and not fake.calls
 
 
 # -- config ------------------------------------------------------------------------------------

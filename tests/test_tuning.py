@@ -21,11 +21,13 @@ from sysconf.changes import Change, Journal, write_file
 from sysconf.sysroot import SysRoot
 from sysconf.tuning import (
     boot_config,
+    configured_sysctl,
     edit_extlinux,
     isolation_params,
     plan_boot_cmdline,
     plan_isolation,
     plan_kernel_noise,
+    plan_rt_throttling,
     set_params,
 )
 
@@ -455,3 +457,48 @@ def test_live_kernel_noise_plan_only_reads(no_writes) -> None:
     for change in changes:
         current = Path(change.path).read_text()
         assert change.old == current or (change.selector and f"[{change.old}]" in current)
+
+
+# -- RT throttling (kernel.sched_rt_runtime_us) ---------------------------------------------
+
+RT_RUNTIME = "proc/sys/kernel/sched_rt_runtime_us"
+
+
+def test_rt_throttling_planned_only_for_realtime(tmp_path: Path) -> None:
+    """Off only when a SCHED_FIFO worker will run; applied and reverted like the others."""
+    root = build_board(tmp_path, "rpi4")
+    (root / RT_RUNTIME).write_text("950000\n")
+    before = snapshot(root)
+    plain = plan_kernel_noise(SysRoot(root), PLAN)
+    assert "/" + RT_RUNTIME not in {c.path for c in plain}
+    realtime = plan_kernel_noise(SysRoot(root), PLAN, realtime=True)
+    rt = [c for c in realtime if c.path == "/" + RT_RUNTIME]
+    assert [(c.kind, c.old, c.new) for c in rt] == [("sysctl", "950000\n", "-1")]
+    assert "50 ms every second" in rt[0].reason
+    assert [c.path for c in plan_isolation(SysRoot(root), PLAN, realtime=True)
+            if c.path == "/" + RT_RUNTIME] == ["/" + RT_RUNTIME]
+    journal = Journal(SysRoot(root), writer=kernel_writer)
+    journal.apply(rt)
+    assert read(root, "/" + RT_RUNTIME) == "-1"
+    assert plan_rt_throttling(SysRoot(root)) == []
+    journal.revert()
+    assert snapshot(root) == before
+
+
+def test_rt_throttling_absent_file_plans_nothing(tmp_path: Path) -> None:
+    root = build_board(tmp_path, "x86")  # an image-like root without the file
+    assert plan_rt_throttling(SysRoot(root)) == []
+
+
+def test_configured_sysctl_follows_systemd_sysctl_order(tmp_path: Path) -> None:
+    name = "kernel.sched_rt_runtime_us"
+    root = SysRoot(tmp_path)
+    assert configured_sysctl(root, name) is None
+    write(tmp_path, "usr/lib/sysctl.d/50-default.conf", "kernel/sched_rt_runtime_us = 900000\n")
+    assert configured_sysctl(root, name) == ("900000", "/usr/lib/sysctl.d/50-default.conf")
+    write(tmp_path, "etc/sysctl.d/90-rt.conf", "# realtime\n-kernel.sched_rt_runtime_us=-1\n")
+    assert configured_sysctl(root, name) == ("-1", "/etc/sysctl.d/90-rt.conf")
+    # the same file name in /etc hides the vendor's; later file names win
+    write(tmp_path, "etc/sysctl.d/50-default.conf", "vm.swappiness = 10\n")
+    write(tmp_path, "lib/sysctl.d/99-late.conf", "kernel.sched_rt_runtime_us = 950000\n")
+    assert configured_sysctl(root, name) == ("950000", "/lib/sysctl.d/99-late.conf")
