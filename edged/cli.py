@@ -132,9 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from edged.audit import add_audit_parser
     from edged.fleet import add_fleet_parser
+    from edged.quantize_cli import add_quantize_parser
 
     add_audit_parser(sub)
     add_fleet_parser(sub)
+    add_quantize_parser(sub)
 
     reload = sub.add_parser("reload", help="make the running daemon re-read its config "
                                            "(like systemctl reload; Unix socket only)")
@@ -162,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edged.fleet import cmd_fleet
 
             return cmd_fleet(args)
+        if args.command == "quantize":
+            from edged.quantize_cli import cmd_quantize
+
+            return cmd_quantize(args)
         if args.command == "reload":
             return cmd_reload(args)
         if args.command in ("plan", "apply"):

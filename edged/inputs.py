@@ -132,3 +132,62 @@ def make_inputs(
         else:
             raise InputError(f"input {spec.name!r}: cannot make test data of dtype {dtype}")
     return feeds
+
+
+WORDS = ("edge", "inference", "board", "latency", "INT8", "2026", "NPU", "delegate", "core",
+         "isolated", "thermal", "fleet", "jitter", "kernel", "model", "OCR", "text", "line",
+         "invoice", "total", "12.50", "EUR", "serial", "No.", "A-113", "Raspberry", "Pi")
+
+
+def rendered_text_lines(count: int, seed: int, height: int | None = None,
+                        width: int | None = None, font_px: tuple[int, int] = (14, 40),
+                        paper: tuple[int, int] = (150, 255), ink: tuple[int, int] = (0, 110)):
+    """PIL images of real rendered text: a line of words of random length, font size,
+    paper and ink brightness (contrast), and image size (`height`/`width` fix them). The
+    OCR models were trained on such crops; calibration and evaluation sets for
+    `edgectl quantize` tests and benchmarks are made of them. Needs Pillow (the quantize
+    extra)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        size = int(rng.integers(font_px[0], font_px[1] + 1))
+        font = ImageFont.load_default(size)
+        text = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 7))))
+        left, top, right, bottom = font.getbbox(text)
+        pad = int(rng.integers(2, max(3, size // 2)))
+        w = width or (right - left + 2 * pad)
+        h = height or (bottom - top + 2 * pad)
+        bg = int(rng.integers(paper[0], paper[1] + 1))
+        fg = int(rng.integers(ink[0], min(ink[1], bg - 20) + 1))
+        img = Image.new("L", (w, h), bg)
+        ImageDraw.Draw(img).text((pad - left, pad - top), text, fill=fg, font=font)
+        noise = rng.normal(0, 4, size=(h, w))
+        pixels = np.clip(np.asarray(img, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
+        yield Image.fromarray(pixels).convert("RGB")
+
+
+def rendered_text_pages(count: int, seed: int,
+                        sizes: Sequence[tuple[int, int]] = ((128, 256), (160, 320), (96, 384)),
+                        **line_options):
+    """PIL images for a text detector: one to four rendered text lines (see
+    `rendered_text_lines`; its keyword options pass through) placed on paper of one of
+    `sizes` (height, width), cycling through them."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    lines = rendered_text_lines(count * 4, seed + 1, **line_options)
+    for index in range(count):
+        height, width = sizes[index % len(sizes)]
+        page = None
+        y = int(rng.integers(0, max(1, height // 8)))
+        for _ in range(int(rng.integers(1, 5))):
+            line = next(lines)
+            if page is None:  # the paper takes the first line's background
+                page = Image.new("RGB", (width, height), line.getpixel((0, 0)))
+            if y + line.height > height:
+                break
+            x = int(rng.integers(0, max(1, width - line.width))) if line.width < width else 0
+            page.paste(line.crop((0, 0, min(line.width, width), line.height)), (x, y))
+            y += line.height + int(rng.integers(2, 24))
+        yield page

@@ -1,0 +1,155 @@
+"""`edgectl quantize`: the command line and the report around `edged.quantize`.
+
+Exit codes: 0 an INT8 model was written; 1 no INT8 recipe passed the accuracy gate and beat
+FP32 on the target (the FP32 model is written to --output instead, and the report says why);
+2 bad input (usage, an unreadable model, calibration data that does not fit the model).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_INT8, EXIT_FP32_KEPT, EXIT_BAD_INPUT = 0, 1, 2
+DEFAULT_EVAL_SPLIT = 0.2
+
+
+def add_quantize_parser(sub) -> None:
+    from edged.quantize import DEFAULT_MAX_DROP, METHODS, TARGETS
+
+    q = sub.add_parser(
+        "quantize", help="FP32 ONNX -> INT8 QDQ: calibrated, accuracy-gated, the fastest "
+                         "recipe on the target backend measured")
+    q.add_argument("model", type=Path, help="the FP32 ONNX model")
+    q.add_argument("--calibration", type=Path, required=True, metavar="DATA",
+                   help="an .npz (arrays named after the inputs, first axis = samples), a "
+                        "folder of .npy files, or a folder of images")
+    q.add_argument("--output", type=Path, required=True, help="where the model goes")
+    q.add_argument("--eval", type=Path, default=None, metavar="DATA",
+                   help="evaluation data, kept apart from calibration (default: "
+                        f"{int(DEFAULT_EVAL_SPLIT * 100)} %% of --calibration held out)")
+    q.add_argument("--target", default="auto", choices=("auto", *TARGETS),
+                   help="the backend the model will run on (auto: try each, keep the fastest)")
+    q.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP, metavar="X",
+                   help="largest accuracy drop allowed: 1 - cosine, or 1 - top-1 agreement "
+                        f"for classifiers (default {DEFAULT_MAX_DROP})")
+    q.add_argument("--method", default="minmax", choices=METHODS,
+                   help="activation range calibration (default minmax)")
+    pre = q.add_argument_group("image preprocessing (folders of images)")
+    pre.add_argument("--resize", default=None, metavar="HxW",
+                     help="resize every image (default: the model's fixed size, else the "
+                          "image's own size rounded down to --multiple)")
+    pre.add_argument("--multiple", type=int, default=32,
+                     help="size multiple for models with dynamic height/width (default 32)")
+    pre.add_argument("--color", default="rgb", choices=("rgb", "bgr", "gray"))
+    pre.add_argument("--scale", type=float, default=1.0 / 255.0,
+                     help="pixel multiplier before mean/std (default 1/255)")
+    pre.add_argument("--mean", default="0", help="per-channel mean, e.g. 0.485,0.456,0.406")
+    pre.add_argument("--std", default="1", help="per-channel std, e.g. 0.229,0.224,0.225")
+    pre.add_argument("--layout", default=None, choices=("nchw", "nhwc"),
+                     help="default: from the model's input shape")
+    q.add_argument("--threads", type=int, default=None, help="inference threads")
+    q.add_argument("--cpus", default=None, help="CPU list to run on, e.g. 2-3")
+    q.add_argument("--runs", type=int, default=200, help="timed runs per recipe (default 200)")
+    q.add_argument("--time-budget", type=float, default=20.0, metavar="S",
+                   help="seconds of benchmarking per target (default 20)")
+    q.add_argument("--json", action="store_true", help="machine-readable report")
+
+
+def cmd_quantize(args) -> int:
+    from backends import ModelError
+    from edged.calibration import (
+        CalibrationError,
+        Preprocess,
+        load_samples,
+        narrowness_warnings,
+        parse_floats,
+        parse_size,
+    )
+    from edged.cli import UsageError, _Progress, parse_cpus
+    from edged.quantize import QuantizeError, Settings, input_specs, quantize_model
+
+    if not 0.0 <= args.max_drop < 1.0:
+        raise UsageError(f"--max-drop {args.max_drop}: must be at least 0 and below 1")
+    if args.runs < 1 or args.time_budget <= 0:
+        raise UsageError("--runs must be at least 1 and --time-budget above 0")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be at least 1")
+    if args.output.resolve() == args.model.resolve():
+        raise UsageError(f"--output {args.output} is the input model; write elsewhere")
+    targets = ("onnxruntime", "openvino") if args.target == "auto" else (args.target,)
+    try:
+        preprocess = Preprocess(
+            size=parse_size(args.resize) if args.resize else None, color=args.color,
+            scale=args.scale, mean=parse_floats(args.mean, "--mean"),
+            std=parse_floats(args.std, "--std"), layout=args.layout, multiple=args.multiple)
+        inputs = input_specs(args.model)
+        calibration = load_samples(args.calibration, inputs, preprocess)
+        warnings = []
+        if args.eval is not None:
+            evaluation = load_samples(args.eval, inputs, preprocess)
+        else:
+            calibration, evaluation = calibration.split(DEFAULT_EVAL_SPLIT)
+            warnings.append(f"no --eval: {len(evaluation)} of the calibration samples were "
+                            "held out for the accuracy gate; give a separate --eval set")
+        warnings[:0] = narrowness_warnings(calibration, inputs)
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    if not args.json:
+        for warning in warnings:
+            print(f"edgectl: warning: {warning}", file=sys.stderr)
+    progress = _Progress(not args.json)
+    settings = Settings(targets=targets, method=args.method, max_drop=args.max_drop,
+                        threads=args.threads, cpus=parse_cpus(args.cpus), runs=args.runs,
+                        time_budget_s=args.time_budget)
+    try:
+        report = quantize_model(args.model, args.output, calibration, evaluation, settings,
+                                warnings, progress)
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    except QuantizeError as exc:
+        raise ModelError(str(exc)) from None
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(format_report(report.to_dict()))
+    return EXIT_INT8 if report.int8 else EXIT_FP32_KEPT
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    samples = report["samples"]
+    lines = [f"samples: {samples['calibration']} calibration, {samples['evaluation']} "
+             f"evaluation; ranges: {report['method']}; gate: drop <= {report['max_drop']}"]
+    for warning in report["warnings"]:
+        lines.append(f"warning: {warning}")
+    fp32 = ", ".join(f"{t} {ms:.3f} ms" for t, ms in report["fp32_ms"].items())
+    lines.append(f"FP32 p50: {fp32 or '-'}")
+    lines.append(f"{'target':<12} {'recipe':<24} {'cosine':>8} {'min':>8} {'max-abs':>8} "
+                 f"{'top-1':>6} {'gate':>5} {'p50 ms':>8} {'speedup':>7}")
+    for a in report["attempts"]:
+        acc = a["accuracy"] or {}
+        gate = "pass" if a["passed"] else ("error" if a["error"] else "fail")
+        lines.append(f"{a['target']:<12} {a['recipe']:<24} {_fmt(acc.get('cosine'), '.4f'):>8} "
+                     f"{_fmt(acc.get('cosine_min'), '.4f'):>8} "
+                     f"{_fmt(acc.get('max_abs'), '.3g'):>8} "
+                     f"{_fmt(acc.get('top1_agreement'), '.3f'):>6} {gate:>5} "
+                     f"{_fmt(a['p50_ms'], '.3f'):>8} {_fmt(a['speedup'], '.2f'):>7}")
+        if a["error"]:
+            lines.append(f"  {a['error']}")
+    if report["recipe"] == "fp32":
+        lines.append(f"kept FP32: {report['reason']}")
+    else:
+        lines.append(f"picked: {report['recipe']} on {report['target']}, "
+                     f"{report['speedup']:.2f}x FP32, cosine {report['accuracy']['cosine']:.4f}"
+                     + (f", FP32 nodes: {', '.join(report['fp32_nodes'])}"
+                        if report["fp32_nodes"] else ""))
+    lines.append(f"written: {report['output']}")
+    return "\n".join(lines)
