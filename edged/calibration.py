@@ -15,6 +15,7 @@ writes anywhere.
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,7 +195,7 @@ def _load_npz(path: Path, inputs: Sequence[TensorSpec]) -> Samples:
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise CalibrationError(f"{path}: not a readable .npz file ({exc})") from None
     names = [spec.name for spec in inputs]
     missing = [n for n in names if n not in arrays]

@@ -21,6 +21,7 @@ import contextlib
 import inspect
 import math
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -240,7 +241,8 @@ class Quantizer:
         if self._can_cache and not self.cache.exists() and recipe.op_types is not None:
             self.quantize(Recipe("full", None))
         reader = _Reader.make(self.calibration.feeds, self.progress)
-        with contextlib.chdir(self.workdir):
+        # The Entropy/Percentile calibrators print() their progress: keep stdout for --json.
+        with contextlib.chdir(self.workdir), contextlib.redirect_stdout(sys.stderr):
             try:
                 quantize_static(
                     str(self.prepared), str(out), reader,
@@ -415,7 +417,7 @@ def quantize_model(model_path: Path, output: Path, calibration: Samples, evaluat
                                             error=f"FP32 model does not load: {exc}"))
                     continue
                 for recipe in settings.recipes:
-                    attempts.append(_gate(quantizer, prepared, target, recipe, evaluation,
+                    attempts.extend(_gate(quantizer, prepared, target, recipe, evaluation,
                                           reference, settings, ranking, progress))
             fp32_ms = _time(attempts, fp32_sessions, evaluation, settings, progress)
         finally:
@@ -464,22 +466,22 @@ def _check(path: Path, target: str, evaluation: Samples, reference, settings: Se
 
 def _gate(quantizer: Quantizer, prepared: Path, target: str, recipe: Recipe,
           evaluation: Samples, reference, settings: Settings, ranking: list[str],
-          progress: Progress | None) -> Attempt:
+          progress: Progress | None) -> list[Attempt]:
     """Quantize with `recipe`, check it on `target`; on a failed gate keep the most
     sensitive compute nodes in FP32, doubling their number until it passes or half of them
-    are FP32; the best try is returned either way."""
+    are FP32. Every try is returned (the report shows them all); at most the last passes."""
     if progress:
         progress(f"gate {target} {recipe.name}", 0, 1)
     path = quantizer.quantize(recipe)
     acc, error = _check(path, target, evaluation, reference, settings)
     attempt = Attempt(target, recipe, path, acc, bool(acc and acc.passes(settings.max_drop)),
                       error)
+    tries = [attempt]
     if attempt.passed or acc is None:
-        return attempt
+        return tries
     if not ranking:  # measured once, shared by every recipe and target
         ranking.extend(sensitive_nodes(quantizer, evaluation, reference, settings, progress))
     limit = max(1, int(len(ranking) * MAX_FP32_SHARE))
-    best = attempt
     count = 1
     while count <= limit:
         if progress:
@@ -490,13 +492,13 @@ def _gate(quantizer: Quantizer, prepared: Path, target: str, recipe: Recipe,
         trial_recipe = replace(recipe, fp32_nodes=tuple(dict.fromkeys(fp32)))
         trial_path = quantizer.quantize(trial_recipe)
         trial_acc, trial_error = _check(trial_path, target, evaluation, reference, settings)
-        if trial_acc is not None and trial_acc.score() > best.accuracy.score():
-            best = Attempt(target, trial_recipe, trial_path, trial_acc,
-                           trial_acc.passes(settings.max_drop), trial_error)
-            if best.passed:
-                return best
+        trial = Attempt(target, trial_recipe, trial_path, trial_acc,
+                        bool(trial_acc and trial_acc.passes(settings.max_drop)), trial_error)
+        tries.append(trial)
+        if trial.passed:
+            break
         count *= 2
-    return best
+    return tries
 
 
 def _time(attempts: list[Attempt], fp32_sessions: Mapping[str, Any], evaluation: Samples,

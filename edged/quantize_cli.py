@@ -8,6 +8,7 @@ FP32 on the target (the FP32 model is written to --output instead, and the repor
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,10 @@ def cmd_quantize(args) -> int:
     if not args.json:
         for warning in warnings:
             print(f"edgectl: warning: {warning}", file=sys.stderr)
+    # onnxruntime.quantization warns through the root logger once per node and retry (e.g.
+    # "Axis 1 is out-of-range for weight ..." for scalar weights it then quantizes
+    # per-tensor); the report carries what matters, so only errors get through.
+    logging.getLogger().setLevel(logging.ERROR)
     progress = _Progress(not args.json)
     settings = Settings(targets=targets, method=args.method, max_drop=args.max_drop,
                         threads=args.threads, cpus=parse_cpus(args.cpus), runs=args.runs,
