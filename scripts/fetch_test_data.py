@@ -349,29 +349,19 @@ def quantize_models(root: Path) -> None:
 
 def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str) -> None:
     import onnx
-    from onnx import version_converter
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
         QuantType,
         quantize_static,
     )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    model = onnx.load(str(src))
-    input_name = model.graph.input[0].name
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    # chdir: onnxruntime's pre-processing may leave temporary models in the working folder.
+    from edged.quantize import prepare
+
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
-        staged = Path(tmp) / "opset13.onnx"
-        if opset < 13:
-            # QDQ with per-channel axes needs opset 13; on 11/12 the result is invalid.
-            model = version_converter.convert_version(model, 13)
-        onnx.save(model, str(staged))
-        prepped = Path(tmp) / "prepped.onnx"
-        # Symbolic shape inference gives up on the det model's dynamic spatial dims
-        # ("Incomplete symbolic shape inference"); ONNX shape inference + optimisation suffice.
-        quant_pre_process(str(staged), str(prepped), skip_symbolic_shape=True)
+        # Opset 13 (per-channel QDQ needs it) and shape inference, as edgectl quantize does.
+        prepped = prepare(src, Path(tmp))
+        input_name = onnx.load(str(prepped), load_external_data=False).graph.input[0].name
 
         class Reader(CalibrationDataReader):
             def __init__(self) -> None:
