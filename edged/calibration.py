@@ -71,7 +71,8 @@ class Samples:
     feeds: list[dict[str, np.ndarray]]
     sources: list[str]
     kind: str  # "images", "npy", "npz"
-    # Per sample: (height, width) of the source image; mean and standard deviation of the
+    resized: bool = False  # images resized to one size on purpose (--resize)
+    # Per sample: (height, width) fed to the model; mean and standard deviation of the
     # first input on a [0, 1] scale (images before normalisation; arrays by the set's range).
     sizes: list[tuple[int, int]] = field(default_factory=list)
     brightness: list[float] = field(default_factory=list)
@@ -93,8 +94,8 @@ class Samples:
         def pick(values: list) -> list:
             return [values[i] for i in index] if values else []
 
-        return Samples(pick(self.feeds), pick(self.sources), self.kind, pick(self.sizes),
-                       pick(self.brightness), pick(self.contrast))
+        return Samples(pick(self.feeds), pick(self.sources), self.kind, self.resized,
+                       pick(self.sizes), pick(self.brightness), pick(self.contrast))
 
 
 def load_samples(path: str | Path, inputs: Sequence[TensorSpec],
@@ -138,7 +139,8 @@ def narrowness_warnings(samples: Samples, inputs: Sequence[TensorSpec]) -> list[
                         "recommended): ranges taken from few samples miss rare large "
                         "activations")
     dynamic_spatial = any(len(s.shape) == 4 and (None in s.shape[1:]) for s in inputs)
-    if samples.sizes and dynamic_spatial and count > 1 and len(set(samples.sizes)) == 1:
+    if samples.sizes and dynamic_spatial and not samples.resized and count > 1 \
+            and len(set(samples.sizes)) == 1:
         h, w = samples.sizes[0]
         warnings.append(f"every sample is {h}x{w} while the model takes any size: add the "
                         "sizes production sends (small and large, wide and tall)")
@@ -220,7 +222,8 @@ def _load_npz(path: Path, inputs: Sequence[TensorSpec]) -> Samples:
                       for spec in inputs})
     first = [f[names[0]] for f in feeds]
     means, stds = _range_stats(first) if first and first[0].dtype.kind == "f" else ([], [])
-    return Samples(feeds, [f"{path.name}[{i}]" for i in range(count)], "npz", [], means, stds)
+    return Samples(feeds, [f"{path.name}[{i}]" for i in range(count)], "npz", False, [], means,
+                   stds)
 
 
 def _single_input(where: Path, inputs: Sequence[TensorSpec], kind: str) -> TensorSpec:
@@ -248,7 +251,7 @@ def _load_npy_folder(files: Sequence[Path], inputs: Sequence[TensorSpec]) -> Sam
         feeds.append({spec.name: _check_array(str(file), spec, array)})
     arrays = [f[spec.name] for f in feeds]
     means, stds = _range_stats(arrays) if arrays[0].dtype.kind == "f" else ([], [])
-    return Samples(feeds, [f.name for f in files], "npy", [], means, stds)
+    return Samples(feeds, [f.name for f in files], "npy", False, [], means, stds)
 
 
 def image_layout(spec: TensorSpec, preprocess: Preprocess) -> str:
@@ -301,7 +304,7 @@ def _load_images(files: Sequence[Path], inputs: Sequence[TensorSpec],
         raise CalibrationError(f"input {spec.name!r} has 3 channels; --color gray needs 1")
     mean = _per_channel("mean", preprocess.mean, channels)
     std = _per_channel("std", preprocess.std, channels)
-    samples = Samples([], [], "images")
+    samples = Samples([], [], "images", resized=preprocess.size is not None)
     for file in files:
         try:
             with Image.open(file) as img:
@@ -321,7 +324,7 @@ def _load_images(files: Sequence[Path], inputs: Sequence[TensorSpec],
         unit = pixels / 255.0
         samples.brightness.append(float(unit.mean()))
         samples.contrast.append(float(unit.std()))
-        samples.sizes.append(size)
+        samples.sizes.append((th, tw))  # what the model is fed
         x = (pixels * preprocess.scale - mean) / std  # h, w, c
         x = x.transpose(2, 0, 1)[None] if layout == "nchw" else x[None]
         samples.feeds.append({spec.name: _check_array(str(file), spec, x)})
