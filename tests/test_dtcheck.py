@@ -443,8 +443,12 @@ def test_cma_outside_dma_window_nested_buses(tmp_path: Path) -> None:
     inner bus maps its 0x10000000 to /soc@0's 0, 256 MiB, with a display controller on it."""
     from sysconf.dtcheck import _dma_window
 
+    source = FIXTURES / "sid--imx93-11x11-evk.dtb"
+    if not source.exists():  # the workspace's shared/ fixtures (a newer kernel's tree, with
+        # the NPU node Debian 6.1's imx93 lacks) sit beside the clone in CI, not everywhere
+        pytest.skip(f"{source} is not here")
     copy = tmp_path / "imx93.dtb"
-    shutil.copyfile(FIXTURES / "sid--imx93-11x11-evk.dtb", copy)
+    shutil.copyfile(source, copy)
     npu, bus = "/soc@0/npu@4a900000", "/soc@0/bus@10000000"
     display = f"{bus}/display-controller@10000000"
     assert _dma_window(load_fdt(copy).find(npu)) is None
