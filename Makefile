@@ -16,11 +16,12 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# dtc checks our device-tree parser, mosquitto is the broker the telemetry tests start;
-# installed when we are root, else those tests skip with the reason.
-SYSTEM_PKGS = device-tree-compiler mosquitto mosquitto-clients debootstrap
+# dtc checks our device-tree parser, mosquitto is the broker the telemetry tests start,
+# python3-venv gives Debian's python3 its venv/ensurepip; installed when we are root, else
+# those tests skip with the reason.
+SYSTEM_PKGS = device-tree-compiler mosquitto mosquitto-clients debootstrap python3-venv
 system-deps:
-	@{ command -v dtc >/dev/null && [ -x /usr/sbin/mosquitto ] && command -v mosquitto_sub >/dev/null && command -v debootstrap >/dev/null; } || \
+	@{ command -v dtc >/dev/null && [ -x /usr/sbin/mosquitto ] && command -v mosquitto_sub >/dev/null && command -v debootstrap >/dev/null && $(PY) -c "import ensurepip, venv" 2>/dev/null; } || \
 	  { [ "$$(id -u)" = 0 ] && \
 	  { apt-get update -q >/dev/null; apt-get install -y -q $(SYSTEM_PKGS) >/dev/null; } || \
 	  echo "make: not root: apt-get install $(SYSTEM_PKGS) for the tests that need them"; }

@@ -50,8 +50,9 @@ class Candidate:
     device: str
     precision: str  # "fp32", "bf16", "fp16", or "model" (runs what the model's graph says)
     available: bool = True
-    reason: str = ""
+    reason: str = ""  # why it is not available; empty when it is
     options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    note: str = ""  # what it is, for people (e.g. the device's name); not a why-not
 
     @property
     def key(self) -> str:

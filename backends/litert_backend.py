@@ -8,8 +8,13 @@ with the loader's own message, and one that loads reports how much of the graph 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Mapping
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +60,41 @@ DELEGATES = (
 )
 
 
+_quiet = False
+_stderr_lock = threading.Lock()
+
+
+def quiet_native_info(enabled: bool = True) -> None:
+    """Drop the runtime's native "INFO: ..." lines (e.g. "Created TensorFlow Lite XNNPACK
+    delegate for CPU"), which it writes straight to fd 2 when an interpreter is created.
+    The CLI turns this on so that its stderr holds only its own one-line errors."""
+    global _quiet
+    _quiet = enabled
+
+
+@contextlib.contextmanager
+def _native_info_filtered() -> Iterator[None]:
+    """While on, fd 2 goes to a temporary file; afterwards every line but "INFO: " ones is
+    written back, so warnings and errors from the runtime still reach stderr."""
+    if not _quiet:
+        yield
+        return
+    with _stderr_lock, tempfile.TemporaryFile() as capture:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().splitlines(keepends=True)
+                    if not line.startswith(b"INFO: ")]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 def _import():
     """The interpreter module: LiteRT first, tflite_runtime where only that is installed."""
     try:
@@ -91,7 +131,7 @@ class LiteRtBackend:
                 result.append(unavailable(NAME, device, f"LiteRT reads only .tflite, not "
                                                         f"{model.format}"))
             else:
-                result.append(Candidate(NAME, device, "model", True, note))
+                result.append(Candidate(NAME, device, "model", note=note))
         for spec in DELEGATES:
             if not _applies(spec, hw):
                 where = ", ".join(spec.nodes + spec.socs) or "a Coral USB device"
@@ -105,9 +145,10 @@ class LiteRtBackend:
             elif wrong_format:
                 result.append(unavailable(NAME, spec.name, "LiteRT reads only .tflite"))
             else:
-                result.append(Candidate(NAME, spec.name, "model", True, spec.note,
+                result.append(Candidate(NAME, spec.name, "model", True, "",
                                         {"delegate": spec.library,
-                                         "delegate_options": dict(spec.options)}))
+                                         "delegate_options": dict(spec.options)},
+                                        note=spec.note))
         return result
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
@@ -147,10 +188,12 @@ class LiteRtSession:
             kwargs["experimental_op_resolver_type"] = (
                 interp.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
         try:
-            self._interp = interp.Interpreter(model_path=str(model.path),
-                                              experimental_delegates=delegates or None, **kwargs)
-            self._resize(options)
-            self._interp.allocate_tensors()
+            with _native_info_filtered():
+                self._interp = interp.Interpreter(model_path=str(model.path),
+                                                  experimental_delegates=delegates or None,
+                                                  **kwargs)
+                self._resize(options)
+                self._interp.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"{model.path}: LiteRT cannot load it: "
                              f"{str(exc).splitlines()[0][:300]}") from None

@@ -77,8 +77,8 @@ class OnnxRuntimeBackend:
                 result.append(unavailable(NAME, device, f"onnxruntime reads only ONNX, not "
                                                         f"{model.format}"))
                 continue
-            result.append(Candidate(NAME, device, "model", True, note,
-                                    {"provider": provider}))
+            result.append(Candidate(NAME, device, "model", True, "",
+                                    {"provider": provider}, note=note))
         return result
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):

@@ -78,7 +78,7 @@ class OpenVinoBackend:
                     result.append(unavailable(NAME, device, f"openvino cannot read "
                                                             f"{model.format}", precision))
                 else:
-                    result.append(Candidate(NAME, device, precision, True, full_name))
+                    result.append(Candidate(NAME, device, precision, note=full_name))
         return result
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
@@ -176,7 +176,15 @@ class OvSession:
 
     def info(self) -> dict[str, Any]:
         return {**self._precision,
-                "execution_devices": list(self._compiled.get_property("EXECUTION_DEVICES"))}
+                "execution_devices": list(self._compiled.get_property("EXECUTION_DEVICES")),
+                # True when the compile was skipped: a restart reused the model cache dir.
+                "loaded_from_cache": bool(self._loaded_from_cache())}
+
+    def _loaded_from_cache(self) -> bool:
+        try:
+            return bool(self._compiled.get_property("LOADED_FROM_CACHE"))
+        except RuntimeError:  # plugins that do not support import/export have no cache
+            return False
 
     def close(self) -> None:
         self._request = None

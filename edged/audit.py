@@ -118,7 +118,7 @@ def _context(args) -> AuditContext:
         options["keep"] = list(config.audit.keep)
         options["realtime"] = any(mc.rt_priority for mc in config.models)
         config_cpus = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())}) or None
-    if config_cpus and not args.inference_cpus:
+    if config_cpus:
         try:
             decide(cpusets, config_cpus)
         except ValueError as exc:
@@ -132,10 +132,12 @@ def _context(args) -> AuditContext:
         if not cpus:
             raise _InputError("--inference-cpus: empty CPU list")
         try:
-            decide(cpusets, cpus)
+            decide(cpusets, override=cpus)
         except ValueError as exc:
             raise _InputError(f"--inference-cpus: {exc}") from None
-        options["inference_cpus"] = cpus
+        # The flag is the operator's override, as for `edgectl apply`: it wins over the
+        # isolated set, which wins over the models' cpus (sysconf.cpusets.decide).
+        options["inference_override"] = cpus
     _load_checks()
     return AuditContext(root=root, dtbs=dtbs, options=options)
 

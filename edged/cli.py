@@ -105,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     placement.add_argument("--config", type=Path, default=None,
                            help="edged.toml: the models' cpus are the inference cores")
     placement.add_argument("--inference-cpus", default=None,
-                           help="inference cores, e.g. 2-3 (else: the config's model cpus, "
-                                "the kernel's isolated set, or the last core)")
+                           help="inference cores, e.g. 2-3: overrides the rest (else: the "
+                                "kernel's isolated set, the config's model cpus, or the "
+                                "last core)")
     placement.add_argument("--dtb", type=Path, default=None,
                            help="the board's device tree: its CPUs, for an image root that "
                                 "has no /sys")
@@ -121,8 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("plan", parents=[tuning, placement],
                    help="list every isolation change: path, old, new, reason")
     sub.add_parser("apply", parents=[tuning, placement],
-                   help="apply the plan through the journal (root only, or --root)")
-    sub.add_parser("revert", parents=[tuning], help="restore what apply changed, exactly")
+                   help="apply the plan through the journal (live: root only, else exit 1; "
+                        "journal in /var/lib/edged-tune, with --root in DIR/var/lib/edged)")
+    revert = sub.add_parser("revert", parents=[tuning],
+                            help="restore what apply changed, exactly: the tuning and the "
+                                 "persistent journal (live: root only, else exit 1)")
+    revert.add_argument("--runtime", action="store_true",
+                        help="revert only the runtime tuning (the tuning journal, as "
+                             "edged-tune.service does at stop); keep what is meant to "
+                             "survive reboots: the boot command line, service masks and "
+                             "provisioned files")
     provision = sub.add_parser("provision", parents=[placement],
                                help="write the whole tuned configuration into an image root "
                                     "(plan --trim, sysctl.d, CPUAffinity, edged enabled)")
@@ -223,15 +232,25 @@ class _Progress:
             self.bar = None
 
 
+def _quiet_runtime_logs() -> None:
+    """stderr is for edgectl's one-line errors: drop LiteRT's native INFO lines (the module
+    is plain Python; this imports no runtime)."""
+    from backends.litert_backend import quiet_native_info
+
+    quiet_native_info()
+
+
 def cmd_backends(args) -> int:
     from edged.selection import SelectionError, all_candidates, runtime_versions, select
     from sysconf import SysRoot
     from sysconf.hardware import probe
 
+    _quiet_runtime_logs()
     hw = probe(SysRoot.at(args.root))
     model_info = None
     selection = None
     error = None
+    failed_evidence = []
     if args.model is not None:
         from backends.model_info import inspect_model
 
@@ -248,6 +267,7 @@ def cmd_backends(args) -> int:
             selection = select(args.model, hw, policy, state_dir, progress)
         except SelectionError as exc:
             error = str(exc)
+            failed_evidence = exc.evidence
         finally:
             progress.close()
     candidates = all_candidates(hw, model_info)
@@ -256,14 +276,15 @@ def cmd_backends(args) -> int:
         "runtimes": runtime_versions(),
         "candidates": [
             {"backend": c.backend, "device": c.device, "precision": c.precision,
-             "available": c.available, "reason": c.reason}
+             "available": c.available, "reason": c.reason or None, "note": c.note}
             for c in candidates
         ],
         "selected": selection.summary() if selection else None,
     }
     if model_info is not None:
         report["model"] = model_info.to_dict()
-        report["evidence"] = [e.to_dict() for e in selection.evidence] if selection else []
+        report["evidence"] = [e.to_dict() for e in
+                              (selection.evidence if selection else failed_evidence)]
         if error:
             report["error"] = error
     if args.json:
@@ -306,7 +327,7 @@ def format_backends(report: dict[str, Any], selection) -> str:
     for c in report["candidates"]:
         mark = "yes" if c["available"] else "no "
         key = f"{c['backend']}:{c['device']}:{c['precision']}"
-        lines.append(f"  {mark}  {key:32} {c['reason']}")
+        lines.append(f"  {mark}  {key:32} {c['reason'] or c['note']}")
     model = report.get("model")
     if model:
         flag = "" if model["int8"] else "   <- not INT8: runs, but quantize it for speed"
@@ -314,6 +335,12 @@ def format_backends(report: dict[str, Any], selection) -> str:
                      f"{model['precision_detail']}){flag}")
         if selection is not None:
             lines.append(format_evidence(selection))
+        elif report.get("evidence"):
+            lines.append("Evidence      (selection failed)")
+            for ev in report["evidence"]:
+                if ev["status"] != "unavailable":
+                    key = f"{ev['backend']}:{ev['device']}:{ev['requested_precision']}"
+                    lines.append(f"  {key:28} {ev['status']:10} {ev['reason']}")
     return "\n".join(lines)
 
 
@@ -351,11 +378,12 @@ def cmd_bench(args) -> int:
     from backends.model_info import inspect_model
     from edged.bench import benchmark, pinned_thread
     from edged.inputs import make_inputs, resolve_shapes
-    from edged.selection import SelectionError, all_candidates, matches, select
+    from edged.selection import SelectionError, backend_candidates, select
     from sysconf.hardware import probe
 
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be at least 1 and --warmup at least 0")
+    _quiet_runtime_logs()
     model = inspect_model(args.model)
     hw = probe()
     policy = _policy(args)
@@ -369,9 +397,10 @@ def cmd_bench(args) -> int:
             return EXIT_FAILED
         finally:
             progress.close()
-        chosen = [selection.load_candidate()]
+        chosen = [selection.load_candidate(hw)]
     else:
-        matching = [c for c in all_candidates(hw, model) if matches(c, args.backend)]
+        # A named backend lists (and so imports) only its own runtime.
+        matching = backend_candidates(hw, model, args.backend)
         chosen = [c for c in matching if c.available]
         if not chosen:
             why = "; ".join(f"{c.key}: {c.reason}" for c in matching) or "no such backend"
@@ -395,9 +424,11 @@ def cmd_bench(args) -> int:
                     session = get_backend(candidate.backend).load(model, candidate, options)
                 session.run(feeds)
             except BackendError as exc:
+                # Same keys as a measured result (stats null), so scripts need no special case.
                 results.append({"backend": candidate.backend, "device": candidate.device,
                                 "requested_precision": candidate.precision,
-                                "precision": None, "error": str(exc)})
+                                "precision": None, **dict.fromkeys(_STAT_KEYS),
+                                "error": str(exc)})
                 continue
             sessions[candidate] = session
         total = args.runs * len(sessions)
@@ -424,6 +455,10 @@ def cmd_bench(args) -> int:
     else:
         print(format_bench(report))
     return EXIT_OK if any("error" not in r for r in results) else EXIT_FAILED
+
+
+_STAT_KEYS = ("runs", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms",
+              "stdev_ms", "throughput_ips")
 
 
 def format_bench(report: dict[str, Any]) -> str:
@@ -464,10 +499,11 @@ def cmd_status(args) -> int:
     return EXIT_FAILED
 
 
-def _isolation_plan(args):
+def _isolation_plan(args, placed=None):
+    """The plan for `placed` (from `_placement`; computed here when None)."""
     from sysconf.isolation import plan
 
-    root, cpus, keep, extra = _placement(args)
+    root, cpus, keep, extra = placed or _placement(args)
     return root, plan(root, cpus, boot_on_live=args.boot, trim=getattr(args, "trim", False),
                       keep=keep, extra=extra, realtime=_uses_rt_priority(args))
 
@@ -485,12 +521,14 @@ def _uses_rt_priority(args) -> bool:
 
 def _placement(args):
     """The root, its CPU plan and the [audit] keep/trim lists, from --root, --config and
-    --inference-cpus."""
+    --inference-cpus. Precedence (sysconf.cpusets.decide): --inference-cpus (an explicit
+    override), else the kernel's isolated set, else the config's model cpus, else the last
+    core."""
     from sysconf import SysRoot
     from sysconf.cpusets import decide, read_cpusets
 
     root = SysRoot.at(args.root)
-    configured = None
+    configured = override = None
     config = None
     if args.config is not None:
         from edged.config import ConfigError, load_config
@@ -500,8 +538,8 @@ def _placement(args):
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
     if args.inference_cpus:
-        configured = parse_cpus_text(args.inference_cpus, "--inference-cpus")
-    elif config is not None:
+        override = parse_cpus_text(args.inference_cpus, "--inference-cpus")
+    if config is not None:
         pinned = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
         configured = pinned or None
     cpusets = read_cpusets(root)
@@ -511,9 +549,15 @@ def _placement(args):
         raise UsageError(f"{root.root}: no CPU information (no /sys/devices/system/cpu/online, "
                          f"as in an image root); give the board's --dtb")
     try:
-        cpus = decide(cpusets, configured)
+        cpus = decide(cpusets, configured, override=override)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        msg = str(exc)
+        if "override" in msg:
+            msg = "--inference-cpus: " + msg.replace("the override ", "").replace(
+                "override inference CPUs", "inference CPUs").replace(" (override)", "")
+        elif "configured" in msg and args.config is not None:
+            msg = f"{args.config}: models.cpus: {msg}"
+        raise UsageError(msg) from None
     keep, extra = (config.audit.keep, config.audit.trim) if config is not None else ((), ())
     return root, cpus, keep, extra
 
@@ -545,28 +589,89 @@ def parse_cpus_text(text: str, flag: str) -> list[int]:
 
 
 def _journal(root):
-    from sysconf.changes import Journal
+    """Both journals (sysconf.changes.Journals: tuning and persistent) in one state dir."""
+    from sysconf.changes import Journals
 
-    # With --root the journal lives inside that root (an image carries its own journal).
-    return Journal(root, "/var/lib/edged" if not root.is_live else str(_live_state_dir()))
+    # With --root the journals live inside that root (an image carries its own journals).
+    return Journals(root, "/var/lib/edged" if not root.is_live else str(_live_state_dir()))
+
+
+LIVE_TUNE_STATE_DIR = Path("/var/lib/edged-tune")
 
 
 def _live_state_dir() -> Path:
-    return Path(os.environ.get("EDGED_STATE_DIR", "/var/lib/edged"))
+    """The live journals' folder: root-only (StateDirectory=edged-tune in
+    edged-tune.service), never the daemon's /var/lib/edged, which the unprivileged edged user
+    owns: root's revert writes whatever the journal says, so the daemon must not be able to
+    rewrite it. $EDGED_TUNE_STATE_DIR overrides it (not $EDGED_STATE_DIR, the daemon's)."""
+    return Path(os.environ.get("EDGED_TUNE_STATE_DIR") or LIVE_TUNE_STATE_DIR)
+
+
+def _refuse_live_without_root(root, what: str) -> bool:
+    """apply/revert on the live system without root would be refused write by write (EPERM),
+    which looks like success; say so up front instead (exit 1)."""
+    if not root.is_live or os.geteuid() == 0:
+        return False
+    print(f"edgectl: error: {what} on the live system needs root (it writes /proc, /sys, "
+          f"/etc and the journal in {_live_state_dir()}); nothing was changed. Run it as "
+          f"root, or give --root DIR for an image", file=sys.stderr)
+    return True
+
+
+# A refusal for lack of permission, as sysconf.changes names it ("EACCES: ...").
+_DENIED = ("EPERM:", "EACCES:", "EROFS:")
 
 
 def cmd_plan_apply(args) -> int:
-    root, isolation = _isolation_plan(args)
+    """plan: print the changes. apply: refuse the live system without root (exit 1); retire a
+    journal from an older boot (before planning, so the plan sees the restored files), apply
+    through the journal, and exit 1 when every change was refused for lack of permission."""
+    from sysconf import SysRoot
+
+    applying = args.command == "apply"
+    if applying and _refuse_live_without_root(SysRoot.at(args.root), "apply"):
+        return EXIT_FAILED
+    placed = _placement(args)  # bad input fails before anything is written
+    root = placed[0]
+    notes = list(placed[1].notes)
+    stale: list[tuple[str, str]] = []
+    journal = _journal(root)
+    if applying:
+        try:
+            stale = journal.retire_stale()
+        except ValueError as exc:  # untrusted or corrupt journal: name it, change nothing
+            raise UsageError(str(exc)) from None
+        if stale:
+            notes.append(f"the journal was from an older boot: its file changes were reverted "
+                         f"and its /proc and /sys values dropped ({len(stale)} records)")
+    root, isolation = _isolation_plan(args, placed)
     report: dict[str, Any] = isolation.to_dict()
-    if args.command == "apply":
-        result = _journal(root).apply(isolation.changes)
+    code = EXIT_OK
+    if applying:
+        try:
+            result = journal.apply(isolation.changes)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        result.stale = stale + result.stale
         report.update(result.to_dict())
-        report["journal"] = str(_journal(root).path)
+        report["journal"] = str(journal.path)
+        report["persistent_journal"] = str(journal.persistent.path)
+        if root.is_live and any(c.kind == "irqbalance" for c in result.applied):
+            notes.append("irqbalance reads its defaults file only at start: edged-tune.service "
+                         "restarts it; by hand: systemctl try-restart irqbalance")
+        if result.skipped and not result.applied and all(
+                any(name in why for name in _DENIED) for _, why in result.skipped):
+            print("edgectl: error: every change was refused for lack of permission "
+                  "(EPERM/EACCES/EROFS); nothing was applied", file=sys.stderr)
+            code = EXIT_FAILED
+    report["notes"] = notes
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(format_plan(report, applied=args.command == "apply"))
-    return EXIT_OK
+        print(format_plan(report, applied=applying))
+        for note in notes:
+            print(f"note: {note}")
+    return code
 
 
 def format_plan(report: dict[str, Any], applied: bool) -> str:
@@ -609,8 +714,13 @@ def cmd_provision(args) -> int:
         raise UsageError(str(exc)) from None
     journal = _journal(root)
     report: dict[str, Any] = provisioned.to_dict()
-    report.update(journal.apply(provisioned.changes).to_dict())
+    try:
+        applied = journal.apply(provisioned.changes)
+    except ValueError as exc:  # untrusted or corrupt journal: name it, change nothing
+        raise UsageError(str(exc)) from None
+    report.update(applied.to_dict())
     report["journal"] = str(journal.path)
+    report["persistent_journal"] = str(journal.persistent.path)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -619,22 +729,33 @@ def cmd_provision(args) -> int:
 
 
 def cmd_revert(args) -> int:
+    """Both journals, or with --runtime only the tuning journal (edged-tune.service's stop:
+    the boot command line and masks must survive the reboot that follows)."""
     from sysconf import SysRoot
 
-    journal = _journal(SysRoot.at(args.root))
+    root = SysRoot.at(args.root)
+    if _refuse_live_without_root(root, "revert"):
+        return EXIT_FAILED
+    journal = _journal(root)
+    runtime_only = getattr(args, "runtime", False)
     try:
-        restored = journal.revert()
-    except ValueError as exc:  # a corrupt journal: say which line, change nothing
+        restored = journal.revert(runtime_only=runtime_only)
+        kept = runtime_only and journal.persistent.pending()
+    except ValueError as exc:  # corrupt or untrusted journal: say where, change nothing
         raise UsageError(str(exc)) from None
     failed = [(path, what) for path, what in restored if what.startswith("failed")]
     if args.json:
-        print(json.dumps({"reverted": [{"path": p, "action": a} for p, a in restored]},
-                         indent=2))
-    elif not restored:
-        print("nothing to revert")
+        print(json.dumps({"reverted": [{"path": p, "action": a} for p, a in restored],
+                          "kept_persistent": bool(kept)}, indent=2))
     else:
+        if not restored:
+            print("nothing to revert")
         for path, action in restored:
             print(f"  {action:9} {path}")
+        if kept:
+            print(f"note: kept the persistent changes (boot command line, masks) in "
+                  f"{journal.persistent.path}; `edgectl revert` without --runtime restores "
+                  f"them")
     return EXIT_FAILED if failed else EXIT_OK
 
 

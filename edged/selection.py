@@ -10,6 +10,7 @@ re-benchmark. Nothing is cached when no candidate passes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -39,7 +40,14 @@ CACHE_VERSION = 2
 
 
 class SelectionError(RuntimeError):
-    """No candidate could run the model correctly (nothing is cached)."""
+    """No candidate could run the model correctly (nothing is cached).
+
+    `evidence` holds what was measured before giving up, so `edgectl backends --json` can
+    show why each candidate failed rather than an empty list."""
+
+    def __init__(self, message: str, evidence: Sequence[Evidence] = ()) -> None:
+        super().__init__(message)
+        self.evidence = list(evidence)
 
 
 @dataclass(frozen=True)
@@ -143,14 +151,12 @@ class Selection:
             "warnings": self.warnings,
         }
 
-    def load_candidate(self) -> Candidate:
-        """The selected candidate with its backend options, ready for `load`."""
+    def load_candidate(self, hw: HardwareFacts | None = None) -> Candidate:
+        """The selected candidate with its backend options, ready for `load`.
+
+        Asks only the selected backend, so loading a cached decision imports one runtime."""
         assert self.selected is not None
-        chosen = self.selected.candidate
-        for candidate in all_candidates(None, self.model):
-            if candidate.key == chosen.key:
-                return candidate
-        return chosen
+        return find_candidate(hw, self.model, self.selected.candidate)
 
 
 def runtime_versions() -> dict[str, str | None]:
@@ -166,6 +172,31 @@ def all_candidates(hw: HardwareFacts | None, model: ModelInfo | None) -> list[Ca
     for name in backend_names():
         result.extend(get_backend(name).candidates(hw, model))
     return result
+
+
+def backend_candidates(hw: HardwareFacts | None, model: ModelInfo | None,
+                       spec: str = "auto") -> list[Candidate]:
+    """The candidates matching `spec`. A named backend is asked alone, so pinning one (or
+    loading a cached decision) imports only its runtime; "auto"/"all" ask every backend."""
+    if spec in ("auto", "all"):
+        return all_candidates(hw, model)
+    name = canonical_name(spec.split(":")[0])
+    if name not in backend_names():
+        return []
+    if hw is None:
+        from sysconf.hardware import probe
+
+        hw = probe()
+    return [c for c in get_backend(name).candidates(hw, model) if matches(c, spec)]
+
+
+def find_candidate(hw: HardwareFacts | None, model: ModelInfo | None,
+                   wanted: Candidate) -> Candidate:
+    """`wanted` as its backend lists it now (with its options), else `wanted` itself."""
+    for candidate in backend_candidates(hw, model, wanted.backend):
+        if candidate.key == wanted.key:
+            return candidate
+    return wanted
 
 
 def matches(candidate: Candidate, spec: str) -> bool:
@@ -294,14 +325,58 @@ def select(
     cached = load_cached(state_dir, model, key)
     if cached is not None:
         return cached
-    candidates = [c for c in all_candidates(hw, model) if matches(c, policy.backend)]
+    before = _cache_files(state_dir)
+    try:
+        return _measure(model, key, hw, policy, state_dir, progress)
+    except BaseException:
+        _forget_new_files(state_dir, before)
+        raise
+
+
+def _cache_files(state_dir: Path | None) -> tuple[bool, set[Path]] | None:
+    """What the state dir and its compiled-model cache held before a selection."""
+    if state_dir is None:
+        return None
+    cache = state_dir / "openvino-cache"
+    return state_dir.exists(), set(cache.rglob("*")) if cache.exists() else set()
+
+
+def _forget_new_files(state_dir: Path | None, before: tuple[bool, set[Path]] | None) -> None:
+    """Undo what a failed selection wrote: the compiled-model blobs it added (OpenVINO writes
+    them during compile, before verification can fail) and the folders it created. Only that
+    cache is touched: the state dir may hold a running daemon's other files."""
+    if state_dir is None or before is None:
+        return
+    existed, old = before
+    cache = state_dir / "openvino-cache"
+    if cache.exists():
+        for path in sorted(set(cache.rglob("*")) - old, reverse=True):
+            if path.is_dir():
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            else:
+                path.unlink(missing_ok=True)
+        if not old:
+            with contextlib.suppress(OSError):
+                cache.rmdir()
+    if not existed:
+        with contextlib.suppress(OSError):
+            state_dir.rmdir()
+
+
+def _measure(model: ModelInfo, key: str, hw: HardwareFacts, policy: Policy,
+             state_dir: Path | None, progress: Callable[[str, int, int], None] | None
+             ) -> Selection:
+    candidates = [c for c in backend_candidates(hw, model, policy.backend)
+                  if matches(c, policy.backend)]
     if not candidates:
         raise SelectionError(f"{model.path}: no backend matches {policy.backend!r}")
     usable = [c for c in candidates if c.available]
     if not usable:
         reasons = "; ".join(f"{c.key}: {c.reason}" for c in candidates)
         raise SelectionError(f"{model.path}: no available backend for {policy.backend!r} "
-                             f"({reasons})")
+                             f"({reasons})",
+                             [Evidence(c, "unavailable", c.reason) for c in candidates])
     evidence = [Evidence(c, "unavailable", c.reason) for c in candidates if not c.available]
     options = LoadOptions(threads=policy.threads, cpus=policy.cpus,
                           cache_dir=state_dir / "openvino-cache" if state_dir else None)
@@ -336,7 +411,7 @@ def select(
     passed = [e for e in evidence if e.status == "passed"]
     if not passed:
         why = "; ".join(f"{e.candidate.key}: {e.reason}" for e in evidence if e.reason)
-        raise SelectionError(f"{model.path}: no candidate ran it correctly ({why})")
+        raise SelectionError(f"{model.path}: no candidate ran it correctly ({why})", evidence)
     best = _choose(passed)
     best.status = "selected"
     selection = Selection(model, best, evidence, shapes, key)

@@ -13,7 +13,7 @@ from backends.base import BackendError, Candidate, ModelError, Session
 from edged.bench import pinned_thread
 from edged.engine import BatchingConfig, ModelWorker
 from edged.latency import LatencyRecorder
-from edged.selection import Policy, Selection, all_candidates, select
+from edged.selection import Policy, Selection, all_candidates, backend_candidates, select
 from sysconf.hardware import HardwareFacts
 
 log = logging.getLogger("edged.serving")
@@ -44,15 +44,14 @@ class ServedModel:
             moved = self.worker.fail_over(f"{active} is gone", lambda c: c.key in usable)
             done.append(f"{active} gone, " + ("failed over" if moved else "no fallback"))
         selection = select(self.selection.model.path, hw, self.policy, self.state_dir)
-        candidates = {c.key: c for c in all_candidates(hw, selection.model)}
         options = _load_options(self.policy, self.worker.batching, selection, self.state_dir)
-        pick = candidates.get(selection.selected.candidate.key, selection.load_candidate())
+        pick = selection.load_candidate(hw)
         if pick.key != self.worker.session.candidate.key:
-            session = get_backend(pick.backend).load(selection.model, pick, options)
+            with pinned_thread(self.policy.cpus):
+                session = get_backend(pick.backend).load(selection.model, pick, options)
             self.worker.swap_session(session)
             done.append(f"switched to {pick.key}")
-        self.worker.set_fallbacks(_fallback_provider(self.name, selection, candidates,
-                                                     options))
+        self.worker.set_fallbacks(_fallback_provider(self.name, selection, hw, options))
         self.selection = selection
         return "; ".join(done) or f"kept {pick.key}"
 
@@ -86,28 +85,37 @@ class ServedModel:
         }
 
 
-def _ranked_fallbacks(selection: Selection) -> list[str]:
-    """Keys of the other verified candidates, fastest p99 first."""
-    others = [e for e in selection.evidence if e.status == "passed" and e.latency]
-    return [ev.candidate.key for ev in sorted(others, key=lambda e: e.latency.p99_ms)]
-
-
-def _fallback_provider(name: str, selection: Selection, candidates: dict[str, Candidate],
+def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts,
                        options: LoadOptions):
     """The worker's source of replacement sessions: the selection's other verified
-    candidates in p99 order, each tried once."""
-    queue = _ranked_fallbacks(selection)
+    candidates in p99 order, each tried once.
+
+    Each is looked up (with its backend options) only when needed, so serving a cached
+    decision imports no runtime but the selected one. The load runs pinned to the model's
+    CPUs like the first load: it happens on the worker, supervisor or hot-plug thread, and
+    OpenVINO's streams / onnxruntime's pool inherit the loading thread's CPU set."""
+    queue = [e.candidate for e in sorted(
+        (e for e in selection.evidence if e.status == "passed" and e.latency),
+        key=lambda e: e.latency.p99_ms)]
 
     def next_session(usable: Callable[[Candidate], bool] | None = None) -> Session | None:
         while queue:
-            key = queue.pop(0)
-            candidate = candidates.get(key)
-            if candidate is None or (usable is not None and not usable(candidate)):
-                continue
+            # Listing may be the runtime's first use in this process (creating OpenVINO's
+            # Core starts threads), so it is pinned as well.
+            wanted = queue.pop(0)
+            with pinned_thread(options.cpus):
+                candidate = next((c for c in backend_candidates(hw, selection.model,
+                                                                wanted.backend)
+                                  if c.key == wanted.key), None)
+            if candidate is None or not candidate.available or (
+                    usable is not None and not usable(candidate)):
+                continue  # no longer offered here (a device went away)
             try:
-                return get_backend(candidate.backend).load(selection.model, candidate, options)
+                with pinned_thread(options.cpus):
+                    return get_backend(candidate.backend).load(selection.model, candidate,
+                                                               options)
             except (ModelError, BackendError) as exc:
-                log.warning("%s: fallback %s failed to load: %s", name, key, exc)
+                log.warning("%s: fallback %s failed to load: %s", name, candidate.key, exc)
         return None
 
     return next_session
@@ -115,21 +123,22 @@ def _fallback_provider(name: str, selection: Selection, candidates: dict[str, Ca
 
 def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
                hw: HardwareFacts, state_dir: Path, config_key: tuple = (),
-               on_failover: Callable[[str], None] | None = None) -> ServedModel:
+               on_failover: Callable[[str], None] | None = None,
+               period_s: float | None = None) -> ServedModel:
     """Select (or read the cached choice), load the pick and start its worker thread.
+    `period_s`: a periodic client's period, for coordinated-omission correction of latency.
 
     Raises ModelError / InputError / SelectionError / BackendError with the reason."""
     selection = select(path, hw, policy, state_dir)
     options = _load_options(policy, batching, selection, state_dir)
-    candidates = {c.key: c for c in all_candidates(hw, selection.model)}
-    chosen = candidates.get(selection.selected.candidate.key, selection.load_candidate())
+    chosen = selection.load_candidate(hw)
     # Loaded on the model's CPUs: runtimes that create their pools at load time (OpenVINO's
     # streams, onnxruntime's threads without explicit affinities) inherit this thread's set.
     with pinned_thread(policy.cpus):
         session = get_backend(chosen.backend).load(selection.model, chosen, options)
     worker = ModelWorker(name, session, batching, policy.cpus,
-                         _fallback_provider(name, selection, candidates, options), on_failover,
-                         LatencyRecorder(name, cores=policy.cpus))
+                         _fallback_provider(name, selection, hw, options), on_failover,
+                         LatencyRecorder(name, cores=policy.cpus, period_s=period_s))
     worker.start()
     return ServedModel(name, selection, worker, config_key, policy=policy, state_dir=state_dir)
 

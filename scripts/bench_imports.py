@@ -9,6 +9,10 @@ Cases (each `sys.executable -c ...`, repeated `--reps` times round-robin, median
   c ort        load an ONNX model with onnxruntime and run it once; openvino not imported
   d openvino   `import openvino` alone, the cost the lazy imports avoid
   h ov_run     load + run the same ONNX model with OpenVINO (what (c) would cost with it)
+  i cli_pinned `edgectl bench TFLITE --backend litert:XNNPACK --runs 1` in-process (the CLI's
+               pinned-backend path: lists LiteRT's candidates only); no openvino/onnxruntime
+  j cached     `select` on a cached decision (made beforehand, Policy backend "litert") +
+               `Selection.load_candidate` + load + one run: what a restart does
   e, f, g      `import numpy`, `import onnx`, `import onnxruntime` alone (what (a)-(c) pay for)
 Reported: the child's own time from its first statement to the end of the case (ms), the
 subprocess wall time including interpreter start-up (ms), and peak RSS (ru_maxrss, MiB);
@@ -22,9 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,13 +84,36 @@ s = get_backend("openvino").load(info, Candidate("openvino", "CPU", "fp32"),
                                  LoadOptions(threads={threads}, shapes={shapes!r}))
 s.run(make_inputs(s.inputs, resolve_shapes(s.inputs, {shapes!r}, info.name)))
 """, ("onnxruntime",)),
+    "cli_pinned": ("edgectl bench --backend litert:XNNPACK", """
+import contextlib, io, os, shutil, tempfile
+os.environ["EDGED_STATE_DIR"] = _state = tempfile.mkdtemp(prefix="edged-bench-imports-")
+from edged.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(["bench", {tflite!r}, "--backend", "litert:XNNPACK", "--runs", "1",
+                 "--warmup", "0", "--threads", "{threads}"]) == 0
+shutil.rmtree(_state)
+""", ("openvino", "onnxruntime")),
+    "cached": ("cached select + load_candidate + run", """
+from pathlib import Path
+from backends import LoadOptions, get_backend
+from edged.inputs import make_inputs
+from edged.selection import Policy, select
+from sysconf.hardware import probe
+hw = probe()
+sel = select({tflite!r}, hw, Policy(backend="litert", threads={threads}), Path({state!r}))
+assert sel.from_cache
+c = sel.load_candidate(hw)
+s = get_backend(c.backend).load(sel.model, c, LoadOptions(threads={threads}))
+s.run(make_inputs(s.inputs, sel.shapes))
+""", ("openvino", "onnxruntime")),
     # Attribution of (a)-(c): what the pieces cost on their own.
     "numpy": ("import numpy", "import numpy", ()),
     "onnx": ("import onnx (inspect_model, .onnx)", "import onnx", ()),
     "onnxruntime": ("import onnxruntime", "import onnxruntime", ()),
 }
 LABELS = {"baseline": "0", "cli": "a", "litert": "b", "ort": "c", "openvino": "d",
-          "ov_run": "h", "numpy": "e", "onnx": "f", "onnxruntime": "g"}
+          "ov_run": "h", "cli_pinned": "i", "cached": "j", "numpy": "e", "onnx": "f",
+          "onnxruntime": "g"}
 
 
 
@@ -125,7 +154,17 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_test_data.py"),
                             "--only", "models"], check=True)
     shapes = {"x": (1, 3, 48, 192)} if onnx.name.startswith("ppocr_cls") else None
-    fmt = {"tflite": str(tflite), "onnx": str(onnx), "threads": args.threads, "shapes": shapes}
+    state = Path(tempfile.mkdtemp(prefix="edged-bench-imports-state-"))
+    # The decision case (j) reads: made once here, in its own process (that one measures,
+    # so it imports whatever the selection needs for its reference).
+    subprocess.run([sys.executable, "-c", "from pathlib import Path\n"
+                    "from edged.selection import Policy, select\n"
+                    "from sysconf.hardware import probe\n"
+                    f"select({str(tflite)!r}, probe(), Policy(backend='litert', "
+                    f"threads={args.threads}), Path({str(state)!r}))"],
+                   cwd=ROOT, check=True, capture_output=True)
+    fmt = {"tflite": str(tflite), "onnx": str(onnx), "threads": args.threads, "shapes": shapes,
+           "state": str(state)}
     codes = {name: code.format(**fmt) if "{" in code else code
              for name, (_, code, _) in CASES.items()}
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in CASES}
@@ -134,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in CASES:
             samples[name].append(run_case(codes[name]))
     load_after = os.getloadavg()[0]
+    shutil.rmtree(state)
     rows = {}
     failures = []
     for name, (desc, _, forbidden) in CASES.items():
@@ -175,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['wall_ms_vs_openvino']:7.2f} {r['peak_rss_mib_vs_openvino']:6.2f}  "
                      f"{', '.join(r['imported']) or '-'}{mark}")
             print(lines)
-        for name in ("cli", "litert", "ort", "ov_run"):
+        for name in ("cli", "litert", "ort", "ov_run", "cli_pinned", "cached"):
             r = rows[name]
             print(f"  => ({r['case']}) {', '.join(r['must_not_import'])} not in sys.modules: "
                   f"{'yes' if r['lazy_ok'] else 'NO'}")

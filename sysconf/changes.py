@@ -20,6 +20,22 @@ the records backwards and writes every `old` of a `set` that was not skipped, re
 folders it made (newest first, only when empty), then moves the journal aside, so a second
 revert finds nothing to do.
 
+Every "set" and "mkdir" record carries the boot id it was written in
+(/proc/sys/kernel/random/boot_id, read through the root). A journal from an older boot (power
+lost before `edgectl revert` ran) is stale: see `Journal.retire_stale`.
+
+Two journals share the state dir (`Journals`): the tuning journal for what edged-tune.service
+applies at start and takes back at stop, and the persistent journal for changes meant to
+outlive that service (the boot command line, service masks, provisioned files: see
+`outlives_tuning`). Stopping the service (`edgectl revert --runtime`) and retiring an older
+boot's journal touch only the tuning journal; a plain `edgectl revert` restores both.
+
+Root trusts the journal: `revert` writes each record's `old` to its `path`. So `apply` and
+`revert` refuse (`UntrustedJournal`) a journal file or folder that another user owns or that
+is group/world-writable, and records whose path is not a plain absolute path; on the live
+system the journal lives in a root-only folder (edgectl: /var/lib/edged-tune, not the
+daemon's /var/lib/edged, which the unprivileged daemon user owns).
+
 Values are compared and recorded as exact text (bytes decoded as UTF-8 with surrogateescape,
 no newline translation), so a CRLF cmdline.txt or a Latin-1 comment comes back byte for byte.
 """
@@ -30,6 +46,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +56,8 @@ from sysconf.sysroot import SysRoot
 from sysconf.systemctl import Systemctl, SystemctlError
 
 JOURNAL_NAME = "tuning-journal.jsonl"
+PERSISTENT_JOURNAL_NAME = "persistent-journal.jsonl"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # Errors that mean "the kernel will not take this value here", not "edged is broken".
 REFUSED = {errno.EIO: "EIO", errno.EINVAL: "EINVAL", errno.EPERM: "EPERM",
            errno.EACCES: "EACCES", errno.EBUSY: "EBUSY", errno.ENOTSUP: "ENOTSUP"}
@@ -66,17 +85,25 @@ class Change:
                 "reason": self.reason}
 
 
+class UntrustedJournal(ValueError):
+    """The journal (or a record in it) could have been written by someone other than the user
+    who would act on it: reverting it could write anything anywhere as that user."""
+
+
 @dataclass
 class ApplyResult:
     applied: list[Change] = field(default_factory=list)
     unchanged: list[Change] = field(default_factory=list)
     skipped: list[tuple[Change, str]] = field(default_factory=list)
+    # (path, action) of a stale journal from an older boot, handled before this apply.
+    stale: list[tuple[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
             "applied": [c.to_dict() for c in self.applied],
             "unchanged": [c.to_dict() for c in self.unchanged],
             "skipped": [{**c.to_dict(), "why": why} for c, why in self.skipped],
+            "stale": [{"path": p, "action": a} for p, a in self.stale],
         }
 
 
@@ -155,6 +182,29 @@ def _fsync_dir(folder: Path) -> None:
 # "enable" (a *.wants/ link to the unit file, systemctl enable; edgectl provision).
 LINK_KINDS = frozenset({"mask", "enable"})
 
+# The kinds `outlives_tuning` sends to the persistent journal.
+PERSISTENT_KINDS = frozenset({
+    "cmdline",  # the boot command line (cmdline.txt, extlinux.conf, /etc/default/grub)
+    "mask", "enable", "unit",  # service masks, enable links and installed unit files
+    "sysctl-conf", "systemd-conf",  # edgectl provision's /etc/sysctl.d and CPUAffinity drop-in
+})
+
+
+def outlives_tuning(change: Change) -> bool:
+    """Whether `change` goes to the persistent journal, not the tuning journal: the one rule.
+
+    edged-tune.service applies the tuning at every start and reverts it at every stop
+    (`edgectl revert --runtime`), and `retire_stale` reverts an older boot's tuning journal
+    after a power cut. That is right for IRQ affinities, sysctls, governors, workqueue masks
+    and the irqbalance ban list, which the service re-applies at the next start. It is wrong
+    for the boot command line (isolcpus, nohz_full ... take effect only at the next boot, so
+    reverting it at shutdown throws it away before the reboot that would use it), for service
+    masks (`apply --trim`: meant to keep the units off across reboots) and for what
+    `edgectl provision` writes for the first boot (units, enable links, sysctl.d, the
+    CPUAffinity drop-in). Those kinds (`PERSISTENT_KINDS`) are undone only by a plain
+    `edgectl revert`. The rule goes by kind alone, so a path is always in the same journal."""
+    return change.kind in PERSISTENT_KINDS
+
 
 def write_symlink(path: Path, target: str) -> None:
     """Make `path` a symlink to `target` atomically (a temporary link, then rename over)."""
@@ -183,15 +233,57 @@ def _error_name(exc: OSError) -> str:
 
 class Journal:
     def __init__(self, root: SysRoot, state_dir: str = "/var/lib/edged",
-                 writer: Writer = write_file, systemctl: Systemctl | None = None) -> None:
+                 writer: Writer = write_file, systemctl: Systemctl | None = None,
+                 persistent: bool = False) -> None:
         """`state_dir` is as seen on the device: with an image root the journal lives inside
         that root, so the image carries its own journal. `systemctl` runs the runtime half of
         a live mask (default: the real `systemctl`); it is never called for an image root,
-        and tests pass one with a fake runner (with a root whose `is_live` is true)."""
+        and tests pass one with a fake runner (with a root whose `is_live` is true).
+        `persistent`: the journal of changes meant to survive reboots
+        (PERSISTENT_JOURNAL_NAME; see `outlives_tuning`): `retire_stale` leaves it alone."""
         self.root = root
-        self.path = root.path(state_dir) / JOURNAL_NAME
+        self.persistent = persistent
+        self.path = root.path(state_dir) / (PERSISTENT_JOURNAL_NAME if persistent
+                                            else JOURNAL_NAME)
         self._write = writer
         self._systemctl = systemctl
+        self._boot_id: str | None = None
+
+    @property
+    def boot_id(self) -> str | None:
+        """This boot's id, read through the root (None: the root has none, as an image)."""
+        if self._boot_id is None:
+            self._boot_id = self.root.read_line(BOOT_ID) or None
+        return self._boot_id
+
+    def check_trusted(self) -> None:
+        """Refuse a journal that someone other than the acting user could have written.
+
+        `revert` writes each record's `old` to its `path` as the acting user (root, from
+        edged-tune.service), so whoever can rewrite the journal can make root write any file.
+        The journal folder and file must be owned by the current euid and not be group- or
+        world-writable, and the file must be a regular file (not a symlink). A missing file
+        or folder is fine: `apply` creates them root-only."""
+        euid = os.geteuid()
+        for path, what in ((self.path.parent, "folder"), (self.path, "file")):
+            try:
+                st = os.stat(path) if what == "folder" else os.lstat(path)
+            except FileNotFoundError:
+                continue
+            problems = []
+            if what == "folder" and not stat.S_ISDIR(st.st_mode):
+                problems.append("is not a directory")
+            if what == "file" and not stat.S_ISREG(st.st_mode):
+                problems.append("is not a regular file (a symlink?)")
+            if st.st_uid != euid:
+                problems.append(f"is owned by uid {st.st_uid}, not by uid {euid} that acts on it")
+            if st.st_mode & 0o022:
+                problems.append(f"is group/world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
+            if problems:
+                raise UntrustedJournal(
+                    f"{path}: the journal {what} {' and '.join(problems)}; refusing to apply "
+                    f"or revert through a journal another user could rewrite (check its "
+                    f"records, then chown it to uid {euid} and chmod go-w)")
 
     @property
     def systemctl(self) -> Systemctl:
@@ -201,9 +293,14 @@ class Journal:
 
     # -- recording ---------------------------------------------------------------------------
     def _append(self, record: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if record.get("op") in ("set", "mkdir") and self.boot_id is not None:
+            record = {**record, "boot_id": self.boot_id}
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         created = not self.path.exists()
-        with open(self.path, "a+b") as f:
+        # Owner-only from the start (not the umask's 0664), so check_trusted accepts it.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "a+b") as f:
             self._end_last_line(f)
             f.write(json.dumps(record).encode() + b"\n")
             f.flush()
@@ -246,12 +343,55 @@ class Journal:
                 record = None
             if not isinstance(record, dict) or "op" not in record:
                 raise ValueError(f"{self.path}: line {number} is not a journal record")
+            path = record.get("path")
+            if path is not None and not _plain_path(path):
+                raise UntrustedJournal(f"{self.path}: line {number}: path {path!r} is not a "
+                                       f"plain absolute path; refusing to act on it")
             records.append(record)
         return records
 
+    def _stale_boot(self, records: Sequence[dict]) -> str | None:
+        """The older boot's id when `records` were written in another boot than this one
+        ("unknown" for records without one), else None. A root without a boot id (an image)
+        never has a stale journal: nothing reboots it between apply and revert."""
+        current = self.boot_id
+        if current is None:
+            return None
+        for record in records:
+            if record.get("op") in ("set", "mkdir") and record.get("boot_id") != current:
+                return str(record.get("boot_id") or "unknown")
+        return None
+
+    def retire_stale(self) -> list[tuple[str, str]]:
+        """Deal with a journal left by an older boot (power lost, or a crash, before
+        `edgectl revert` ran); returns (path, action) pairs, [] when the journal is current.
+
+        Its /proc and /sys records are dropped, not written: the kernel reset those values at
+        reboot, and their paths may now name something else (IRQ numbers are assigned at
+        probe time), so writing a recorded `old` could misconfigure another device. Its
+        file-backed records (/etc, the boot config, mask links, folders it made) are still in
+        effect, so they are reverted exactly as `revert` would: the next apply then records
+        the real original as `old` instead of the previous boot's `new`, and a later revert
+        restores it. A unit a live mask stopped is unmasked but not started (it did not run
+        this boot). The journal is then moved aside (`.stale-<time>`). Call this before
+        planning, so the plan sees the restored files; `apply` also calls it.
+
+        A persistent journal is never stale: its changes (boot command line, masks) are meant
+        to outlive the boot they were made in, so this returns [] for it untouched."""
+        if self.persistent:
+            return []
+        self.check_trusted()
+        records = self.records()
+        boot = self._stale_boot(records)
+        if boot is None:
+            return []
+        return self._revert_records(records, stale=boot)
+
     # -- apply / revert ----------------------------------------------------------------------
     def apply(self, changes: Iterable[Change]) -> ApplyResult:
-        result = ApplyResult()
+        """Refuses an untrusted journal (`check_trusted`) and first retires one from an older
+        boot (`retire_stale`; its actions are in `ApplyResult.stale`)."""
+        result = ApplyResult(stale=self.retire_stale())
         for change in changes:
             if change.kind in LINK_KINDS:
                 self._apply_link(change, result)
@@ -446,8 +586,15 @@ class Journal:
         return "restored"
 
     def revert(self) -> list[tuple[str, str]]:
-        """Restore every recorded old value, newest first. Returns (path, action) pairs."""
+        """Restore every recorded old value, newest first. Returns (path, action) pairs.
+        A journal from an older boot is handled as `retire_stale` describes."""
+        self.check_trusted()
         records = self.records()
+        boot = self._stale_boot(records)
+        return self._revert_records(records, stale=boot)
+
+    def _revert_records(self, records: list[dict], stale: str | None
+                        ) -> list[tuple[str, str]]:
         done: list[tuple[str, str]] = []
         live_masks: list[tuple[int, dict]] = []  # (index in done, record): runtime to undo
         for index in range(len(records) - 1, -1, -1):
@@ -460,7 +607,13 @@ class Journal:
             following = records[index + 1] if index + 1 < len(records) else {}
             if following.get("op") == "skipped" and following.get("path") == record["path"]:
                 continue  # the write was refused: nothing to undo
+            if stale and is_kernel_file(record["path"]):
+                done.append((record["path"], f"dropped: written in an older boot ({stale}); "
+                                             f"the kernel reset it at reboot"))
+                continue
             if "new_link" in record:
+                if stale and record.get("was_active"):
+                    record = {**record, "was_active": False}  # it did not run this boot
                 try:
                     done.append((record["path"], self._revert_link(record)))
                 except OSError as exc:
@@ -488,10 +641,11 @@ class Journal:
             self._unmask_now(live_masks, done)
         if records:
             stamp = time.strftime("%Y%m%dT%H%M%S")
-            aside = self.path.with_name(f"{JOURNAL_NAME}.reverted-{stamp}")
+            label = "stale" if stale and not self.persistent else "reverted"
+            aside = self.path.with_name(f"{self.path.name}.{label}-{stamp}")
             number = 1
             while aside.exists():  # two reverts in one second keep both journals
-                aside = self.path.with_name(f"{JOURNAL_NAME}.reverted-{stamp}.{number}")
+                aside = self.path.with_name(f"{self.path.name}.{label}-{stamp}.{number}")
                 number += 1
             self.path.rename(aside)
         return done
@@ -523,6 +677,79 @@ class Journal:
     def pending(self) -> bool:
         """True while an apply is recorded and not reverted."""
         return any(r.get("op") == "set" for r in self.records())
+
+
+class Journals:
+    """The tuning journal and the persistent journal of one state dir, used as one.
+
+    `apply` sends each change to the journal `outlives_tuning` picks (both checked trusted
+    before anything is written; same fsync-before-write records in each), `retire_stale`
+    retires only an older boot's tuning journal, and `revert` restores the tuning journal
+    and then, unless `runtime_only`, the persistent one. The two never hold the same path
+    (the rule goes by kind), so their order only matters for folders they created: apply
+    writes the persistent changes first and revert undoes them last, the exact reverse."""
+
+    def __init__(self, root: SysRoot, state_dir: str = "/var/lib/edged",
+                 writer: Writer = write_file, systemctl: Systemctl | None = None) -> None:
+        self.tuning = Journal(root, state_dir, writer, systemctl)
+        self.persistent = Journal(root, state_dir, writer, systemctl, persistent=True)
+
+    @property
+    def path(self) -> Path:
+        """The tuning journal (what edged-tune.service applies and reverts)."""
+        return self.tuning.path
+
+    def check_trusted(self) -> None:
+        self.tuning.check_trusted()
+        self.persistent.check_trusted()
+
+    def retire_stale(self) -> list[tuple[str, str]]:
+        """`Journal.retire_stale` of the tuning journal; the persistent one is kept."""
+        self.check_trusted()
+        return self.tuning.retire_stale()
+
+    def apply(self, changes: Iterable[Change]) -> ApplyResult:
+        """Both journals' results in one, in the order of `changes`. The persistent journal
+        is only created when a change goes to it."""
+        self.check_trusted()
+        changes = list(changes)
+        result = ApplyResult(stale=self.retire_stale())
+        lasting = [c for c in changes if outlives_tuning(c)]
+        parts = [self.persistent.apply(lasting)] if lasting else []
+        parts.append(self.tuning.apply([c for c in changes if not outlives_tuning(c)]))
+        order = {id(c): i for i, c in enumerate(changes)}
+        for part in parts:
+            result.applied += part.applied
+            result.unchanged += part.unchanged
+            result.skipped += part.skipped
+            result.stale += part.stale
+        result.applied.sort(key=lambda c: order[id(c)])
+        result.unchanged.sort(key=lambda c: order[id(c)])
+        result.skipped.sort(key=lambda item: order[id(item[0])])
+        return result
+
+    def revert(self, runtime_only: bool = False) -> list[tuple[str, str]]:
+        """The tuning journal's `revert`, then (unless `runtime_only`) the persistent one's.
+        Both journals are checked (trust, every record readable) before either is touched."""
+        journals = [self.tuning] if runtime_only else [self.tuning, self.persistent]
+        for journal in journals:
+            journal.check_trusted()
+            journal.records()
+        done: list[tuple[str, str]] = []
+        for journal in journals:
+            done += journal.revert()
+        return done
+
+    def pending(self) -> bool:
+        return self.tuning.pending() or self.persistent.pending()
+
+
+def _plain_path(path: object) -> bool:
+    """An absolute device path without `..` or `.` parts: root.path() of anything else could
+    reach outside the root it is joined to."""
+    if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
+        return False
+    return all(part not in ("..", ".") for part in path.split("/"))
 
 
 def plan_summary(changes: Sequence[Change]) -> dict:

@@ -166,7 +166,9 @@ def _cmdline_cpus(value: str | None, last_cpu: int | None) -> list[int]:
 class CpuPlan:
     inference: tuple[int, ...]
     housekeeping: tuple[int, ...]
-    source: str  # "configured", "isolated" or "default"
+    source: str  # "override", "isolated", "configured" or "default"
+    # Why the choice may surprise: configured cores that differ from the isolated set.
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -175,38 +177,52 @@ class CpuPlan:
             "source": self.source,
             "inference_list": format_cpulist(self.inference),
             "housekeeping_list": format_cpulist(self.housekeeping),
+            "notes": list(self.notes),
         }
 
 
 def decide(cpusets: CpuSets, configured: Sequence[int] | None = None,
-           count: int = 1) -> CpuPlan:
-    """Inference cores: `configured` when given, else the kernel's isolated set, else the last
-    `count` online cores; housekeeping: every other online core.
+           count: int = 1, *, override: Sequence[int] | None = None) -> CpuPlan:
+    """Inference cores: `override` when given (an operator's explicit choice, e.g. edgectl
+    --inference-cpus), else the kernel's isolated set, else `configured` (the models' cpus
+    from the config), else the last `count` online cores; housekeeping: every other online
+    core.
 
-    Configured wins over the isolated set because the operator named those cores for edged
-    explicitly, while the isolated set may have been made for something else on the same
-    board. The last cores are the default because on big.LITTLE SoCs (RK3588, most
-    Cortex-A7x/A5x pairs) the big cores come last, and CPU 0 takes the boot-time and
+    The isolated set comes before the configured cores because it is what the kernel already
+    keeps quiet (isolcpus/nohz_full take a reboot to change), as the isolation issue asks; when
+    configured cores differ from it, the plan carries a note, since the daemon pins models to
+    their configured cores. The last cores are the default because on big.LITTLE SoCs (RK3588,
+    most Cortex-A7x/A5x pairs) the big cores come last, and CPU 0 takes the boot-time and
     legacy interrupts that cannot move.
 
     Raises ValueError when housekeeping would be empty (nothing left for the kernel, the API
-    and telemetry) or the configured cores are not online."""
+    and telemetry), or an override or configured list is empty or names offline cores
+    (configured ones are checked even when the isolated set wins: the daemon pins to them)."""
     online = sorted(set(cpusets.online))
     if not online:
         raise ValueError(f"no online CPUs known ({CPU_DIR}/online is missing or empty)")
-    if configured is not None:
-        wanted = sorted(set(configured))
-        if not wanted:
-            raise ValueError("the configured inference CPU list is empty")
-        offline = [cpu for cpu in wanted if cpu not in online]
-        if offline:
-            raise ValueError(
-                f"configured inference CPUs {format_cpulist(offline)} are not online "
-                f"(online: {format_cpulist(online)})"
-            )
-        inference, source = wanted, "configured"
-    elif set(cpusets.isolated) & set(online):
-        inference, source = sorted(set(cpusets.isolated) & set(online)), "isolated"
+    wanted_override = _checked(override, "override", online)
+    wanted_configured = _checked(configured, "configured", online)
+    isolated = sorted(set(cpusets.isolated) & set(online))
+    notes: list[str] = []
+    if wanted_override is not None:
+        inference, source = wanted_override, "override"
+        if isolated and isolated != wanted_override:
+            notes.append(f"the override {format_cpulist(wanted_override)} is used instead of "
+                         f"the kernel's isolated set {format_cpulist(isolated)}")
+        if wanted_configured is not None and wanted_configured != wanted_override:
+            notes.append(f"the override {format_cpulist(wanted_override)} differs from the "
+                         f"configured inference CPUs {format_cpulist(wanted_configured)} "
+                         f"(the models' cpus)")
+    elif isolated:
+        inference, source = isolated, "isolated"
+        if wanted_configured is not None and wanted_configured != isolated:
+            notes.append(f"configured inference CPUs {format_cpulist(wanted_configured)} "
+                         f"differ from the kernel's isolated set {format_cpulist(isolated)}; "
+                         f"the isolated set is used: pin the models to "
+                         f"{format_cpulist(isolated)}, or override the choice explicitly")
+    elif wanted_configured is not None:
+        inference, source = wanted_configured, "configured"
     else:
         if count < 1:
             raise ValueError(f"inference core count must be at least 1, not {count}")
@@ -218,7 +234,22 @@ def decide(cpusets: CpuSets, configured: Sequence[int] | None = None,
             f"housekeeping CPU for the kernel, interrupts and the API "
             f"(online: {format_cpulist(online)}); keep at least one CPU out of the set"
         )
-    return CpuPlan(tuple(inference), tuple(housekeeping), source)
+    return CpuPlan(tuple(inference), tuple(housekeeping), source, tuple(notes))
+
+
+def _checked(cpus: Sequence[int] | None, what: str, online: list[int]) -> list[int] | None:
+    if cpus is None:
+        return None
+    wanted = sorted(set(cpus))
+    if not wanted:
+        raise ValueError(f"the {what} inference CPU list is empty")
+    offline = [cpu for cpu in wanted if cpu not in online]
+    if offline:
+        raise ValueError(
+            f"{what} inference CPUs {format_cpulist(offline)} are not online "
+            f"(online: {format_cpulist(online)})"
+        )
+    return wanted
 
 
 def dt_cpu_count(tree) -> int:

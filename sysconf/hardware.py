@@ -325,14 +325,16 @@ def find_accelerators(root: SysRoot) -> list[Accelerator]:
         acc = classify(rec)
         if acc and acc not in found:
             found.append(acc)
-    # Vendor NPU drivers that register only a character device, not a class udev lists.
-    for pattern, name in (("/dev/galcore", "Vivante NPU (galcore)"),
-                          ("/dev/ethosu*", "Arm Ethos-U NPU"),
-                          ("/dev/neutron*", "NXP Neutron NPU"),
-                          ("/dev/rknpu", "Rockchip NPU (rknpu)")):
+    # Vendor drivers that register only a character device, not a class udev lists (and an
+    # image root whose /sys is not populated still has its /dev nodes, e.g. Coral's apex).
+    for kind, pattern, name in (("npu", "/dev/galcore", "Vivante NPU (galcore)"),
+                                ("npu", "/dev/ethosu*", "Arm Ethos-U NPU"),
+                                ("npu", "/dev/neutron*", "NXP Neutron NPU"),
+                                ("npu", "/dev/rknpu", "Rockchip NPU (rknpu)"),
+                                ("tpu", "/dev/apex_*", "Coral Edge TPU (PCIe)")):
         for node in root.glob(pattern):
             if not any(a.node == node for a in found):
-                found.append(Accelerator("npu", name, node, None))
+                found.append(Accelerator(kind, name, node, None))
     return found
 
 

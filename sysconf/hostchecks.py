@@ -6,8 +6,9 @@ the same plan `edgectl plan/apply` uses, so whatever the audit calls `fixable` i
 `edgectl apply` changes; once applied, the same audit passes those findings.
 
 Options read from `AuditContext.options`:
-  inference_cpus  list[int] | None  the inference cores (else the kernel's isolated set, else
-                                    the last online core, as `decide` chooses)
+  inference_cpus  list[int] | None  the models' configured cores (`decide`: after the
+                                    kernel's isolated set, before the last online core)
+  inference_override list[int] | None  --inference-cpus: wins over both, as for apply
   realtime        bool | None       whether a model runs SCHED_FIFO (`rt_priority`): decides
                                     whether RT throttling is worth a warning (None: unknown)
 """
@@ -49,7 +50,8 @@ def _apply_command(ctx: AuditContext, boot: bool = False) -> str:
     cmd = "edgectl apply"
     if not ctx.root.is_live:
         cmd += f" --root {ctx.root.root}"
-    cpus = ctx.options.get("inference_cpus")
+    # The cores the audit judged by, named explicitly so that apply plans exactly those.
+    cpus = ctx.options.get("inference_override") or ctx.options.get("inference_cpus")
     if cpus:
         cmd += f" --inference-cpus {format_cpulist(cpus)}"
     if boot:
@@ -62,9 +64,9 @@ def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
     root = ctx.root
     cpusets = read_cpusets_for(root, [tree for _, tree in ctx.dtbs])
     yield from _isolated_offline(cpusets)
-    configured = ctx.options.get("inference_cpus")
     try:
-        cpus = decide(cpusets, configured)
+        cpus = decide(cpusets, ctx.options.get("inference_cpus"),
+                      override=ctx.options.get("inference_override"))
     except ValueError as exc:
         # One online CPU (or none known): there is nothing to isolate, which is a fact of
         # the machine, not a broken check.

@@ -403,14 +403,18 @@ def _cpu_affinity(ctx: AuditContext) -> Iterator[Finding]:
         return
     cpusets = read_cpusets_for(root, [tree for _, tree in ctx.dtbs])
     configured = ctx.options.get("inference_cpus")
+    override = ctx.options.get("inference_override")
     isolated = set(cpusets.isolated) | set(cpusets.isolcpus)
-    if not configured and not isolated & set(cpusets.online):
+    if not configured and not override and not isolated & set(cpusets.online):
         yield Finding(fid, "warn", "pass",
                       "no inference cores are isolated or configured: systemd may use every "
                       "core")
         return
     try:
-        cpus = decide(cpusets, configured or sorted(isolated & set(cpusets.online)))
+        # isolcpus= on an image's boot command line counts as isolated here too (the kernel's
+        # isolated file only exists on a running system).
+        cpus = decide(cpusets, configured or sorted(isolated & set(cpusets.online)) or None,
+                      override=override)
     except ValueError as exc:
         yield Finding(fid, "warn", "skip", f"systemd CPUAffinity not checked: {exc}")
         return

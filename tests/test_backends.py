@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,28 @@ def test_onnxruntime_pins_its_pool(hw, models_dir: Path) -> None:
     assert set(new.values()) == {str(target)}, new
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_litert_pool_runs_on_the_worker_cpus(hw, models_dir: Path) -> None:
+    """LiteRT has no affinity setting: XNNPACK's pool threads inherit the CPU set of the
+    thread that creates them. Loaded and run as the model worker does (pinned to its CPU),
+    every thread it starts is on that CPU, not on the housekeeping cores."""
+    from edged.bench import pinned_thread
+
+    target = max(os.sched_getaffinity(0))
+    full = _task_affinities()[threading.get_native_id()]
+    before = set(_task_affinities())
+    model = inspect_model(models_dir / "face_detection_short_range.tflite")
+    with pinned_thread([target]):
+        session = get_backend("litert").load(model, candidate(hw, "litert", "XNNPACK", model),
+                                             LoadOptions(threads=2, cpus=[target]))
+        session.run(make_inputs(session.inputs, {"input": (1, 128, 128, 3)}))
+    new = {tid: cpus for tid, cpus in _task_affinities().items() if tid not in before}
+    assert new, "LiteRT started no pool thread for num_threads=2"
+    assert set(new.values()) == {str(target)}, new
+    assert _task_affinities()[threading.get_native_id()] == full  # the caller is restored
+    session.close()
+
+
 def test_openvino_reports_the_precision_that_ran(hw, models_dir: Path, tmp_path: Path) -> None:
     model = inspect_model(models_dir / "ppocr_cls.onnx")
     options = LoadOptions(threads=1, shapes=CLS_SHAPE, cache_dir=tmp_path / "ov-cache")
@@ -81,6 +104,12 @@ def test_openvino_reports_the_precision_that_ran(hw, models_dir: Path, tmp_path:
     feeds = make_inputs(fp32.inputs, CLS_SHAPE)
     ref = fp32.run(feeds)
     assert any((tmp_path / "ov-cache").iterdir()), "the model cache dir stayed empty"
+    assert info["loaded_from_cache"] is False
+    # A second compile with the same settings and cache dir (a restart) imports the blob.
+    again = get_backend("openvino").load(
+        model, candidate(hw, "openvino", "CPU", model, "fp32"), options)
+    assert again.info()["loaded_from_cache"] is True
+    assert compare(ref, again.run(feeds))[0] > 0.9999
     bf16_candidates = [c for c in get_backend("openvino").candidates(hw, model)
                        if c.precision == "bf16"]
     if bf16_candidates:  # this CPU can do bf16: the plugin's default, made explicit

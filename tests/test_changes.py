@@ -20,8 +20,12 @@ from roots import tree_state
 
 from sysconf.changes import (
     JOURNAL_NAME,
+    PERSISTENT_JOURNAL_NAME,
     Change,
     Journal,
+    Journals,
+    UntrustedJournal,
+    outlives_tuning,
     read_current,
     selected_choice,
     temp_path,
@@ -606,3 +610,282 @@ def test_a_mask_into_a_missing_folder_creates_it_and_revert_removes_it(root: Pat
     assert result.applied and os.readlink(root / path.lstrip("/")) == "/dev/null"
     journal.revert()
     assert tree_state(root) == before
+
+
+# -- trust: root acts on the journal, so nobody else may have written it ----------------------
+
+def test_a_journal_folder_owned_by_another_user_is_refused(root: Path) -> None:
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for()[:2])
+    applied = snapshot(root)
+    os.chown(journal.path.parent, 12345, 12345)  # e.g. the daemon user's /var/lib/edged
+    with pytest.raises(UntrustedJournal, match=r"edged: the journal folder is owned by uid "
+                                               r"12345, not by uid 0"):
+        Journal(SysRoot(root)).revert()
+    with pytest.raises(UntrustedJournal, match="owned by uid 12345"):
+        Journal(SysRoot(root)).apply(changes_for())
+    assert snapshot(root) == applied and journal.path.exists()
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602])
+def test_a_group_or_world_writable_journal_is_refused(root: Path, mode: int) -> None:
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for()[:2])
+    applied = snapshot(root)
+    journal.path.chmod(mode)
+    with pytest.raises(UntrustedJournal, match=rf"{JOURNAL_NAME}: the journal file is "
+                                               rf"group/world-writable \(mode 0{mode:o}\)"):
+        journal.revert()
+    assert snapshot(root) == applied
+
+
+def test_a_journal_symlink_is_refused(root: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("")
+    (root / STATE).mkdir(parents=True)
+    (root / STATE / JOURNAL_NAME).symlink_to(elsewhere)
+    with pytest.raises(UntrustedJournal, match="not a regular file"):
+        Journal(SysRoot(root)).apply(changes_for())
+    assert elsewhere.read_text() == ""
+
+
+def test_a_record_that_escapes_the_root_is_refused(root: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    (root / STATE).mkdir(parents=True)
+    forged = {"op": "set", "path": f"/../{victim.name}", "old": "owned\n", "new": "x"}
+    (root / STATE / JOURNAL_NAME).write_text(json.dumps(forged) + "\n")
+    (root / STATE / JOURNAL_NAME).chmod(0o600)
+    with pytest.raises(UntrustedJournal, match=r"line 1: path '/\.\./victim' is not a plain"):
+        Journal(SysRoot(root)).revert()
+    assert victim.read_text() == "keep\n"
+
+
+def test_a_new_journal_is_owner_only_whatever_the_umask(root: Path) -> None:
+    old_umask = os.umask(0o002)  # Debian's default for users with a private group
+    try:
+        journal = Journal(SysRoot(root))
+        journal.apply(changes_for()[:1])
+    finally:
+        os.umask(old_umask)
+    assert journal.path.stat().st_mode & 0o077 == 0
+    assert journal.path.parent.stat().st_mode & 0o022 == 0
+    journal.revert()  # and it trusts what it made
+
+
+# -- a journal left by an older boot ---------------------------------------------------------
+
+BOOT_A, BOOT_B = "0f5c1d5e-4f53-4d7e-9d1c-6b7a1f0f2c11", "7c2e9a40-1b7d-4c44-8b5e-3f9e0a6d5b22"
+
+
+def set_boot(root: Path, boot_id: str) -> None:
+    path = root / "proc/sys/kernel/random/boot_id"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(boot_id + "\n")
+
+
+def test_records_carry_the_boot_id(root: Path) -> None:
+    set_boot(root, BOOT_A)
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for())
+    sets = [r for r in journal.records() if r["op"] in ("set", "mkdir")]
+    assert sets and {r["boot_id"] for r in sets} == {BOOT_A}
+
+
+@pytest.mark.parametrize("how", ["apply", "revert"])
+def test_a_journal_from_an_older_boot_reverts_files_and_drops_kernel_values(
+        root: Path, how: str) -> None:
+    set_boot(root, BOOT_A)
+    before = snapshot(root)
+    Journal(SysRoot(root)).apply(changes_for())
+    # Power lost without revert; the next boot. The kernel starts from its defaults, and IRQ
+    # 24 now belongs to another device that a user set to CPU 2: a stale "old" of "0-3"
+    # must not be written over it.
+    for rel, value in before.items():
+        if rel.startswith(("proc/", "sys/")) and value[0] != "dir":
+            (root / rel).write_bytes(value[0])
+    set_boot(root, BOOT_B)
+    (root / "proc/irq/24/smp_affinity_list").write_text("2\n")
+    rebooted = {**snapshot(root)}
+    assert rebooted["etc/default/irqbalance"][0] == b"IRQBALANCE_BANNED_CPULIST=2-3\n"
+
+    journal = Journal(SysRoot(root))
+    if how == "revert":
+        done = dict(journal.revert())
+    else:
+        result = journal.apply([])
+        done = dict(result.stale)
+        assert result.to_dict()["stale"]
+    assert done[IRQ.format(24)].startswith(f"dropped: written in an older boot ({BOOT_A})")
+    assert done["/sys/devices/virtual/workqueue/cpumask"].startswith("dropped")
+    assert done["/etc/default/irqbalance"] == "removed"
+    assert done["/boot/firmware/cmdline.txt"] == "restored"
+    # Files are back to their original content, kernel values are what this boot has.
+    expected = {rel: value for rel, value in rebooted.items() if rel != "etc/default/irqbalance"}
+    expected["boot/firmware/cmdline.txt"] = before["boot/firmware/cmdline.txt"]
+    expected["etc/default/grub"] = before["etc/default/grub"]
+    assert snapshot(root) == expected
+    assert (root / "proc/irq/24/smp_affinity_list").read_text() == "2\n"
+    aside = [p.name for p in (root / STATE).iterdir() if ".stale-" in p.name]
+    assert len(aside) == 1
+    assert not journal.pending()
+
+    # A fresh apply in this boot records this boot's originals, and revert restores them.
+    fresh = Journal(SysRoot(root))
+    fresh.apply(changes_for())
+    grub = [r for r in fresh.records() if r.get("path") == "/etc/default/grub"]
+    assert grub[0]["old"] == GRUB.decode("utf-8", "surrogateescape")
+    assert {r["boot_id"] for r in fresh.records() if r["op"] == "set"} == {BOOT_B}
+    fresh.revert()
+    assert snapshot(root) == expected
+
+
+def test_a_journal_of_this_boot_is_not_stale(root: Path) -> None:
+    set_boot(root, BOOT_A)
+    journal = Journal(SysRoot(root))
+    journal.apply(changes_for())
+    assert journal.retire_stale() == []
+    assert journal.pending()
+
+
+# -- the tuning journal and the persistent journal ---------------------------------------------
+
+MASK = "/etc/systemd/system/apt-daily.timer"
+
+
+def split_changes() -> list[Change]:
+    """changes_for() plus a mask in a folder the root does not have yet (the persistent
+    journal records the folders it makes)."""
+    return [*changes_for(), Change("mask", MASK, None, "/dev/null", "apt-daily wakes a core")]
+
+
+PERSISTENT_PATHS = {"/boot/firmware/cmdline.txt", "/etc/default/grub", MASK}
+
+
+def set_paths(journal: Journal) -> set[str]:
+    return {r["path"] for r in journal.records() if r["op"] == "set"}
+
+
+def test_journals_route_by_kind_and_revert_runtime_keeps_the_persistent_ones(
+        root: Path) -> None:
+    before = snapshot(root)
+    journals = Journals(SysRoot(root))
+    result = journals.apply(split_changes())
+    assert [c.path for c in result.applied] == [c.path for c in split_changes()]  # plan order
+    assert {c.path for c in split_changes() if outlives_tuning(c)} == PERSISTENT_PATHS
+    assert set_paths(journals.persistent) == PERSISTENT_PATHS
+    assert set_paths(journals.tuning) == {c.path for c in changes_for()} - PERSISTENT_PATHS
+    assert journals.persistent.path == root / STATE / PERSISTENT_JOURNAL_NAME
+    applied = snapshot(root)
+
+    reverted = dict(journals.revert(runtime_only=True))
+    assert set(reverted) == {c.path for c in changes_for()} - PERSISTENT_PATHS
+    after = snapshot(root)
+    for rel in after.keys() | before.keys():
+        persistent = any(rel == p.lstrip("/") or p.lstrip("/").startswith(rel + "/")
+                         for p in PERSISTENT_PATHS)
+        assert after.get(rel) == (applied if persistent else before).get(rel), rel
+    assert os.readlink(root / MASK.lstrip("/")) == "/dev/null"
+    assert journals.persistent.pending() and not journals.tuning.pending()
+
+    reverted = dict(journals.revert())
+    assert set(reverted) >= PERSISTENT_PATHS
+    assert snapshot(root) == before  # and the folders the mask needed are gone again
+    assert not journals.pending() and journals.revert() == []
+
+
+def test_journals_apply_twice_changes_nothing(root: Path) -> None:
+    journals = Journals(SysRoot(root))
+    journals.apply(split_changes())
+    applied = snapshot(root)
+    records = (len(journals.tuning.records()), len(journals.persistent.records()))
+    again = journals.apply(split_changes())
+    assert not again.applied and not again.skipped
+    assert [c.path for c in again.unchanged] == [c.path for c in split_changes()]
+    assert snapshot(root) == applied
+    # No new "set" records: a later revert still finds each original as its `old`.
+    assert [r["op"] for r in journals.tuning.records()[records[0]:]] == ["done"]
+    assert [r["op"] for r in journals.persistent.records()[records[1]:]] == ["done"]
+
+
+def test_without_persistent_changes_there_is_no_persistent_journal(root: Path) -> None:
+    journals = Journals(SysRoot(root))
+    runtime = [c for c in changes_for() if not outlives_tuning(c)]
+    journals.apply(runtime)
+    assert journals.tuning.path.exists() and not journals.persistent.path.exists()
+
+
+def test_an_older_boots_tuning_journal_is_retired_but_the_persistent_one_kept(
+        root: Path) -> None:
+    set_boot(root, BOOT_A)
+    before = snapshot(root)
+    Journals(SysRoot(root)).apply(split_changes())
+    for rel, value in before.items():  # power lost; the kernel starts from its defaults
+        if rel.startswith(("proc/", "sys/")) and value[0] != "dir":
+            (root / rel).write_bytes(value[0])
+    set_boot(root, BOOT_B)
+    persistent_before = (root / STATE / PERSISTENT_JOURNAL_NAME).read_bytes()
+
+    journals = Journals(SysRoot(root))
+    assert Journal(SysRoot(root), persistent=True).retire_stale() == []
+    stale = dict(journals.apply([]).stale)
+    assert stale["/etc/default/irqbalance"] == "removed"
+    assert stale["/sys/devices/virtual/workqueue/cpumask"].startswith("dropped")
+    assert not PERSISTENT_PATHS & set(stale)
+    assert (root / "boot/firmware/cmdline.txt").read_bytes() == cmdline_new().encode()
+    assert os.readlink(root / MASK.lstrip("/")) == "/dev/null"
+    assert (root / STATE / PERSISTENT_JOURNAL_NAME).read_bytes() == persistent_before
+    assert journals.persistent.pending()
+
+    journals.revert()  # a plain revert in the new boot still restores them exactly
+    expected = {**before, "proc/sys/kernel/random/boot_id": snapshot(root)[
+        "proc/sys/kernel/random/boot_id"]}
+    assert snapshot(root) == expected
+    names = sorted(p.name for p in (root / STATE).iterdir())
+    assert any(n.startswith(f"{PERSISTENT_JOURNAL_NAME}.reverted-") for n in names), names
+
+
+def test_journals_refuse_an_untrusted_persistent_journal_before_writing(root: Path) -> None:
+    Journals(SysRoot(root)).apply(split_changes())
+    applied = snapshot(root)
+    (root / STATE / PERSISTENT_JOURNAL_NAME).chmod(0o666)
+    with pytest.raises(UntrustedJournal, match=PERSISTENT_JOURNAL_NAME):
+        Journals(SysRoot(root)).revert()
+    assert snapshot(root) == applied  # the tuning journal was not reverted either
+    with pytest.raises(UntrustedJournal, match=PERSISTENT_JOURNAL_NAME):
+        Journals(SysRoot(root)).apply(changes_for())
+
+
+def test_live_masks_survive_the_services_stop_and_a_plain_revert_starts_what_ran(
+        tmp_path: Path) -> None:
+    """Live-looking root, systemctl faked at its runner (this machine's systemd is never
+    asked): `apply --trim` masks and stops units; edged-tune's stop (`revert --runtime`) asks
+    systemctl nothing and leaves them masked; a plain revert unmasks and starts what ran."""
+    from test_services import RUNNING, FakeSystemctl, LiveLooking, image_root
+
+    from sysconf.services import plan_trim
+    from sysconf.systemctl import Systemctl
+
+    root_dir = image_root(tmp_path)
+    fake = FakeSystemctl(active=RUNNING)
+    root = LiveLooking(root_dir)
+    tuning = Change("sysctl", "/proc/sys/kernel/timer_migration", None, "0", "timers")
+    (root_dir / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+    (root_dir / "proc/sys/kernel/timer_migration").write_text("1\n")
+    before = tree_state(root_dir)
+    masks = plan_trim(root)
+    result = Journals(root, systemctl=Systemctl(runner=fake)).apply([tuning, *masks])
+    assert len(result.applied) == len(masks) + 1 and fake.active == set()
+
+    fake.calls.clear()
+    journals = Journals(root, systemctl=Systemctl(runner=fake))
+    assert dict(journals.revert(runtime_only=True)) == {tuning.path: "restored"}
+    assert fake.calls == [] and fake.active == set()
+    assert (root_dir / "proc/sys/kernel/timer_migration").read_text() == "1\n"
+    for change in masks:
+        assert os.readlink(root_dir / change.path.lstrip("/")) == "/dev/null"
+
+    reverted = journals.revert()
+    started = {p.rsplit("/", 1)[1] for p, a in reverted if a.endswith(", started")}
+    assert started == RUNNING and fake.active == RUNNING
+    assert tree_state(root_dir) == before

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,9 @@ def test_backends_json(tmp_path: Path) -> None:
     assert report["selected"] is None
     assert report["hardware"]["cpu_count"] == len(report["hardware"]["cpus_online"]) >= 1
     for cand in report["candidates"]:
-        assert set(cand) >= {"backend", "device", "available", "reason"}
+        assert set(cand) >= {"backend", "device", "available", "reason", "note"}
+        # "reason" is only ever a why-not; what a candidate is goes under "note".
+        assert bool(cand["reason"]) != cand["available"], cand
     available = {(c["backend"], c["device"]) for c in report["candidates"] if c["available"]}
     assert ("onnxruntime", "CPU") in available and ("openvino", "CPU") in available
     assert ("litert", "XNNPACK") in available
@@ -74,6 +77,65 @@ def test_bench_tflite_text(models_dir: Path, tmp_path: Path) -> None:
     assert "litert:XNNPACK:model" in out and "p99" in out
 
 
+def test_pinned_bench_imports_only_its_runtime(models_dir: Path, tmp_path: Path) -> None:
+    """`bench --backend litert:XNNPACK` lists and loads LiteRT only: neither openvino nor
+    onnxruntime ends up in sys.modules (checked in the process that ran the command)."""
+    code = textwrap.dedent(f"""
+        import sys
+        from edged.cli import main
+        rc = main(["bench", {str(models_dir / "face_detection_short_range.tflite")!r},
+                   "--backend", "litert:XNNPACK", "--runs", "5", "--warmup", "1", "--json"])
+        runtimes = ("openvino", "onnxruntime", "ai_edge_litert", "tflite_runtime")
+        print(rc, sorted(m for m in runtimes if m in sys.modules), file=sys.stderr)
+    """)
+    env = {**os.environ, "EDGED_STATE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=300, check=True)
+    assert json.loads(proc.stdout)["results"][0]["backend"] == "litert"
+    assert proc.stderr.strip().splitlines()[-1] == "0 ['ai_edge_litert']", proc.stderr
+
+
+def test_failed_selection_shows_its_evidence(models_dir: Path, tmp_path: Path) -> None:
+    """No candidate passes: exit 1, the JSON still carries what each candidate did."""
+    proc = edgectl("backends", "--model", str(models_dir / "ppocr_cls.onnx"), "--shape",
+                   "x=1x3x48x192", "--threads", "1", "--min-cosine", "1.5", "--json",
+                   state=tmp_path, check_rc=1)
+    report = json.loads(proc.stdout)
+    assert report["selected"] is None and "no candidate ran it correctly" in report["error"]
+    measured = [e for e in report["evidence"] if e["status"] != "unavailable"]
+    assert measured and all(e["status"] == "rejected" for e in measured)
+    assert all("cosine" in e["reason"] and e["cosine"] is not None for e in measured)
+
+
+def test_bench_failed_candidate_keeps_every_key(models_dir: Path, tmp_path: Path, capsys,
+                                               monkeypatch) -> None:
+    """A candidate that fails (made to fail here: nothing on this machine fails on its
+    own) keeps every stat key, null, plus "error"; the others are measured as usual."""
+    from backends import get_backend
+    from backends.base import BackendError
+    from edged.cli import main
+
+    def broken_load(model, candidate, options):
+        raise BackendError(f"{model.name}: openvino cannot compile it for {candidate.device}")
+
+    monkeypatch.setattr(get_backend("openvino"), "load", broken_load)
+    monkeypatch.setenv("EDGED_STATE_DIR", str(tmp_path))
+    rc = main(["bench", str(models_dir / "ppocr_cls_int8.onnx"), "--backend", "all",
+               "--shape", "x=1x3x48x192", "--runs", "5", "--warmup", "1", "--threads", "1",
+               "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    keys = {"backend", "device", "precision", "runs", "p50_ms", "p90_ms", "p99_ms",
+            "p999_ms", "max_ms", "mean_ms", "stdev_ms"}
+    failed = [r for r in report["results"] if "error" in r]
+    ok = [r for r in report["results"] if "error" not in r]
+    assert failed and ok and {r["backend"] for r in failed} == {"openvino"}
+    for result in report["results"]:
+        assert keys <= set(result)
+    assert all(r["p99_ms"] is None and r["runs"] is None for r in failed)
+    assert all(r["p99_ms"] > 0 for r in ok)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -88,6 +150,8 @@ def test_bench_tflite_text(models_dir: Path, tmp_path: Path) -> None:
         (("bench", "{cls}", "--backend", "litert"), "nothing available"),
         (("backends", "--model", "{truncated}"), "not a valid ONNX model"),
         (("bench", "{cls}", "--runs", "0"), "--runs must be at least 1"),
+        (("bench", "{face}", "--backend", "litert:XNNPACK", "--shape", "input=1x64x64x3"),
+         "the model takes 1x128x128x3"),
     ],
 )
 def test_bad_input_exit_2(models_dir: Path, tmp_path: Path, args, message: str) -> None:
@@ -96,7 +160,8 @@ def test_bad_input_exit_2(models_dir: Path, tmp_path: Path, args, message: str) 
     (tmp_path / "notes.txt").write_text("not a model\n")
     paths = {"missing": str(tmp_path / "missing.onnx"), "truncated":
              str(tmp_path / "truncated.onnx"), "text": str(tmp_path / "notes.txt"),
-             "cls": str(models_dir / "ppocr_cls.onnx")}
+             "cls": str(models_dir / "ppocr_cls.onnx"),
+             "face": str(models_dir / "face_detection_short_range.tflite")}
     argv = [a.format(**paths) for a in args]
     proc = edgectl(*argv, state=tmp_path / "state", check_rc=2)
     lines = proc.stderr.strip().splitlines()

@@ -136,3 +136,214 @@ def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path) -> None:
     assert runtime.read_text() == "-1"
     edgectl("revert", "--root", str(root), "--json")
     assert tree_state(root) == before
+
+
+# -- precedence: --inference-cpus, else the isolated set, else the config's cpus ---------------
+
+def test_isolated_set_wins_over_config_cpus_with_a_note(tmp_path: Path) -> None:
+    root = board_root(tmp_path / "root", cpus=4, isolated="2-3")
+    (tmp_path / "m.onnx").write_bytes(b"")
+    config = tmp_path / "edged.toml"
+    config.write_text('[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "1"\n')
+    plan = json.loads(edgectl("plan", "--root", str(root), "--config", str(config),
+                              "--json").stdout)
+    assert (plan["cpus"]["inference_list"], plan["cpus"]["source"]) == ("2-3", "isolated")
+    [note] = plan["cpus"]["notes"]
+    assert "configured inference CPUs 1 differ from the kernel's isolated set 2-3" in note
+    text = edgectl("plan", "--root", str(root), "--config", str(config)).stdout
+    assert "inference CPUs 2-3, housekeeping 0-1 (from isolated)" in text
+    assert "note: configured inference CPUs 1 differ" in text
+    # An explicit --inference-cpus is the operator's override.
+    plan = json.loads(edgectl("plan", "--root", str(root), "--config", str(config),
+                              "--inference-cpus", "3", "--json").stdout)
+    assert (plan["cpus"]["inference_list"], plan["cpus"]["source"]) == ("3", "override")
+
+
+# -- privileges and trust ---------------------------------------------------------------------
+
+def _nothing_may_run(monkeypatch) -> None:
+    """Make sure a refused live apply/revert cannot plan or write anything, even if the check
+    under test were broken (this machine's own /proc must never be written)."""
+    from edged import cli
+    from sysconf.changes import Journal
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("live apply/revert went ahead without root")
+
+    for name in ("_placement", "_isolation_plan", "_journal"):
+        monkeypatch.setattr(cli, name, forbidden)
+    for name in ("apply", "revert", "retire_stale"):
+        monkeypatch.setattr(Journal, name, forbidden)
+
+
+@pytest.mark.parametrize("command", ["apply", "revert"])
+def test_live_apply_and_revert_without_root_exit_1(monkeypatch, capsys, command: str) -> None:
+    from edged import cli
+
+    _nothing_may_run(monkeypatch)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cli.main([command, "--json"]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"edgectl: error: {command} on the live system needs root" in err
+    assert "nothing was changed" in err
+
+
+def test_every_change_refused_for_permission_exits_1(tmp_path: Path, monkeypatch,
+                                                      capsys) -> None:
+    """As root in a container without CAP_SYS_ADMIN every write answers EACCES/EROFS:
+    that is not success."""
+    import errno
+
+    from edged import cli
+    from sysconf.changes import Journals
+
+    root = board_root(tmp_path / "root", cpus=4)
+    before = tree_state(root)
+
+    def denied(path: Path, content: str, kernel: bool) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(cli, "_journal", lambda r: Journals(r, writer=denied))
+    assert cli.main(["apply", "--root", str(root), "--inference-cpus", "3", "--json"]) == 1
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert report["skipped"] and not report["applied"]
+    assert "every change was refused for lack of permission" in err
+    assert tree_state(root) == before
+
+
+def test_a_journal_another_user_can_write_is_refused(tmp_path: Path) -> None:
+    root = board_root(tmp_path / "root", cpus=4)
+    edgectl("apply", "--root", str(root), "--inference-cpus", "3")
+    applied = tree_state(root)
+    journal = root / "var" / "lib" / "edged" / "tuning-journal.jsonl"
+    journal.chmod(0o666)
+    proc = edgectl("revert", "--root", str(root), rc=2)
+    assert f"edgectl: error: {journal}: the journal file is group/world-writable" in proc.stderr
+    os.chown(journal, 0, 0)
+    journal.chmod(0o600)
+    os.chown(journal.parent, 4242, 4242)
+    proc = edgectl("apply", "--root", str(root), "--inference-cpus", "3", rc=2)
+    assert "journal folder is owned by uid 4242, not by uid 0" in proc.stderr
+    assert tree_state(root) == applied
+    os.chown(journal.parent, 0, 0)
+    edgectl("revert", "--root", str(root))
+
+
+def test_live_journal_is_not_the_daemon_state_dir(monkeypatch) -> None:
+    from edged import cli
+    from sysconf import SysRoot
+
+    monkeypatch.delenv("EDGED_TUNE_STATE_DIR", raising=False)
+    monkeypatch.setenv("EDGED_STATE_DIR", "/var/lib/edged")
+    assert cli._journal(SysRoot()).path == Path("/var/lib/edged-tune/tuning-journal.jsonl")
+    monkeypatch.setenv("EDGED_TUNE_STATE_DIR", "/run/x")
+    assert cli._journal(SysRoot()).path == Path("/run/x/tuning-journal.jsonl")
+
+
+def test_apply_after_a_reboot_retires_the_old_boots_journal(tmp_path: Path) -> None:
+    root = board_root(tmp_path / "root", cpus=4)
+    boot_id = root / "proc/sys/kernel/random/boot_id"
+    boot_id.parent.mkdir(parents=True, exist_ok=True)
+    boot_id.write_text("11111111-2222-3333-4444-555555555555\n")
+    before = tree_state(root)
+    first = json.loads(edgectl("apply", "--root", str(root), "--inference-cpus", "3",
+                               "--json").stdout)
+    assert first["stale"] == [] and first["applied"]
+    # A reboot without revert: the kernel starts from its defaults again, files keep theirs.
+    for rel, value in before.items():
+        if rel.startswith(("proc/", "sys/")) and value[0] not in ("dir", "link"):
+            (root / rel).write_bytes(value[0])
+    boot_id.write_text("66666666-7777-8888-9999-000000000000\n")
+    again = json.loads(edgectl("apply", "--root", str(root), "--inference-cpus", "3",
+                               "--json").stdout)
+    assert again["stale"] and any("older boot" in n for n in again["notes"])
+    actions = {s["action"].split(":")[0] for s in again["stale"]}
+    assert actions <= {"dropped", "restored", "removed"} and "dropped" in actions
+    edgectl("revert", "--root", str(root))
+    assert tree_state(root) == {**before, "proc/sys/kernel/random/boot_id": (
+        b"66666666-7777-8888-9999-000000000000\n", before["proc/sys/kernel/random/boot_id"][1])}
+
+
+# -- the persistent journal: --boot and --trim outlive edged-tune's stop and a reboot ---------
+
+PI_CMDLINE = "console=serial0,115200 console=tty1 root=PARTUUID=6c586e13-02 rootwait\n"
+
+
+def pi_root(tmp_path: Path) -> Path:
+    """A 4-core board with a Pi boot partition and a Debian-like set of units to trim."""
+    from test_services import add_units
+
+    root = add_units(board_root(tmp_path / "root", cpus=4))
+    (root / "boot" / "firmware").mkdir(parents=True)
+    (root / "boot" / "firmware" / "cmdline.txt").write_text(PI_CMDLINE)
+    return root
+
+
+def lasting(report: dict) -> set[str]:
+    """Paths of applied changes that must outlive the tuning service (--boot, --trim)."""
+    return {c["path"] for c in report["applied"] if c["kind"] in ("cmdline", "mask")}
+
+
+def split_state(root: Path, paths: set[str]) -> tuple[dict, dict]:
+    """tree_state split into (the entries under `paths`, everything else)."""
+    state = tree_state(root)
+    keys = {k for k in state for p in paths if k == p.lstrip("/")}
+    return ({k: state[k] for k in keys}, {k: v for k, v in state.items() if k not in keys})
+
+
+def test_revert_runtime_keeps_boot_line_and_masks_then_revert_restores_all(
+        tmp_path: Path) -> None:
+    root = pi_root(tmp_path)
+    before = tree_state(root)
+    args = ("--root", str(root), "--inference-cpus", "3", "--trim", "--boot", "--json")
+    applied = json.loads(edgectl("apply", *args).stdout)
+    kept = lasting(applied)
+    assert "/boot/firmware/cmdline.txt" in kept and len(kept) > 2  # the line and masks
+    assert len(lasting(applied)) < len(applied["applied"])  # and runtime tuning besides
+    assert applied["persistent_journal"].endswith("var/lib/edged/persistent-journal.jsonl")
+    second = json.loads(edgectl("apply", *args).stdout)
+    assert second["applied"] == [] and second["skipped"] == [], "applying twice"
+    applied_kept, _ = split_state(root, kept)
+
+    out = json.loads(edgectl("revert", "--runtime", "--root", str(root), "--json").stdout)
+    assert out["kept_persistent"] is True
+    assert {r["path"] for r in out["reverted"]} == {
+        c["path"] for c in applied["applied"]} - kept
+    now_kept, now_rest = split_state(root, kept)
+    assert now_kept == applied_kept  # boot line and masks in place
+    assert now_rest == {k: v for k, v in before.items() if k not in now_kept}
+    assert "isolcpus=managed_irq,domain,3" in (root / "boot/firmware/cmdline.txt").read_text()
+    text = edgectl("revert", "--runtime", "--root", str(root)).stdout
+    assert "nothing to revert" in text and "without --runtime restores them" in text
+
+    out = json.loads(edgectl("revert", "--root", str(root), "--json").stdout)
+    assert {r["path"] for r in out["reverted"]} == kept and out["kept_persistent"] is False
+    assert tree_state(root) == before
+
+
+def test_a_reboot_keeps_the_boot_line_and_masks_of_an_older_boot(tmp_path: Path) -> None:
+    """Power lost with everything applied: the next start (edged-tune's apply, no --boot or
+    --trim) retires the old tuning journal but keeps the persistent changes."""
+    root = pi_root(tmp_path)
+    boot_id = root / "proc/sys/kernel/random/boot_id"
+    boot_id.parent.mkdir(parents=True, exist_ok=True)
+    boot_id.write_text("11111111-2222-3333-4444-555555555555\n")
+    before = tree_state(root)
+    applied = json.loads(edgectl("apply", "--root", str(root), "--inference-cpus", "3",
+                                 "--trim", "--boot", "--json").stdout)
+    kept = lasting(applied)
+    applied_kept, _ = split_state(root, kept)
+    for rel, value in before.items():  # the reboot: kernel defaults again, files keep theirs
+        if rel.startswith(("proc/", "sys/")) and value[0] not in ("dir", "link"):
+            (root / rel).write_bytes(value[0])
+    boot_id.write_text("66666666-7777-8888-9999-000000000000\n")
+    again = json.loads(edgectl("apply", "--root", str(root), "--inference-cpus", "3",
+                               "--json").stdout)
+    assert again["stale"], "the tuning journal was from the older boot"
+    assert not kept & {s["path"] for s in again["stale"]}
+    assert split_state(root, kept)[0] == applied_kept
+    assert not lasting(again), "nothing of --boot/--trim is re-applied: it stayed"
+    edgectl("revert", "--root", str(root))
+    assert tree_state(root) == {**before, "proc/sys/kernel/random/boot_id": (
+        b"66666666-7777-8888-9999-000000000000\n", before["proc/sys/kernel/random/boot_id"][1])}

@@ -113,9 +113,36 @@ def test_isolated_set_is_used_when_nothing_is_configured() -> None:
     assert decide(sets([0, 1, 2, 3], [2, 3])) == CpuPlan((2, 3), (0, 1), "isolated")
 
 
-def test_configured_wins_over_the_isolated_set() -> None:
+def test_isolated_set_wins_over_configured_with_a_note() -> None:
     plan = decide(sets([0, 1, 2, 3], [2, 3]), configured=[3])
-    assert plan == CpuPlan((3,), (0, 1, 2), "configured")
+    assert (plan.inference, plan.housekeeping, plan.source) == ((2, 3), (0, 1), "isolated")
+    [note] = plan.notes
+    assert "configured inference CPUs 3 differ from the kernel's isolated set 2-3" in note
+    # Configured cores equal to the isolated set: nothing to say.
+    assert decide(sets([0, 1, 2, 3], [2, 3]), configured=[3, 2]).notes == ()
+
+
+def test_configured_is_used_without_an_isolated_set() -> None:
+    assert decide(sets([0, 1, 2, 3]), configured=[2]) == CpuPlan((2,), (0, 1, 3), "configured")
+
+
+def test_override_wins_over_isolated_and_configured() -> None:
+    plan = decide(sets([0, 1, 2, 3], [2, 3]), configured=[2], override=[1])
+    assert (plan.inference, plan.housekeeping, plan.source) == ((1,), (0, 2, 3), "override")
+    assert len(plan.notes) == 2
+    assert "override 1 is used instead of the kernel's isolated set 2-3" in plan.notes[0]
+    assert "override 1 differs from the configured inference CPUs 2" in plan.notes[1]
+    assert decide(sets([0, 1, 2, 3]), override=[3]) == CpuPlan((3,), (0, 1, 2), "override")
+
+
+def test_override_is_checked_like_configured() -> None:
+    with pytest.raises(ValueError, match=r"override inference CPUs 5 are not online"):
+        decide(sets([0, 1, 2, 3], [2, 3]), override=[5])
+    with pytest.raises(ValueError, match=r"\(override\) would leave no housekeeping"):
+        decide(sets([0, 1]), override=[0, 1])
+    # Offline configured cores are an error even when the isolated set wins.
+    with pytest.raises(ValueError, match=r"configured inference CPUs 7 are not online"):
+        decide(sets([0, 1, 2, 3], [2, 3]), configured=[7])
 
 
 def test_default_is_the_last_online_cores() -> None:
@@ -151,7 +178,7 @@ def test_plan_to_dict() -> None:
     plan = decide(sets([0, 1, 2, 3, 4, 5]), configured=[2, 3, 5])
     assert plan.to_dict() == {"inference": [2, 3, 5], "housekeeping": [0, 1, 4],
                               "source": "configured", "inference_list": "2-3,5",
-                              "housekeeping_list": "0-1,4"}
+                              "housekeeping_list": "0-1,4", "notes": []}
 
 
 def test_live_machine_gets_a_plan_or_a_clear_error() -> None:

@@ -329,6 +329,26 @@ def test_imx93(board_root: Callable[..., Path], dtb_corpus: Path) -> None:
     assert npu.accelerators == [Accelerator("npu", "Arm Ethos-U NPU", "/dev/ethosu0", None)]
 
 
+def test_coral_pcie_node_without_sysfs(tmp_path: Path) -> None:
+    """An image root with Coral's /dev/apex_0 but no populated /sys/class/apex (a rootfs
+    folder, a container): the node alone still shows the Edge TPU, once per node."""
+    assert probe(SysRoot(tmp_path)).accelerators == []
+    write(tmp_path, "dev/apex_0")
+    write(tmp_path, "dev/apex_1")
+    write(tmp_path, "dev/apexd")  # not an apex_N node
+    assert probe(SysRoot(tmp_path)).accelerators == [
+        Accelerator("tpu", "Coral Edge TPU (PCIe)", "/dev/apex_0", None),
+        Accelerator("tpu", "Coral Edge TPU (PCIe)", "/dev/apex_1", None),
+    ]
+    # With sysfs, the class entry (and its driver) is the one reported, not a duplicate.
+    write(tmp_path, "sys/class/apex/apex_0/uevent")
+    (tmp_path / "drivers" / "apex").mkdir(parents=True)
+    (tmp_path / "sys/class/apex/apex_0/device").mkdir()
+    (tmp_path / "sys/class/apex/apex_0/device/driver").symlink_to(tmp_path / "drivers/apex")
+    accs = probe(SysRoot(tmp_path)).accelerators
+    assert [(a.node, a.driver) for a in accs] == [("/dev/apex_0", "apex"), ("/dev/apex_1", None)]
+
+
 def test_rk3568_vendor_npu_and_mali(board_root: Callable[..., Path]) -> None:
     """Rockchip's vendor kernel: RKNPU in DRM mode (render node, platform driver "RKNPU", in
     capitals) next to the Mali-G52 under panfrost."""

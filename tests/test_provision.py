@@ -143,6 +143,28 @@ def test_missing_dropin_folder_is_created_and_revert_removes_it(tmp_path, capsys
     assert tree_state(root) == before
 
 
+def test_provisioned_files_are_persistent_revert_runtime_keeps_them(tmp_path, capsys):
+    """What provision writes for the first boot (sysctl.d, the CPUAffinity drop-in, enable
+    links, the boot line, masks) is in the persistent journal: edged-tune's stop
+    (`revert --runtime`) keeps it; only the runtime tuning is restored."""
+    root = image(tmp_path)
+    before = tree_state(root)
+    report = provision(root, capsys)
+    persistent = Path(report["persistent_journal"])
+    paths = {json.loads(line).get("path") for line in persistent.read_text().splitlines()}
+    assert {SYSCTL_CONF, AFFINITY_DROPIN, "/etc/default/grub",
+            f"{WANTS}/edged.service"} <= paths
+    capsys.readouterr()
+    assert main(["revert", "--runtime", "--root", str(root), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    reverted = {r["path"] for r in out["reverted"]}
+    assert reverted and not reverted & paths and out["kept_persistent"]
+    assert (root / SYSCTL_CONF.lstrip("/")).read_text() == sysctl_conf()
+    assert os.path.islink(root / WANTS.lstrip("/") / "edged.service")
+    assert main(["revert", "--root", str(root)]) == 0
+    assert tree_state(root) == before
+
+
 def test_root_required(capsys):
     assert main(["provision", "--inference-cpus", "3"]) == 2
     assert "--root" in capsys.readouterr().err

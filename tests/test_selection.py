@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from sysconf.hardware import probe
 
 FAST = {"runs": 12, "warmup": 2, "time_budget_s": 2.0, "threads": 1}
 CLS = {"x": (1, 3, 48, 192)}
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +97,50 @@ def test_tflite_selection(hw, models_dir: Path, tmp_path: Path) -> None:
 
 
 def test_nothing_passes_nothing_cached(hw, models_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(SelectionError, match=r"no candidate ran it correctly.*cosine"):
+    """Not the decision, and not the compiled-model blobs OpenVINO wrote while verifying:
+    the state folder is as it was (absent) after the failure."""
+    state = tmp_path / "state"
+    with pytest.raises(SelectionError, match=r"no candidate ran it correctly.*cosine") as err:
         select(models_dir / "ppocr_cls.onnx", hw,
-               Policy(shapes=CLS, min_cosine=1.5, **FAST), tmp_path)
-    assert not list(tmp_path.rglob("*.json"))
+               Policy(shapes=CLS, min_cosine=1.5, **FAST), state)
+    assert {e.status for e in err.value.evidence} >= {"rejected"}
+    assert any(e.candidate.backend == "openvino" for e in err.value.evidence
+               if e.status == "rejected")  # so OpenVINO did compile (and cache) it
+    assert not state.exists(), sorted(state.rglob("*"))
+    # With blobs already there from an earlier success, only what the failure added goes.
+    ok = select(models_dir / "ppocr_cls.onnx", hw,
+                Policy(shapes=CLS, backend="openvino:CPU:fp32", **FAST), state)
+    before = sorted(state.rglob("*"))
+    assert ok.selected and any((state / "openvino-cache").iterdir())
+    with pytest.raises(SelectionError):
+        select(models_dir / "ppocr_cls_int8.onnx", hw,
+               Policy(shapes=CLS, min_cosine=1.5, **FAST), state)
+    assert sorted(state.rglob("*")) == before
+
+
+def test_cached_decision_imports_only_its_runtime(hw, models_dir: Path, tmp_path: Path
+                                                  ) -> None:
+    """A restart with a cached decision: select() reads it and load_candidate() asks only
+    the chosen backend, so the other runtimes are never imported (fresh process)."""
+    model = models_dir / "face_detection_short_range.tflite"
+    policy = dict(FAST, backend="litert:XNNPACK")
+    first = select(model, hw, Policy(**policy), tmp_path)  # imports what it needs, here
+    assert first.selected.candidate.key == "litert:XNNPACK:model"
+    code = textwrap.dedent(f"""
+        import sys
+        from backends import LoadOptions, get_backend
+        from edged.selection import Policy, select
+        from sysconf.hardware import probe
+        hw = probe()
+        sel = select({str(model)!r}, hw, Policy(**{policy!r}), Path({str(tmp_path)!r}))
+        cand = sel.load_candidate(hw)
+        session = get_backend(cand.backend).load(sel.model, cand, LoadOptions(threads=1))
+        runtimes = ("openvino", "onnxruntime", "ai_edge_litert", "tflite_runtime")
+        print(sel.from_cache, cand.key, sorted(m for m in runtimes if m in sys.modules))
+    """).replace("import sys", "import sys\nfrom pathlib import Path", 1)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=REPO, timeout=300)
+    assert out.stdout.strip() == "True litert:XNNPACK:model ['ai_edge_litert']", out.stderr
 
 
 def test_unknown_pinned_backend(hw, models_dir: Path, tmp_path: Path) -> None:
@@ -131,3 +176,52 @@ def test_one_bad_sample_is_not_averaged_away() -> None:
     assert cosine < 0.8 and max_abs == 2.0  # concatenated, the cosine would be ~0.9999
     assert constant_outputs([{"y": np.zeros(4)}, {"y": np.zeros(4)}]) == ["y"]
     assert constant_outputs(refs) == []
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_failover_loads_on_the_model_cpus(hw, models_dir: Path, tmp_path: Path) -> None:
+    """The fail-over load runs on whichever thread noticed the failure (supervisor,
+    hot-plug: housekeeping cores); the runtime's threads it creates must still land on the
+    model's CPU set. Fresh process, because OpenVINO reuses executors within one."""
+    policy = dict(FAST, backend="openvino", cpus=(1,), shapes=CLS)
+    first = select(models_dir / "ppocr_cls.onnx", hw, Policy(**policy), tmp_path)
+    if not any(e.status == "passed" for e in first.evidence):
+        pytest.skip("one OpenVINO CPU precision only: nothing to fail over to")
+    code = textwrap.dedent(f"""
+        import json, os
+        from pathlib import Path
+        from backends import LoadOptions
+        from edged.bench import pinned_thread
+        from edged.selection import Policy, select
+        from edged.serving import _fallback_provider
+        from sysconf.hardware import probe
+
+        def tasks():
+            out = {{}}
+            for tid in os.listdir("/proc/self/task"):
+                status = Path(f"/proc/self/task/{{tid}}/status").read_text()
+                out[tid] = next(line.split(":", 1)[1].strip() for line in status.splitlines()
+                                if line.startswith("Cpus_allowed_list"))
+            return out
+
+        hw = probe()
+        sel = select({str(models_dir / "ppocr_cls.onnx")!r}, hw, Policy(**{policy!r}),
+                     Path({str(tmp_path)!r}))
+        assert sel.from_cache
+        next_session = _fallback_provider("cls", sel, hw,
+                                          LoadOptions(threads=1, cpus=[1], shapes=sel.shapes))
+        before = set(tasks())
+        session = next_session(None)  # from this unpinned thread, as a supervisor would
+        caller = sorted(os.sched_getaffinity(0))
+        with pinned_thread([1]):  # the model's worker runs it, on the model's CPUs
+            session.run({{"x": __import__("numpy").zeros((1, 3, 48, 192), "float32")}})
+        new = sorted(set(c for t, c in tasks().items() if t not in before))
+        print(json.dumps({{"key": session.candidate.key, "new": new,
+                          "caller": caller}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=REPO, timeout=300)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["key"] != first.selected.candidate.key
+    assert result["new"] == ["1"], result  # OpenVINO's stream thread(s), on CPU 1 only
+    assert result["caller"] == sorted(os.sched_getaffinity(0))  # the caller is restored

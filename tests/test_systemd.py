@@ -373,8 +373,51 @@ def test_tune_unit_runs_apply_and_reverts_on_stop() -> None:
     assert single(svc, "Type") == "oneshot" and single(svc, "RemainAfterExit") == "yes"
     start, stop = single(svc, "ExecStart").split(), single(svc, "ExecStop").split()
     assert start[1] == "apply" and stop[1] == "revert"
+    # Stopping (at shutdown too) takes back only the runtime tuning: an operator's
+    # `apply --boot` command line and `--trim` masks must survive the reboot that follows.
+    assert stop[2:] == ["--runtime"]
+    assert not {"--boot", "--trim"} & set(start)
     assert "edged.service" in single(unit["Unit"], "Before")
     daemon = parse_unit(UNIT.read_text())["Unit"]
     # The daemon wants tuning but does not require it: a failed apply leaves it serving.
     assert "edged-tune.service" in " ".join(values(daemon, "Wants"))
     assert "edged-tune.service" not in " ".join(values(daemon, "Requires"))
+
+
+def test_tune_unit_stop_command_is_one_edgectl_takes(tmp_path: Path, capsys) -> None:
+    """ExecStop's arguments parse and run (on an empty temporary root, never the live one)."""
+    from edged.cli import main
+
+    stop = parse_unit(TUNE.read_text())["Service"]
+    argv = single(stop, "ExecStop").split()[1:]
+    assert main([*argv, "--root", str(tmp_path)]) == 0
+    assert "nothing to revert" in capsys.readouterr().out
+
+
+def test_tune_unit_runs_before_irqbalance_and_restarts_it() -> None:
+    """irqbalance reads its ban list only at start: at boot it must start after the ban list is
+    written, and a running one is restarted (never waited for: it is ordered after this unit)
+    after apply and after revert."""
+    unit = parse_unit(TUNE.read_text())
+    before = " ".join(values(unit["Unit"], "Before")).split()
+    after = " ".join(values(unit["Unit"], "After")).split()
+    assert "irqbalance.service" in before and "irqbalance.service" not in after
+    for key in ("ExecStartPost", "ExecStopPost"):
+        argv = single(unit["Service"], key).split()
+        assert argv[0] == "-/usr/bin/systemctl", key  # "-": no irqbalance is no failure
+        assert argv[1:] == ["--no-block", "try-restart", "irqbalance.service"], key
+
+
+def test_tune_journal_is_root_only_and_not_the_daemons() -> None:
+    """The unprivileged daemon owns /var/lib/edged; root's revert must not read a journal
+    there. The unit's state dir is the one edgectl uses on the live system."""
+    from edged.cli import LIVE_TUNE_STATE_DIR
+
+    svc = parse_unit(TUNE.read_text())["Service"]
+    assert single(svc, "StateDirectory") == "edged-tune"
+    assert single(svc, "StateDirectoryMode") == "0700"
+    assert "User" not in dict(svc)  # root
+    env = dict(item.split("=", 1) for item in " ".join(values(svc, "Environment")).split())
+    assert env["EDGED_TUNE_STATE_DIR"].replace("%S", "/var/lib") == str(LIVE_TUNE_STATE_DIR)
+    daemon = parse_unit(UNIT.read_text())["Service"]
+    assert "edged-tune" not in " ".join(values(daemon, "StateDirectory")).split()
