@@ -40,11 +40,11 @@ MAX_SOCKET_PATH = 107
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 SERVER_KEYS = ("listen", "socket", "socket_mode", "state_dir", "max_body_bytes", "log_level",
-               "housekeeping_cpus", "mlockall")
+               "housekeeping_cpus", "mlockall", "max_connections", "hang_s")
 SELECTION_KEYS = ("runs", "warmup", "time_budget_s", "min_cosine", "max_abs")
 MODEL_KEYS = ("name", "path", "backend", "threads", "cpus", "shapes", "max_batch_size",
               "preferred_batch_sizes", "max_queue_delay_us", "max_queue_size", "timeout_ms",
-              "watchdog_ms", "rt_priority")
+              "watchdog_ms", "rt_priority", "period_ms")
 TELEMETRY_KEYS = ("enabled", "interval_s", "mqtt")
 MQTT_KEYS = ("url", "group", "device_id", "spool_max_mb", "spool_max_age_days", "ca_file",
              "cert_file", "key_file", "username", "password_file", "keepalive_s", "protocol")
@@ -76,6 +76,13 @@ class ServerConfig:
     # pinned to (and all of them when no model is pinned).
     housekeeping_cpus: tuple[int, ...] | None = None
     mlockall: bool = False  # lock the daemon's memory (no page faults on the inference path)
+    # Connections served at once (TCP and Unix socket together); a request on one more gets
+    # 503 from uvicorn at once, so a flood of clients cannot exhaust file descriptors/memory.
+    max_connections: int = 64
+    # A worker busy on one batch longer than this is hung: WATCHDOG=1 pings stop, so systemd
+    # restarts the daemon. Longer than every model's watchdog_ms, so fail-over to another
+    # backend gets its chance first. Default: 30 s, or twice the largest watchdog_ms.
+    hang_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,14 @@ class ModelConfig:
     timeout_ms: int = 1000
     watchdog_ms: int = 5000  # a batch running longer than this: fail over to the next backend
     rt_priority: int = 0  # SCHED_FIFO priority (1-99) of the model's worker thread; 0: off
+    # The period of a periodic client (a 200 Hz control loop: 5.0); None: requests arrive
+    # when they arrive. Lets latency be measured from each scheduled start (coordinated
+    # omission): a stall delays the requests that should have been sent during it too.
+    period_ms: float | None = None
+
+    @property
+    def period_s(self) -> float | None:
+        return None if self.period_ms is None else self.period_ms / 1000.0
 
     def policy(self, base: Policy) -> Policy:
         """The selection policy for this model: measurement settings from `base`, what the
@@ -182,6 +197,7 @@ def parse_config(text: str, source: Path) -> Config:
     models = v.models(doc.get("models", []))
     telemetry = v.telemetry(v.table(doc, "telemetry"))
     audit = v.audit(v.table(doc, "audit"))
+    server = v.hang_bound(v.table(doc, "server"), server, models)
     return Config(v.absolute, server, selection, models, telemetry, audit)
 
 
@@ -307,7 +323,28 @@ class _Validator:
             housekeeping_cpus=self.cpus(table["housekeeping_cpus"], "server.housekeeping_cpus")
             if "housekeeping_cpus" in table else None,
             mlockall=self.boolean(table, "mlockall", "server", False),
+            max_connections=self.integer(table, "max_connections", "server",
+                                         d.max_connections, 1),
         )
+
+    def hang_bound(self, table: Mapping[str, Any], server: ServerConfig,
+                   models: tuple[ModelConfig, ...]) -> ServerConfig:
+        """server.hang_s, checked against the models: a hang bound at or below a model's
+        watchdog_ms would restart the daemon before that model could fail over."""
+        slowest = max(models, key=lambda m: m.watchdog_ms, default=None)
+        longest_s = slowest.watchdog_ms / 1000.0 if slowest is not None else 0.0
+        if "hang_s" not in table:
+            return replace(server, hang_s=max(ServerConfig.hang_s, 2 * longest_s))
+        hang = self.number(table, "hang_s", "server", 0, lambda x: 0 < x < math.inf,
+                           "a number of seconds > 0")
+        if slowest is not None and hang <= longest_s:
+            index = models.index(slowest)
+            raise self.fail("server.hang_s", f"{hang:g} s is not longer than "
+                                             f"models[{index}].watchdog_ms "
+                                             f"({slowest.watchdog_ms} ms): the daemon would "
+                                             f"be restarted before {slowest.name!r} could fail "
+                                             f"over")
+        return replace(server, hang_s=hang)
 
     def listen(self, text: str) -> tuple[str | None, int | None]:
         if text == "":
@@ -405,6 +442,9 @@ class _Validator:
             timeout_ms=self.integer(table, "timeout_ms", prefix, 1000, 1),
             watchdog_ms=self.integer(table, "watchdog_ms", prefix, 5000, 1),
             rt_priority=self.rt_priority(table, prefix),
+            period_ms=self.number(table, "period_ms", prefix, 0, lambda x: 0 < x < math.inf,
+                                  "a number of milliseconds > 0")
+            if "period_ms" in table else None,
         )
 
     def telemetry(self, table: Mapping[str, Any]) -> TelemetryConfig:

@@ -20,7 +20,8 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,14 @@ from edged.engine import BatchingConfig
 from edged.metrics import ServingMetrics
 from edged.sdnotify import Notifier, watchdog_interval_s
 from edged.serving import ServedModel, load_model
+from sysconf.cpusets import CpuPlan
+from sysconf.sysroot import SysRoot
 
 log = logging.getLogger("edged")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 DRAIN_S = 10.0  # bound on finishing in-flight requests at shutdown or after a swap
 LOAD_TIMEOUT_S = 180.0  # systemd start-timeout extension granted per model load
-STALL_S = 30.0  # a worker busy on one batch longer than this is hung: stop watchdog pings
 SUPERVISE_S = 0.1  # how often stalled backends are looked for
 
 
@@ -50,7 +52,7 @@ def model_key(mc: ModelConfig) -> tuple:
     return (str(mc.path), file_id, mc.backend, mc.threads, mc.cpus,
             tuple(sorted((mc.shapes or {}).items())), mc.max_batch_size,
             mc.preferred_batch_sizes, mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
-            mc.watchdog_ms, mc.rt_priority)
+            mc.watchdog_ms, mc.rt_priority, mc.period_ms)
 
 
 def batching_of(mc: ModelConfig) -> BatchingConfig:
@@ -60,10 +62,16 @@ def batching_of(mc: ModelConfig) -> BatchingConfig:
 
 
 class Daemon:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, root: SysRoot | None = None) -> None:
+        """`root`: where CPU sets, cpufreq and throttle state are read (the live system; a
+        fixture tree in tests). Nothing is ever written there."""
         from sysconf.hardware import probe
 
-        self.config = config
+        self.root = root or SysRoot()
+        self.cpu_plan: CpuPlan | None = None
+        # Before pin_housekeeping narrows this thread (reloads run on a pinned thread).
+        self._allowed = set(os.sched_getaffinity(0))
+        self.config = self.with_cpu_plan(config)
         self.hw = probe()
         self.notifier = Notifier()
         self.metrics = ServingMetrics()
@@ -102,7 +110,8 @@ class Daemon:
             try:
                 served = load_model(mc.name, mc.path, mc.policy(config.selection),
                                     batching_of(mc), self.hw, state_dir, key,
-                                    on_failover=self._failover_hook(mc.name))
+                                    on_failover=self._failover_hook(mc.name),
+                                    period_s=mc.period_s)
             except Exception as exc:  # any failure: this model is not served, others are
                 reason = str(exc) or exc.__class__.__name__
                 log.error("model %s: not loaded: %s", mc.name, reason)
@@ -141,6 +150,7 @@ class Daemon:
             "models": [m.status() for m in self.models.values()],
             "failed": dict(self.failed),
             "housekeeping_cpus": self.housekeeping,
+            "cpu_plan": self.cpu_plan.to_dict() if self.cpu_plan is not None else None,
             "memory_locked": self.memory_locked,
             "threads": thread_affinities(),
         }
@@ -152,6 +162,8 @@ class Daemon:
         from edged.api import Api
 
         self.housekeeping = pin_housekeeping(self.config)
+        if self.cpu_plan is not None and self.cpu_plan.source == "models":
+            self.cpu_plan = replace(self.cpu_plan, housekeeping=tuple(self.housekeeping or ()))
         self.notifier.notify("STATUS=loading models")
         self.models, self.failed = await asyncio.to_thread(self.load_models, self.config, {})
         if self.config.server.mlockall:
@@ -171,8 +183,11 @@ class Daemon:
         self.start_telemetry()
         api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
                   self.status, lambda: self.failed, reload=self._on_hup)
+        # uvicorn answers 503 once len(connections) >= limit_concurrency, counting the new
+        # connection itself: limit = max_connections + 1 serves max_connections at once.
         uv_config = uvicorn.Config(api, lifespan="off", access_log=False, log_config=None,
-                                   timeout_graceful_shutdown=int(DRAIN_S), http="auto")
+                                   timeout_graceful_shutdown=int(DRAIN_S), http="auto",
+                                   limit_concurrency=self.config.server.max_connections + 1)
         self._server = server = _Server(uv_config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -213,18 +228,73 @@ class Daemon:
         if not self.config.telemetry.enabled:
             log.info("telemetry disabled ([telemetry] enabled = false)")
             return
-        from edged.latency import CoreSampler
         from edged.telemetry import TelemetryLoop
 
         self.publisher = open_telemetry(self.config)
         self.publisher.set_birth(self._birth())
         self.publisher.set_audit_handler(self._audit_command)
         self.publisher.start()
-        pinned = sorted({cpu for m in self.models.values() for cpu in (m.worker.cpus or ())})
         self.telemetry = TelemetryLoop(
             self.config.telemetry.interval_s, lambda: self.models, self.publisher,
-            sampler=CoreSampler(pinned or None, rate_hz=20, cpu_affinity=self.housekeeping))
+            sampler=self.core_sampler())
         self.telemetry.start()
+
+    def core_sampler(self):
+        """Interrupt/softirq counters of the inference cores, plus their cpufreq and the
+        throttle state (read from the daemon's root), so outliers can be blamed on
+        "freq_drop" and "throttle" as well as on interrupts."""
+        from edged.latency import CoreSampler, cpufreq_reader
+
+        pinned = sorted({cpu for m in self.models.values() for cpu in (m.worker.cpus or ())})
+        has_cpufreq = any(self.root.exists(f"/sys/devices/system/cpu/{name}/cpufreq")
+                          for name in self.root.listdir("/sys/devices/system/cpu")
+                          if name.startswith("cpu") and name[3:].isdecimal())
+        return CoreSampler(pinned or None, rate_hz=20, root=self.root,
+                           freq=cpufreq_reader(self.root) if has_cpufreq else None,
+                           throttled=throttle_reader(self.root),
+                           cpu_affinity=self.housekeeping)
+
+    # -- CPU plan ----------------------------------------------------------------------------
+    def with_cpu_plan(self, config: Config) -> Config:
+        """When no model names its CPUs, decide them as `edgectl apply` (the tune unit) does:
+        sysconf.cpusets.decide() (an isolated set, else the last core) for inference, the rest
+        for housekeeping; models without `cpus` then run on the inference cores, so the daemon
+        and the tuned system agree. A model that sets `cpus` keeps them (and then the config,
+        not decide(), says what is where). Sets `cpu_plan`."""
+        from sysconf.cpusets import decide, read_cpusets
+
+        pinned = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
+        if pinned or not config.models:
+            pinned_now = getattr(self, "housekeeping", None)  # None before run() pins
+            self.cpu_plan = None if not pinned else CpuPlan(
+                tuple(pinned), tuple(config.server.housekeeping_cpus or pinned_now or ()),
+                "models")
+            if pinned:
+                try:  # what the tune unit will do differently, said where operators look
+                    for note in decide(read_cpusets(self.root), pinned).notes:
+                        log.warning("CPU plan: %s", note)
+                except ValueError as exc:
+                    log.warning("CPU plan: the models' cpus: %s", exc)
+            return config
+        try:
+            plan = decide(read_cpusets(self.root))
+        except ValueError as exc:
+            log.warning("models stay unpinned: %s", exc)
+            self.cpu_plan = None
+            return config
+        allowed = self._allowed if self.root.is_live else set(plan.inference)
+        if not set(plan.inference) <= allowed:
+            log.warning("models stay unpinned: inference CPUs %s (%s) are outside this "
+                        "process's CPU set %s", list(plan.inference), plan.source,
+                        sorted(allowed))
+            self.cpu_plan = None
+            return config
+        if self.cpu_plan != plan:
+            log.info("CPU plan (%s): models on CPUs %s, housekeeping on %s", plan.source,
+                     plan.to_dict()["inference_list"], plan.to_dict()["housekeeping_list"])
+        self.cpu_plan = plan
+        return replace(config, models=tuple(replace(mc, cpus=plan.inference)
+                                            for mc in config.models))
 
     def _birth(self) -> dict[str, Any]:
         return {
@@ -235,9 +305,29 @@ class Daemon:
         }
 
     def _audit_command(self, request: dict) -> dict:
-        """cmd/audit: the audit (`edgectl audit`) is not built yet; say so rather than
-        pretend (the publisher answers with this summary)."""
-        return {"status": "unavailable", "reason": "edgectl audit is not built yet"}
+        """cmd/audit (called in the publisher's worker thread, never on the event loop): run
+        the audit on the live system with the running config; the publisher publishes the
+        summary retained on `audit`."""
+        return self._audit()
+
+    def _audit(self) -> dict[str, Any]:
+        # Cores the daemon decided itself (no model sets cpus) are what the audit decides
+        # on its own too; passing them would make them look configured to its checks.
+        decided = self.cpu_plan is not None and self.cpu_plan.source != "models"
+        return audit_summary(self.config, self.root, with_model_cpus=not decided)
+
+    async def _audit_at_start(self) -> None:
+        """One audit after READY, so `audit` holds this boot's state; in a thread, after
+        readiness, so it never delays serving."""
+        try:
+            summary = await asyncio.to_thread(self._audit)
+        except Exception:  # an audit that crashes must not take the daemon down
+            log.exception("start-up audit failed")
+            return
+        log.info("audit: %s; failing: %s", summary["statuses"],
+                 ", ".join(summary["failing"]) or "none")
+        if self.publisher is not None:
+            self.publisher.publish_audit(summary)
 
     def _event(self, kind: str, **detail: Any) -> None:
         if self.publisher is not None:
@@ -301,6 +391,10 @@ class Daemon:
         where = ", ".join(_describe(s) for s in sockets)
         log.info("serving %d model(s) on %s", len(self.models), where)
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
+        if self.publisher is not None:
+            task = asyncio.ensure_future(self._audit_at_start())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         if _hup_during_start.is_set():  # a HUP that came while models were loading
             self._on_hup()
 
@@ -312,10 +406,13 @@ class Daemon:
 
     async def _watchdog(self, interval: float) -> None:
         """WATCHDOG=1 only while every worker thread is alive and none is hung, so systemd
-        restarts a daemon whose inference path died even though its HTTP side answers."""
+        restarts a daemon whose inference path died even though its HTTP side answers. Hung:
+        one batch running longer than `[server] hang_s` (past every model's watchdog_ms, so
+        fail-over had its chance)."""
         while True:
             workers = [m.worker for m in self.models.values()]
-            if all(w.alive() and not w.stalled(STALL_S) for w in workers):
+            hang_s = self.config.server.hang_s
+            if all(w.alive() and not w.stalled(hang_s) for w in workers):
                 self.notifier.notify("WATCHDOG=1")
             else:
                 log.error("a worker is dead or hung; withholding watchdog pings")
@@ -337,6 +434,7 @@ class Daemon:
                              "STATUS=reloading")
         try:
             config = await asyncio.to_thread(load_config, self.config.source)
+            config = self.with_cpu_plan(config)
         except ConfigError as exc:
             self.last_reload_error = str(exc)
             log.error("reload: keeping the running config: %s", exc)
@@ -454,6 +552,72 @@ def open_telemetry(config: Config):
     except SpoolError as exc:
         log.error("telemetry spool unusable, telemetry goes to the log instead: %s", exc)
         return LogPublisher()
+
+
+def throttle_reader(root: SysRoot) -> Callable[[], bool] | None:
+    """Is performance being cut right now: the Raspberry Pi firmware's throttle word says the
+    ARM is slowed, or a cpufreq cooling device is engaged (a thermal cap; scaling_cur_freq
+    may still equal the capped scaling_max_freq, so "freq_drop" alone would miss it).
+    Where the files are is found once; each call reads a few small files (the sampler runs it
+    at 20 Hz). None: this root has neither."""
+    from sysconf.thermal import THERMAL_DIR, THROTTLED_GLOBS, THROTTLED_PATH, Throttled
+
+    firmware = THROTTLED_PATH if root.exists(THROTTLED_PATH) else next(
+        (path for pattern in THROTTLED_GLOBS for path in root.glob(pattern)), None)
+    cooling = [f"{THERMAL_DIR}/{name}/cur_state" for name in root.listdir(THERMAL_DIR)
+               if name.startswith("cooling_device")
+               and (root.read_line(f"{THERMAL_DIR}/{name}/type") or "").startswith(
+                   ("cpufreq-", "thermal-cpufreq-", "Processor"))]
+    if firmware is None and not cooling:
+        return None
+
+    def throttled() -> bool:
+        if firmware is not None:
+            word = root.read_line(firmware) or ""
+            try:
+                if Throttled(int(word, 16)).slowing_now:
+                    return True
+            except ValueError:
+                pass  # unreadable this time: not known, not throttled
+        for path in cooling:
+            state = root.read_line(path) or ""
+            if state.lstrip("-").isdecimal() and int(state) > 0:
+                return True
+        return False
+
+    return throttled
+
+
+def audit_summary(config: Config, root: SysRoot | None = None,
+                  with_model_cpus: bool = True) -> dict[str, Any]:
+    """What `edgectl audit --config` reports, as a short summary for the retained `audit`
+    topic: counts by status and by level (the lesser of status and severity, as the audit's
+    exit code counts), the ids failing and warning, when it ran. Read-only on `root`.
+    `with_model_cpus`: the models' cpus are the inference cores (as with --config)."""
+    from edged.audit import _load_checks, collect, level
+    from sysconf.findings import AuditContext, summary
+
+    root = root or SysRoot()
+    options: dict[str, Any] = {
+        "trim": list(config.audit.trim), "keep": list(config.audit.keep),
+        "realtime": any(mc.rt_priority for mc in config.models)}
+    inference = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
+    if inference and with_model_cpus:
+        options["inference_cpus"] = inference
+    _load_checks()
+    start = time.perf_counter()
+    findings = collect(AuditContext(root=root, options=options))
+    levels = [level(f) for f in findings]
+    return {
+        "ts": round(time.time(), 3),
+        "root": str(root.root),
+        "findings": len(findings),
+        "statuses": summary(findings),
+        "levels": {name: levels.count(rank) for rank, name in enumerate(("ok", "warn", "fail"))},
+        "failing": sorted({f.id for f, lv in zip(findings, levels, strict=True) if lv == 2}),
+        "warning": sorted({f.id for f, lv in zip(findings, levels, strict=True) if lv == 1}),
+        "duration_s": round(time.perf_counter() - start, 3),
+    }
 
 
 def pin_housekeeping(config: Config) -> list[int] | None:

@@ -681,14 +681,34 @@ class FleetCollector:
                     devices, messages, bad, lag)
 
 
-def serve_prometheus(collector: FleetCollector, port: int):
-    """prometheus_client's own HTTP server on 127.0.0.1:port; returns the server."""
+DEFAULT_PROMETHEUS_ADDR = "127.0.0.1"  # loopback: the fleet's figures are not for everyone
+
+
+def serve_prometheus(collector: FleetCollector, port: int,
+                     addr: str = DEFAULT_PROMETHEUS_ADDR):
+    """prometheus_client's own HTTP server on addr:port; returns the server."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server
+
+
+def _listen_address(addr: str) -> str:
+    """An IP address to bind to (0.0.0.0 / :: for every interface); anything else is a
+    FleetError naming the flag."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(addr))
+    except ValueError:
+        raise FleetError(f"--prometheus-addr: expected an IP address such as 127.0.0.1, "
+                         f"0.0.0.0 or ::, got {addr!r}") from None
+
+
+def _host_port(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
 # -- the MQTT side ----------------------------------------------------------------------------
@@ -879,7 +899,11 @@ def add_fleet_parser(sub) -> None:
     p.add_argument("--refresh", type=float, default=1.0, metavar="S",
                    help="live mode: seconds between redraws (default 1)")
     p.add_argument("--prometheus", type=int, default=None, metavar="PORT",
-                   help="serve the fleet as Prometheus metrics on 127.0.0.1:PORT")
+                   help="serve the fleet as Prometheus metrics on PORT (of --prometheus-addr)")
+    p.add_argument("--prometheus-addr", default=DEFAULT_PROMETHEUS_ADDR, metavar="ADDR",
+                   help="IP address the --prometheus server binds to (default 127.0.0.1, "
+                        "this host only; 0.0.0.0 or :: for every interface, so a Prometheus "
+                        "elsewhere can scrape it)")
     p.add_argument("--thresholds", type=Path, default=None, metavar="FILE",
                    help="TOML (or .json) with max_p99_ms, max_p999_ms, max_jitter_ms, "
                         "max_temp_c, allow_offline; flags override it")
@@ -926,6 +950,7 @@ def cmd_fleet(args, *, out: TextIO | None = None, err: TextIO | None = None) -> 
             raise FleetError("--stale-factor must be >= 0")
         if args.prometheus is not None and not 1 <= args.prometheus <= 65535:
             raise FleetError(f"--prometheus: expected a port 1..65535, got {args.prometheus}")
+        prometheus_addr = _listen_address(args.prometheus_addr)
         fleet = Fleet()
         monitor = Monitor(broker, fleet, group=args.group, share=args.share,
                           username=args.username, password_file=args.password_file,
@@ -937,9 +962,10 @@ def cmd_fleet(args, *, out: TextIO | None = None, err: TextIO | None = None) -> 
     if args.prometheus is not None:
         try:
             server = serve_prometheus(FleetCollector(fleet, thresholds, args.stale_factor),
-                                      args.prometheus)
+                                      args.prometheus, prometheus_addr)
         except OSError as exc:
-            print(f"edgectl: error: --prometheus 127.0.0.1:{args.prometheus}: "
+            print(f"edgectl: error: --prometheus "
+                  f"{_host_port(prometheus_addr, args.prometheus)}: "
                   f"{exc.strerror or exc}", file=err)
             return EXIT_FAILED
     monitor.start()

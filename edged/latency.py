@@ -2,14 +2,25 @@
 
 The worker thread calls `LatencyRecorder.record` once per request: three HdrHistogram
 `record_value`s (integer microseconds, 1 µs – 60 s, 3 significant digits) under a lock that
-the telemetry thread only holds to swap two histogram sets, plus a tuple append for requests
-slower than the previous window's p99. Measured on the dev VM: ~3 µs a call (see
-tests/test_latency.py, which prints the figure).
+the telemetry thread only holds to swap two histogram sets, plus, for a request among the
+window's slowest so far, a push on a small bounded heap of candidate spans. Measured on the
+dev VM: ~3 µs a call (see tests/test_latency.py, which prints the figure).
+
+Outliers are the requests above the window's *own* p99, which is only known when the window
+closes; so the worker keeps the top-K slowest spans of the window in a min-heap (K = max(16,
+2 % of the larger of this window's count so far and the previous window's count), at most
+`max_outliers`) and `rotate` attributes those above the p99 it has just computed. A p99 tail
+is 1 % of the count, so with steady traffic the heap holds all of it, from the window's first
+request on; what can escape it is a burst of slow requests early in a window that then gets
+far busier than the last one, or a tail past the cap. Those are still counted (from the
+histogram), just not attributed.
 
 Everything slow happens on the telemetry side: `rotate` computes the closed window's
 percentiles with numpy over the histogram's counts array (the pure-Python mean/stdev of hdrh
 walk every bucket and take ~50 ms — GIL time the worker would wait for), adds it to the
-since-start totals and, given a `CoreSampler`, attributes the window's outliers.
+since-start totals and, given a `CoreSampler`, attributes the window's outliers. The sampler's
+ring must reach back over the whole window for that: `CoreSampler.ensure_horizon`, which the
+telemetry loop calls with its interval.
 
 Attribution resolution is the sampling period: an outlier's [start, end] is widened to the
 last sample before it and the first after it, so a cause seen up to one period (20 ms at
@@ -18,15 +29,21 @@ is a hard interrupt and a TIMER softirq, so "irq" and "softirq:TIMER" show up on
 longer than a tick; the rarer causes (NET_RX, preemption, frequency) are the informative ones.
 
 All times are `time.perf_counter()` seconds (CLOCK_MONOTONIC on Linux, as the engine uses).
-Periodic models should pass `total_s` measured from the request's scheduled start, not from
-when it was picked up, so a stall is not hidden by the requests it delayed (coordinated
-omission); that is the caller's part.
+
+Coordinated omission: a periodic model (a camera at 30 fps) whose worker stalls for 1 s does
+not submit the 30 requests it would have in that second, so a histogram of the requests that
+did run hides the stall behind one slow sample. With `period_s` set, the total time is
+recorded with hdrh's `record_corrected_value(value, expected_interval)`, which also records
+value − period, value − 2·period, … down to the period: the requests the stall delayed, as
+HdrHistogram does it. Only the total phase is corrected (the count then includes those
+back-filled requests); queue and compute stay what the requests that ran measured.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import heapq
 import math
 import os
 import resource
@@ -48,6 +65,9 @@ LOWEST_US = 1
 HIGHEST_US = 60_000_000  # 60 s; slower requests are recorded as 60 s, not dropped
 SIGNIFICANT_DIGITS = 3
 MAX_OUTLIERS = 1000  # spans kept per window; more are counted, not attributed
+MIN_CANDIDATES = 16  # slowest spans kept per window at least ...
+CANDIDATE_FRACTION = 0.02  # ... or this fraction of the window's count, up to max_outliers
+MAX_SAMPLER_RING = 2400  # CoreSampler samples at most (2 min at 20 Hz; ~2 KB each)
 PHASES = ("total", "queue", "compute")
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 # scaling_cur_freq is an estimate on intel_pstate and wobbles a little below the cap at full
@@ -156,8 +176,8 @@ class WindowStats:
     total: PhaseStats
     queue: PhaseStats
     compute: PhaseStats
-    outlier_threshold_ms: float | None = None  # the previous window's p99; None: first window
-    outlier_count: int = 0  # requests above the threshold, including those past the cap
+    outlier_threshold_ms: float | None = None  # this window's p99; None: empty window
+    outlier_count: int = 0  # recorded values above the threshold (incl. back-filled ones)
     outlier_spans: list[Outlier] = field(default_factory=list)  # at most MAX_OUTLIERS
     outliers: dict[str, int] = field(default_factory=dict)  # cause -> outliers it touched
 
@@ -187,16 +207,26 @@ class LatencyRecorder:
     never while statistics are computed."""
 
     def __init__(self, model: str, cores: Sequence[int] | None = None,
-                 max_outliers: int = MAX_OUTLIERS) -> None:
+                 max_outliers: int = MAX_OUTLIERS, period_s: float | None = None) -> None:
+        if period_s is not None and not (math.isfinite(period_s) and period_s > 0):
+            raise ValueError(f"LatencyRecorder({model!r}): period_s must be a positive "
+                             f"number of seconds, not {period_s!r}")
+        if max_outliers < 1:
+            raise ValueError(f"LatencyRecorder({model!r}): max_outliers must be >= 1")
         self.model = model
         self.cores = tuple(cores) if cores else None  # where the worker runs; for attribution
         self.max_outliers = max_outliers
+        self.period_s = period_s
+        # hdrh's expected interval, in the histogram's unit (µs); at least 1 so the back-fill
+        # loop ends.
+        self._period_us = None if period_s is None else max(1, int(period_s * 1e6 + 0.5))
         self._lock = threading.Lock()
         self._active = [_new_histogram() for _ in PHASES]
         self._spare = [_new_histogram() for _ in PHASES]
-        self._outliers: list[Outlier] = []
-        self._outlier_count = 0
-        self._threshold_s = math.inf  # no outliers until one window has been seen
+        # Min-heap of the window's slowest spans: (total_s, start, end, switches).
+        self._candidates: list[tuple[float, float, float, int]] = []
+        self._window_count = 0
+        self._last_count = 0  # the previous window's, to size the heap from the start
         self._opened = time.perf_counter()
         self._stats_lock = threading.Lock()  # rotate vs since_start (telemetry side only)
         self._since_start = [np.zeros(self._active[0].counts_len, np.uint64) for _ in PHASES]
@@ -211,13 +241,20 @@ class LatencyRecorder:
         compute_us = min(int(compute_s * 1e6 + 0.5), HIGHEST_US)
         with self._lock:
             total, queue, compute = self._active
-            total.record_value(total_us)
+            if self._period_us is None:
+                total.record_value(total_us)
+            else:
+                total.record_corrected_value(total_us, self._period_us)
             queue.record_value(queue_us)
             compute.record_value(compute_us)
-            if total_s > self._threshold_s:
-                self._outlier_count += 1
-                if len(self._outliers) < self.max_outliers:
-                    self._outliers.append((start, end, switches))
+            self._window_count += 1
+            heap = self._candidates
+            keep = min(self.max_outliers, max(MIN_CANDIDATES, int(
+                max(self._window_count, self._last_count) * CANDIDATE_FRACTION)))
+            if len(heap) < keep:
+                heapq.heappush(heap, (total_s, start, end, switches))
+            elif total_s > heap[0][0]:
+                heapq.heapreplace(heap, (total_s, start, end, switches))
 
     def rotate(self, sampler: CoreSampler | None = None) -> WindowStats:
         """Close the current window, open the next, and return the closed one's stats (its
@@ -226,33 +263,44 @@ class LatencyRecorder:
             spare = self._spare
             with self._lock:
                 closed, self._active = self._active, spare
-                outliers, self._outliers = self._outliers, []
-                outlier_count, self._outlier_count = self._outlier_count, 0
+                candidates, self._candidates = self._candidates, []
+                self._last_count, self._window_count = self._window_count, 0
                 opened, self._opened = self._opened, time.perf_counter()
-                threshold_s = self._threshold_s
             closed_at = self._opened
             phases = []
+            above = 0  # total-phase values in buckets above p99's
             for histogram, totals in zip(closed, self._since_start, strict=True):
                 counts = _counts(histogram)
                 phases.append(PhaseStats.from_counts(counts))
+                if len(phases) == 1 and phases[0].p99_ms is not None:
+                    top = round(phases[0].p99_ms * 1e3)  # p99's bucket's highest value, µs
+                    above = int(counts[_bucket_values()[0] > top].sum())
                 totals += counts
                 counts[:] = 0  # and the histogram's own bookkeeping, for its next use:
                 histogram.total_count, histogram.max_value = 0, 0
                 histogram.min_value = sys.maxsize  # hdrh's "no value yet"
             self._spare = closed
-            if phases[0].p99_ms is not None:  # an empty window keeps the last threshold
-                self._threshold_s = phases[0].p99_ms / 1e3
+        threshold_ms = phases[0].p99_ms
+        outliers: list[Outlier] = []
+        if threshold_ms is not None:
+            # Slowest first, so the kept spans are the worst when the cap bites.
+            outliers = [(start, end, switches) for total_s, start, end, switches
+                        in sorted(candidates, reverse=True) if total_s * 1e3 > threshold_ms]
         stats = WindowStats(
-            self.model, opened, closed_at, *phases,
-            outlier_threshold_ms=None if math.isinf(threshold_s) else threshold_s * 1e3,
-            outlier_count=outlier_count, outlier_spans=outliers)
+            self.model, opened, closed_at, *phases, outlier_threshold_ms=threshold_ms,
+            outlier_count=max(above, len(outliers)), outlier_spans=outliers)
         if sampler is not None and outliers:
             stats.outliers = attribute(outliers, self.cores, sampler.samples())
         return stats
 
-    def since_start(self) -> WindowStats:
-        """Totals over every request so far, the open window included."""
+    def since_start(self, include_open: bool = True) -> WindowStats:
+        """Totals over every request so far, the open window included unless `include_open`
+        is false: then up to the last `rotate`, so that a payload's since-start count is
+        exactly the sum of the windows published so far."""
         with self._stats_lock:
+            if not include_open:
+                phases = [PhaseStats.from_counts(totals) for totals in self._since_start]
+                return WindowStats(self.model, self._started, self._opened, *phases)
             with self._lock:  # a copy of 3 × 17 k counters: some µs
                 open_counts = [_counts(h).copy() for h in self._active]
             phases = [PhaseStats.from_counts(totals + counts)
@@ -334,6 +382,27 @@ class CoreSampler:
         sample = Sample(t, time.perf_counter(), irqs, softirqs, freq, throttled)
         self._ring.append(sample)
         return sample
+
+    @property
+    def horizon_s(self) -> float:
+        """How far back the ring reaches once full."""
+        return (self._ring.maxlen or 0) * self.period_s
+
+    def ensure_horizon(self, seconds: float) -> float:
+        """Grow the ring to reach back at least `seconds` (a telemetry window and a margin,
+        so `rotate` can attribute the window's first outliers too), up to MAX_SAMPLER_RING
+        samples; returns the horizon now kept. Outliers older than it count as "unsampled"."""
+        want = min(MAX_SAMPLER_RING, math.ceil(seconds / self.period_s))
+        if want > (self._ring.maxlen or 0):
+            self._ring = collections.deque(self._ring, maxlen=want)  # one swap, GIL-atomic
+        return self.horizon_s
+
+    def latest(self) -> Sample | None:
+        """The newest sample, if any (no copy of the ring)."""
+        try:
+            return self._ring[-1]
+        except IndexError:
+            return None
 
     def samples(self) -> list[Sample]:
         """The ring buffer, oldest first (a copy; deque → list is atomic under the GIL)."""

@@ -56,15 +56,41 @@ class NotifySocket:
         self.sock.close()
 
 
+# The one stand-in at the backend boundary for the real daemon process: onnxruntime's
+# session run sleeps EDGED_TEST_HANG_S seconds when the first input value is HANG_MARK (a
+# runtime that stops answering, as an NPU driver can), then runs for real. Everything else
+# (the daemon, its engine, uvicorn, sd_notify) is the real code.
+HANG_MARK = 12345.0
+HANG_PRELUDE = f"""
+import os, time
+from backends.onnxruntime_backend import OrtSession
+_run = OrtSession.run
+def run(self, feeds):
+    if any(v.size and float(v.flat[0]) == {HANG_MARK!r} for v in feeds.values()):
+        time.sleep(float(os.environ["EDGED_TEST_HANG_S"]))
+    return _run(self, feeds)
+OrtSession.run = run
+from edged.daemon import main
+raise SystemExit(main())
+"""
+
+
 class Daemon:
-    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path, env: dict[str, str] | None = None,
+                 hang_s: float | None = None) -> None:
+        """`hang_s`: run the daemon with HANG_PRELUDE, onnxruntime hanging that long on a
+        request whose first value is HANG_MARK."""
         self.config = config
         self.log_path = config.with_suffix(".log")
         self.notify = NotifySocket(config.parent / "notify.sock")
         full_env = {**os.environ, "NOTIFY_SOCKET": str(self.notify.path), **(env or {})}
+        start = ["-m", "edged.daemon"]
+        if hang_s is not None:
+            full_env["EDGED_TEST_HANG_S"] = str(hang_s)
+            start = ["-c", HANG_PRELUDE]
         self.log = self.log_path.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "edged.daemon", "--config",
-                                      str(config)], stdout=self.log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen([sys.executable, *start, "--config", str(config)],
+                                     stdout=self.log, stderr=subprocess.STDOUT,
                                      env=full_env, cwd=REPO)
         self.port: int | None = None
 
@@ -82,7 +108,8 @@ class Daemon:
         return f"127.0.0.1:{self.port}"
 
     def log_text(self) -> str:
-        self.log.flush()
+        if not self.log.closed:  # also readable after stop()
+            self.log.flush()
         return self.log_path.read_text()
 
     def signal(self, sig: int) -> None:

@@ -312,6 +312,17 @@ ERRORS = [
     (MODEL + "max_queue_delay_us = -1", "models[0].max_queue_delay_us", ">= 0, got -1"),
     (MODEL + "max_queue_size = 0", "models[0].max_queue_size", ">= 1, got 0"),
     (MODEL + "timeout_ms = 0", "models[0].timeout_ms", ">= 1, got 0"),
+    (MODEL + "period_ms = 0", "models[0].period_ms", "milliseconds > 0, got 0"),
+    (MODEL + "period_ms = -5.0", "models[0].period_ms", "got -5.0"),
+    (MODEL + 'period_ms = "5"', "models[0].period_ms", "got '5'"),
+    (MODEL + "period_ms = inf", "models[0].period_ms", "got inf"),
+    ("[server]\nmax_connections = 0", "server.max_connections", "integer >= 1, got 0"),
+    ("[server]\nmax_connections = 1.5", "server.max_connections", "got 1.5"),
+    ("[server]\nmax_connections = true", "server.max_connections", "got true"),
+    ("[server]\nhang_s = 0", "server.hang_s", "seconds > 0, got 0"),
+    ('[server]\nhang_s = "30s"', "server.hang_s", "got '30s'"),
+    ("[server]\nhang_s = 5\n" + MODEL + "watchdog_ms = 5000", "server.hang_s",
+     "5 s is not longer than models[0].watchdog_ms (5000 ms)"),
     (MODEL + "[models.shapes]\nx = [1]\n[[models]]\nname = 'm2'\npath = 'm.onnx'\n"
      "threads = 0", "models[1].threads", "got 0"),
 ]
@@ -342,7 +353,7 @@ def test_typo_is_an_error_not_a_default(folder: Path) -> None:
     assert str(err) == (
         f"{folder / 'edged.toml'}: server.max_body_byte: unknown key; did you mean "
         f"'max_body_bytes'?; allowed: listen, socket, socket_mode, state_dir, max_body_bytes, "
-        f"log_level, housekeeping_cpus, mlockall")
+        f"log_level, housekeeping_cpus, mlockall, max_connections, hang_s")
 
 
 def test_isolation_keys(folder: Path) -> None:
@@ -354,6 +365,44 @@ def test_isolation_keys(folder: Path) -> None:
         error(folder, MODEL + "rt_priority = 120\n"))
     assert "server.mlockall: must be true or false" in str(
         error(folder, '[server]\nmlockall = "yes"\n'))
+
+
+def test_example_documents_every_key() -> None:
+    """examples/edged.toml is the reference: every key the validator accepts appears in it,
+    set or commented out."""
+    import re
+
+    from edged.config import MQTT_KEYS, TOP_KEYS
+
+    text = EXAMPLE.read_text()
+    missing = [f"{section}.{key}" for section, keys in [*TOP_KEYS.items(),
+                                                        ("telemetry.mqtt", MQTT_KEYS)]
+               for key in keys
+               if key != "mqtt" and not re.search(rf"^#?\s*{key}\s*=", text, re.MULTILINE)]
+    assert not missing
+    assert "[telemetry.mqtt]" in text and "[audit]" in text
+
+
+def test_connection_limit_and_hang_bound(folder: Path) -> None:
+    server = parse(folder, "").server
+    assert (server.max_connections, server.hang_s) == (64, 30.0)
+    server = parse(folder, "[server]\nmax_connections = 2\nhang_s = 1.5\n").server
+    assert (server.max_connections, server.hang_s) == (2, 1.5)
+    # Unset, the hang bound leaves room for the slowest model's fail-over.
+    slow = parse(folder, MODEL + "watchdog_ms = 40000\n").server
+    assert slow.hang_s == 80.0
+    assert parse(folder, MODEL + "watchdog_ms = 200\n").server.hang_s == 30.0
+    assert parse(folder, "[server]\nhang_s = 0.5\n" + MODEL + "watchdog_ms = 200\n"
+                 ).server.hang_s == 0.5
+
+
+def test_period_ms(folder: Path) -> None:
+    (model,) = parse(folder, MODEL + "period_ms = 5\n").models
+    assert (model.period_ms, model.period_s) == (5.0, 0.005)
+    (model,) = parse(folder, MODEL + "period_ms = 2.5\n").models
+    assert model.period_ms == 2.5
+    (model,) = parse(folder, MODEL).models
+    assert (model.period_ms, model.period_s) == (None, None)
 
 
 def test_the_file_is_named_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

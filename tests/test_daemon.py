@@ -431,3 +431,327 @@ shapes = {{ x = {CLS} }}
         assert status["memory_locked"] is True
     finally:
         assert d.stop() == 0
+
+
+def _get(address: str, conn: http.client.HTTPConnection | None = None,
+         path: str = "/v2/health/live") -> tuple[int, http.client.HTTPConnection]:
+    conn = conn or http.client.HTTPConnection(address, timeout=30)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    response.read()
+    return response.status, conn
+
+
+def test_connection_limit_answers_503(models_dir: Path, tmp_path: Path) -> None:
+    """[server] max_connections = 2: two kept-alive connections are served, a request on a
+    third gets 503 at once, and once one closes a new connection is served again."""
+    d = Daemon(write_config(tmp_path, models_toml(models_dir),
+                            server_extra="max_connections = 2")).wait_ready()
+    held: list[http.client.HTTPConnection] = []
+    try:
+        for _ in range(2):
+            status, conn = _get(d.address)
+            assert status == 200
+            held.append(conn)
+        assert _get(d.address, held[0])[0] == 200  # kept alive, still served
+        status, extra = _get(d.address)
+        extra.close()
+        assert status == 503
+        held.pop().close()
+        import time
+
+        deadline = time.monotonic() + 10
+        while True:  # the server sees the close a moment later
+            status, conn = _get(d.address)
+            conn.close()
+            if status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert status == 200
+    finally:
+        for conn in held:
+            conn.close()
+        assert d.stop() == 0
+    assert "Exceeded concurrency limit" in d.log_text()
+
+
+def test_watchdog_pings_stop_while_a_worker_hangs(models_dir: Path, tmp_path: Path) -> None:
+    """A runtime that stops answering (the stand-in: onnxruntime's run sleeps), pinned so no
+    other backend can take over: past [server] hang_s the WATCHDOG=1 pings stop (systemd
+    would restart the daemon) while the HTTP side still answers; they resume once it
+    returns."""
+    from daemon_harness import HANG_MARK
+
+    models = f"""
+[[models]]
+name = "cls"
+path = "{models_dir / 'ppocr_cls.onnx'}"
+backend = "onnxruntime"
+threads = 1
+shapes = {{ x = {CLS} }}
+watchdog_ms = 200
+timeout_ms = 20000
+"""
+    config = write_config(tmp_path, models, server_extra="hang_s = 1.0")
+    d = Daemon(config, env={"WATCHDOG_USEC": "200000"}, hang_s=6.0).wait_ready()
+    try:
+        d.notify.wait_for("WATCHDOG=1", timeout=5)
+        with Client(d.address) as client:  # a normal request does not stop the pings
+            client.infer("cls", {"x": cls_input()})
+        mark = len(d.notify.messages)
+        d.notify.wait_for("WATCHDOG=1", timeout=5, after=mark)
+        hung = np.full((1, 3, 48, 192), HANG_MARK, np.float32)
+        results: list[object] = []
+
+        def hang() -> None:
+            try:
+                with Client(d.address) as client:
+                    results.append(client.infer("cls", {"x": hung}))
+            except Exception as exc:
+                results.append(exc)
+
+        thread = threading.Thread(target=hang, daemon=True)
+        thread.start()
+        import time
+
+        deadline = time.monotonic() + 5
+        while "withholding watchdog pings" not in d.log_text():
+            assert time.monotonic() < deadline, d.log_text()
+            time.sleep(0.05)
+        pings_before = sum("WATCHDOG=1" in m.split("\n") for m in d.notify.messages)
+        silent_from = len(d.notify.messages)
+        time.sleep(1.5)  # 15 ping intervals
+        assert pings_before >= 2
+        assert not any("WATCHDOG=1" in m.split("\n") for m in d.notify.messages[silent_from:])
+        with Client(d.address) as client:
+            assert client.ready()  # the HTTP side answers: only the watchdog can tell
+        # The runtime comes back: the pings resume and the request is answered.
+        d.notify.wait_for("WATCHDOG=1", timeout=20, after=silent_from)
+        thread.join(20)
+        assert len(results) == 1 and isinstance(results[0], dict), results
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+# -- the CPU plan, the core sampler's readers, the audit topic, hot-plug ---------------------
+
+def _cpu_root(folder: Path, online: str, isolated: str = "") -> Path:
+    cpu = folder / "sys" / "devices" / "system" / "cpu"
+    cpu.mkdir(parents=True)
+    (cpu / "online").write_text(online + "\n")
+    (cpu / "possible").write_text(online + "\n")
+    (cpu / "isolated").write_text(isolated + "\n")
+    (folder / "proc").mkdir()
+    (folder / "proc" / "cmdline").write_text("console=ttyS0\n")
+    return folder
+
+
+def _in_process(folder: Path, models: str, extra: str = "", root: Path | None = None):
+    from edged.config import load_config
+    from edged.daemon import Daemon as InProcess
+    from sysconf.sysroot import SysRoot
+
+    config = load_config(write_config(folder, models + extra))
+    return InProcess(config, root=SysRoot(root) if root is not None else None)
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_default_pinning_follows_the_tune_units_decision(models_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """No model sets cpus: the daemon pins models to decide()'s inference cores (what
+    `edgectl apply` tunes) and everything else to housekeeping. Checked on the real threads
+    after inferences. (onnxruntime and LiteRT: OpenVINO's CPU pinning moves its calling
+    thread by itself, see the report.)"""
+    from sysconf.cpusets import decide, read_cpusets
+    from sysconf.sysroot import SysRoot
+
+    models = f"""
+[[models]]
+name = "cls"
+path = "{models_dir / 'ppocr_cls.onnx'}"
+backend = "onnxruntime"
+threads = 2
+shapes = {{ x = {CLS} }}
+
+[[models]]
+name = "face"
+path = "{models_dir / 'face_detection_short_range.tflite'}"
+backend = "litert"
+"""
+    d = Daemon(write_config(tmp_path, models)).wait_ready()
+    try:
+        plan = decide(read_cpusets(SysRoot())).to_dict()
+        with Client(d.address) as client:
+            for _ in range(3):
+                client.infer("cls", {"x": cls_input()})
+                client.infer("face", {"input": np.zeros((1, 128, 128, 3), np.float32)})
+            status = client.status()
+        assert status["cpu_plan"] == plan
+        assert status["housekeeping_cpus"] == plan["housekeeping"]
+        for model in status["models"]:
+            assert model["cpus"] == plan["inference"]
+        threads = status["threads"]
+        workers = [t for t in threads if t["name"].startswith("infer-")]
+        assert {t["name"] for t in workers} == {"infer-cls", "infer-face"}
+        assert all(t["cpus"] == plan["inference_list"] for t in workers), workers
+        main = next(t for t in threads if t["tid"] == status["pid"])
+        assert main["cpus"] == plan["housekeeping_list"]
+        on_inference = [t for t in threads if t["cpus"] == plan["inference_list"]]
+        assert len(on_inference) >= 3, threads  # the workers and onnxruntime's pool thread
+        assert f"CPU plan ({plan['source']}): models on CPUs {plan['inference_list']}" \
+            in d.log_text()
+        # A reload (on a thread that is itself on housekeeping) keeps the same plan, so the
+        # unchanged models are kept, not reloaded.
+        mark = len(d.notify.messages)
+        d.signal(signal.SIGHUP)
+        d.notify.wait_for("READY=1", after=mark)
+        with Client(d.address) as client:
+            again = client.status()
+        assert again["reloads"] == 1 and again["cpu_plan"] == plan
+        assert [m["cpus"] for m in again["models"]] == [plan["inference"]] * 2
+        assert {t["tid"] for t in again["threads"] if t["name"].startswith("infer-")} == {
+            t["tid"] for t in workers}
+        assert "stay unpinned" not in d.log_text()
+    finally:
+        assert d.stop() == 0
+
+
+def test_cpu_plan_isolated_set_and_configured_cpus(models_dir: Path, tmp_path: Path) -> None:
+    """On a (fixture) board whose kernel isolates 2-3, models without cpus go there; a model
+    that sets cpus keeps them and the config decides."""
+    root = _cpu_root(tmp_path / "root", "0-3", "2-3")
+    d = _in_process(tmp_path, models_toml(models_dir), root=root)
+    assert d.cpu_plan is not None and d.cpu_plan.source == "isolated"
+    assert (d.cpu_plan.inference, d.cpu_plan.housekeeping) == ((2, 3), (0, 1))
+    assert [mc.cpus for mc in d.config.models] == [(2, 3), (2, 3)]
+    (tmp_path / "b").mkdir()
+    d = _in_process(tmp_path / "b", models_toml(models_dir, extra='cpus = "1"'), root=root)
+    assert [mc.cpus for mc in d.config.models] == [None, (1,)]
+    assert d.cpu_plan is not None and d.cpu_plan.source == "models"
+    # One CPU: decide() refuses to leave housekeeping empty; the models stay unpinned.
+    (tmp_path / "c").mkdir()
+    one = _cpu_root(tmp_path / "one", "0")
+    d = _in_process(tmp_path / "c", models_toml(models_dir), root=one)
+    assert d.cpu_plan is None and [mc.cpus for mc in d.config.models] == [None, None]
+
+
+def _sampler_root(folder: Path, cur_khz: int, cooling_state: int, firmware: str | None
+                  ) -> Path:
+    root = _cpu_root(folder, "0-1")
+    for name in ("interrupts", "softirqs"):
+        (root / "proc" / name).write_text(Path(f"/proc/{name}").read_text())
+    for cpu, cur in ((0, 1800000), (1, cur_khz)):
+        freq = root / "sys" / "devices" / "system" / "cpu" / f"cpu{cpu}" / "cpufreq"
+        freq.mkdir(parents=True)
+        (freq / "scaling_cur_freq").write_text(f"{cur}\n")
+        (freq / "scaling_max_freq").write_text("1800000\n")
+    cooling = root / "sys" / "class" / "thermal" / "cooling_device0"
+    cooling.mkdir(parents=True)
+    (cooling / "type").write_text("cpufreq-cpu0\n")
+    (cooling / "cur_state").write_text(f"{cooling_state}\n")
+    if firmware is not None:
+        fw = root / "sys" / "devices" / "platform" / "soc" / "soc:firmware"
+        fw.mkdir(parents=True)
+        (fw / "get_throttled").write_text(firmware + "\n")
+    return root
+
+
+@pytest.mark.parametrize(("cur_khz", "cooling", "firmware", "causes"), [
+    (600000, 0, None, {"freq_drop"}),  # CPU 1 below its max
+    (1800000, 2, None, {"throttle"}),  # a cpufreq cooling device engaged: a thermal cap
+    (1800000, 0, "0x50005", {"throttle"}),  # the Pi firmware throttling the ARM now
+    (1800000, 0, "0x50000", set()),  # only "since boot" bits: not now
+    (600000, 1, "0x0", {"freq_drop", "throttle"}),
+])
+def test_core_sampler_reads_cpufreq_and_throttle_from_the_root(
+        models_dir: Path, tmp_path: Path, cur_khz: int, cooling: int, firmware: str | None,
+        causes: set[str]) -> None:
+    """The daemon's sampler gets cpufreq and throttle readers on its root, so the outlier
+    causes freq_drop and throttle can be recorded."""
+    import time
+
+    from edged.latency import attribute
+
+    root = _sampler_root(tmp_path / "root", cur_khz, cooling, firmware)
+    d = _in_process(tmp_path, "", root=root)
+    sampler = d.core_sampler()
+    sampler.sample_once()
+    start = time.perf_counter()
+    end = time.perf_counter()
+    last = sampler.sample_once()
+    assert last.freq == {0: (1800000, 1800000), 1: (cur_khz, 1800000)}
+    assert last.throttled is ("throttle" in causes)
+    found = attribute([(start, end, 0)], [1], sampler.samples())
+    assert {c for c in found if c in ("freq_drop", "throttle")} == causes
+
+
+def test_core_sampler_without_cpufreq_or_throttle_files(models_dir: Path,
+                                                        tmp_path: Path) -> None:
+    root = _cpu_root(tmp_path / "root", "0-1")
+    for name in ("interrupts", "softirqs"):
+        (root / "proc" / name).write_text(Path(f"/proc/{name}").read_text())
+    sample = _in_process(tmp_path, "", root=root).core_sampler().sample_once()
+    assert sample.freq is None and sample.throttled is None and sample.irqs
+
+
+@pytest.mark.skipif(not Path("/usr/sbin/mosquitto").exists(), reason="mosquitto not installed")
+def test_mqtt_audit_topic(models_dir: Path, tmp_path: Path) -> None:
+    """After READY the daemon audits the live system in the background and publishes the
+    summary retained on `audit`; cmd/audit runs it again. The ids are those `edgectl audit`
+    reports on its own."""
+    from broker import Broker, SubProcess, pub, sub_once
+
+    base = "edged/v1/lab/dev-1"
+    with Broker(tmp_path / "broker") as broker:
+        config = write_config(tmp_path, f"""
+[telemetry]
+interval_s = 5
+[telemetry.mqtt]
+url = "{broker.url}"
+group = "lab"
+device_id = "dev-1"
+keepalive_s = 2
+
+[[models]]
+name = "face"
+path = "{models_dir / 'face_detection_short_range.tflite'}"
+threads = 1
+""")
+        d = Daemon(config).wait_ready()
+        try:
+            [first] = sub_once(broker.port, f"{base}/audit", wait_s=30)  # retained
+            proc = subprocess.run([sys.executable, "-m", "edged.cli", "audit", "--format",
+                                   "json", "--config", str(config)], capture_output=True,
+                                  text=True, cwd=REPO)
+            report = json.loads(proc.stdout)
+            from edged.audit import level
+            from sysconf.findings import Evidence, Finding
+
+            def rank(f: dict) -> int:
+                ev = tuple(Evidence(**e) for e in f.pop("evidence"))
+                return level(Finding(**f, evidence=ev))
+
+            ranked = [(f["id"], rank(dict(f))) for f in report["findings"]]
+            assert first["warning"] == sorted({i for i, r in ranked if r == 1})
+            assert first["failing"] == sorted({i for i, r in ranked if r == 2})
+            assert first["statuses"] == report["summary"]
+            assert first["findings"] == len(report["findings"]) > 0
+            assert sum(first["levels"].values()) == first["findings"]
+            assert {"ts", "seq", "bdSeq"} <= set(first)
+            sub = SubProcess(broker.port, [f"{base}/audit", f"{base}/event"],
+                             tmp_path / "sub.txt").ready()
+            try:
+                pub(broker.port, f"{base}/cmd/audit", '{"id": "a-1"}')
+                messages = sub.wait_for(lambda ms: any(
+                    m.topic == f"{base}/event" and m.payload.get("kind") == "command_done"
+                    for m in ms), timeout=30)
+                again = [m.payload for m in messages if m.topic == f"{base}/audit"
+                         and m.payload["seq"] > first["seq"]]
+                assert again and again[-1]["warning"] == first["warning"]
+                done = next(m.payload for m in messages if m.topic == f"{base}/event"
+                            and m.payload.get("kind") == "command_done")
+                assert done["command"] == "audit" and done["id"] == "a-1"
+            finally:
+                sub.close()
+        finally:
+            assert d.stop() == 0, d.log_text()

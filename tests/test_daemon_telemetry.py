@@ -1,16 +1,19 @@
 """The real daemon reporting to a real Mosquitto: birth, telemetry with latency windows,
-events, the offline state on a clean stop and the Will after kill -9 (seen by mosquitto_sub)."""
+events, the offline state on a clean stop and the Will after kill -9, a 30 s broker outage
+(seen by mosquitto_sub); every payload checked against docs/schema."""
 
 from __future__ import annotations
 
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from broker import Broker, SubProcess, sub_once
+from broker import Broker, Message, SubProcess, sub_once
 from daemon_harness import Daemon, write_config
+from test_mqtt import check, first_seen
 
 from edged.client import Client
 
@@ -22,10 +25,10 @@ pytestmark = pytest.mark.skipif(shutil.which("mosquitto_sub") is None
 BASE = "edged/v1/line-3/cam-7"
 
 
-def config(tmp_path: Path, models_dir: Path, broker: Broker) -> Path:
+def config(tmp_path: Path, models_dir: Path, broker: Broker, interval_s: float = 0.5) -> Path:
     return write_config(tmp_path, f"""
 [telemetry]
-interval_s = 0.5
+interval_s = {interval_s}
 [telemetry.mqtt]
 url = "{broker.url}"
 group = "line-3"
@@ -71,8 +74,20 @@ def test_birth_telemetry_events_and_offline(tmp_path: Path, models_dir: Path) ->
             assert d.stop() == 0
             [state] = sub_once(broker.port, f"{BASE}/state")  # retained, fresh client
             assert state["online"] is False and state["bdSeq"] == birth.payload["bdSeq"]
+            messages = sub.messages()
         finally:
             sub.close()
+        # Every payload the real daemon sent matches its schema file.
+        kinds = {f"{BASE}/{kind}": kind for kind in ("state", "telemetry", "event", "audit")}
+        seen = set()
+        for message in messages:
+            check(kinds[message.topic], message.payload)
+            seen.add(kinds[message.topic])
+        assert seen >= {"state", "telemetry", "event"}
+        assert {"since_start", "outliers"} <= set(face)
+        assert face["since_start"]["count"] >= face["count"]
+        intrusions = busy.payload["system"]["intrusions"]
+        assert "face" in intrusions["workers"] and intrusions["cpus"]
 
 
 def test_kill_9_leaves_the_will(tmp_path: Path, models_dir: Path) -> None:
@@ -92,3 +107,55 @@ def test_kill_9_leaves_the_will(tmp_path: Path, models_dir: Path) -> None:
             sub.close()
         will = next(m for m in messages if not m.payload["online"])
         assert will.retained and will.payload["bdSeq"] == online["bdSeq"]
+
+
+def _telemetry_and_events(messages: list[Message]) -> list[dict]:
+    return [m.payload for m in messages
+            if m.topic in (f"{BASE}/telemetry", f"{BASE}/event")]
+
+
+@pytest.mark.slow
+def test_broker_down_30_s_while_the_daemon_runs_loses_nothing(tmp_path: Path,
+                                                              models_dir: Path) -> None:
+    """The issue's outage: the broker stopped for 30 s under a running daemon. After the
+    restart every telemetry/event message reaches an independent persistent subscriber, in
+    order, with a continuous seq, those made during the outage marked historical."""
+    broker = Broker(tmp_path / "broker", persistence=True).start()
+    try:
+        # A persistent session (-c -i) so the broker queues what the daemon replays even if
+        # the daemon reconnects before mosquitto_sub does.
+        sub = SubProcess(broker.port, [f"{BASE}/telemetry", f"{BASE}/event"],
+                         tmp_path / "sub.txt", "-c", "-i", "edged-test-daemon-outage").ready()
+    except BaseException:
+        broker.stop()
+        raise
+    d = None
+    try:
+        d = Daemon(config(tmp_path, models_dir, broker, interval_s=0.5)).wait_ready()
+        sub.wait_for(lambda ms: len(_telemetry_and_events(ms)) >= 3, timeout=20)
+        broker.stop()
+        down_at = time.time()
+        time.sleep(30.0)
+        up_at = time.time()
+        broker.start()
+        # Until a message made after the restart arrives: everything before it is replayed.
+        messages = sub.wait_for(lambda ms: any(
+            p["ts"] > up_at + 2.0 and not p.get("historical")
+            for p in _telemetry_and_events(ms)), timeout=60)
+        assert d.proc.poll() is None, d.log_text()[-2000:]
+    finally:
+        if d is not None:
+            d.stop()
+        sub.close()
+        broker.stop()
+    payloads = _telemetry_and_events(messages)
+    arrival = first_seen([p["seq"] for p in payloads])  # QoS 1 may resend a few
+    assert arrival == list(range(arrival[0], arrival[-1] + 1)), "lost or out of order"
+    by_seq = {p["seq"]: p for p in payloads}
+    outage = [p for p in by_seq.values() if down_at + 0.6 < p["ts"] < up_at - 0.1]
+    assert len(outage) >= 50, f"only {len(outage)} made during the 30 s outage"  # ~60 at 2 Hz
+    assert all(p.get("historical") is True for p in outage)
+    assert [p["ts"] for p in (by_seq[s] for s in arrival)] == sorted(
+        p["ts"] for p in by_seq.values())  # arrival order is production order
+    for p in outage[:3] + outage[-3:]:
+        check("telemetry" if "models" in p else "event", p)

@@ -613,6 +613,34 @@ def test_prometheus_port_in_use_exits_1(broker) -> None:
     assert rc == 1 and "edgectl: error: --prometheus 127.0.0.1:" in err
 
 
+def test_prometheus_addr_chooses_the_interface(broker, devices) -> None:
+    """Bound to 127.0.0.2 (another loopback address, as a LAN address would be): served
+    there, refused on the default 127.0.0.1. A bad address is a flag error (exit 2)."""
+    cam = devices.start("g", "cam")
+    port = free_port()
+    mon = monitor(broker, "--prometheus", str(port), "--prometheus-addr", "127.0.0.2",
+                  "--refresh", "0.2").subscribed()
+    try:
+        cam.publish_telemetry(telemetry({"face": window(spread(2.0, 5.0, 12.0), {})}, 40.0))
+        devices.flush()
+        deadline = time.monotonic() + 10
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            if 'edged_fleet_device_up{device="cam",group="g"} 1.0' in text:
+                break
+            assert time.monotonic() < deadline, text[-2000:]
+            time.sleep(0.1)
+        with pytest.raises(OSError):
+            scrape(port)  # 127.0.0.1: nothing listens there
+    finally:
+        rc, _, err = mon.stop(signal.SIGTERM)
+    assert rc == 0, err
+    rc, _, err = monitor(broker, "--once", "--prometheus", str(port),
+                         "--prometheus-addr", "not-an-ip").finish()
+    assert rc == 2 and "--prometheus-addr: expected an IP address" in err and "not-an-ip" in err
+
+
 def test_reconnects_after_the_broker_restarts(broker, devices) -> None:
     cam = devices.start("g", "cam")
     mon = monitor(broker, "--json", "--refresh", "0.2").subscribed()

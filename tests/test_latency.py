@@ -15,6 +15,7 @@ from hdrh.histogram import HdrHistogram
 
 from edged.latency import (
     MAX_OUTLIERS,
+    MAX_SAMPLER_RING,
     CoreSampler,
     LatencyRecorder,
     PhaseStats,
@@ -69,7 +70,9 @@ def test_rotate_starts_a_new_window_and_since_start_accumulates() -> None:
         _record_us(recorder, 1000)
     first = recorder.rotate()
     assert first.count == 100 and first.total.p50_ms == pytest.approx(1.0, rel=1e-3)
-    assert first.outlier_threshold_ms is None and first.outlier_count == 0
+    # Its own p99 is the threshold; identical values leave nothing above it.
+    assert first.outlier_threshold_ms == pytest.approx(1.0, rel=1e-3)
+    assert first.outlier_count == 0
     empty = recorder.rotate()
     assert empty.count == 0 and empty.total == PhaseStats() and empty.jitter_ms is None
     assert empty.to_payload()["p99_ms"] is None
@@ -84,6 +87,7 @@ def test_rotate_starts_a_new_window_and_since_start_accumulates() -> None:
     assert total.total.p50_ms == pytest.approx(1.0, rel=1e-3)
     assert total.total.max_ms == pytest.approx(60.0, rel=1e-3)
     assert total.total.mean_ms == pytest.approx((100 * 1 + 50 * 3 + 10 * 60) / 160, rel=1e-3)
+    assert recorder.since_start(include_open=False).count == 150  # up to the last rotate
     assert recorder.rotate().count == 10
 
 
@@ -97,24 +101,85 @@ def test_values_outside_the_range_are_clamped_not_dropped() -> None:
     assert stats.total.p50_ms == 0.0
 
 
-def test_outliers_are_requests_above_the_previous_windows_p99() -> None:
-    recorder = LatencyRecorder("m", max_outliers=5)
+def test_outliers_are_requests_above_their_own_windows_p99() -> None:
+    recorder = LatencyRecorder("m")
     for i in range(1000):
-        _record_us(recorder, 5000 if i % 100 == 0 else 1000)  # 1 % at 5 ms
-    first = recorder.rotate()
-    assert first.outlier_spans == [] and first.outlier_count == 0  # no threshold yet
+        _record_us(recorder, 5000 if i % 100 == 0 else 1000, at=float(i))  # 1 % at 5 ms
+    first = recorder.rotate()  # the very first window has its outliers too
     assert first.total.p99_ms == pytest.approx(1.0, rel=1e-3)
-    for i in range(100):
+    assert first.outlier_threshold_ms == first.total.p99_ms
+    assert first.outlier_count == 10
+    assert sorted(s[0] for s in first.outlier_spans) == [float(i) for i in range(0, 1000, 100)]
+    # A slow window does not hide the next one's tail: its threshold is not carried over.
+    for _ in range(200):
+        _record_us(recorder, 50_000)
+    assert recorder.rotate().outlier_count == 0
+    for i in range(1000):
         _record_us(recorder, 900, at=float(i))
     for i in range(8):
-        _record_us(recorder, 2000, at=1000.0 + i, switches=i % 2)
-    second = recorder.rotate()
-    assert second.outlier_threshold_ms == pytest.approx(1.0, rel=1e-3)
-    assert second.outlier_count == 8  # all counted ...
-    assert len(second.outlier_spans) == 5  # ... the first max_outliers kept
-    start, end, switches = second.outlier_spans[1]
-    assert (start, end - start, switches) == (1001.0, pytest.approx(0.002), 1)
+        _record_us(recorder, 2000 + 100 * i, at=1000.0 + i, switches=i % 2)
+    third = recorder.rotate()
+    assert third.outlier_threshold_ms == pytest.approx(0.9, rel=1e-3)
+    assert third.outlier_count == 8
+    assert [s[0] for s in third.outlier_spans] == [1007.0 - i for i in range(8)]  # slowest 1st
+    start, end, switches = third.outlier_spans[1]
+    assert (start, end - start, switches) == (1006.0, pytest.approx(0.0026), 0)
     assert MAX_OUTLIERS == 1000
+
+
+def test_outlier_spans_are_capped_but_all_counted() -> None:
+    recorder = LatencyRecorder("m", max_outliers=5)
+    for i in range(2000):
+        _record_us(recorder, 1000, at=float(i))
+    for i in range(12):  # 0.6 %: above p99, more than the cap
+        _record_us(recorder, 3000 + 100 * i, at=5000.0 + i)
+    stats = recorder.rotate()
+    assert stats.outlier_count == 12  # counted from the histogram ...
+    assert [s[0] for s in stats.outlier_spans] == [5011.0, 5010.0, 5009.0, 5008.0, 5007.0]
+    with pytest.raises(ValueError, match="max_outliers"):
+        LatencyRecorder("m", max_outliers=0)
+
+
+def test_an_early_burst_is_kept_when_the_window_is_as_busy_as_the_last() -> None:
+    """The candidate heap is sized from the previous window's count, so a burst of slow
+    requests at the start of a window is not evicted while the window is still young."""
+    recorder = LatencyRecorder("m")
+    for i in range(5000):
+        _record_us(recorder, 1000, at=float(i))
+    recorder.rotate()
+    for i in range(40):  # 0.8 %: all above the window's p99
+        _record_us(recorder, 10_000 + i, at=10_000.0 + i)
+    for i in range(4960):
+        _record_us(recorder, 1000, at=20_000.0 + i)
+    stats = recorder.rotate()
+    assert stats.outlier_count == 40
+    assert sorted(s[0] for s in stats.outlier_spans) == [10_000.0 + i for i in range(40)]
+
+
+def test_a_periodic_models_stall_backfills_the_missed_periods() -> None:
+    """Coordinated omission: a 1 s stall of a 10 ms-period model delayed ~100 requests that
+    were never submitted; with period_s they are back-filled and the stall reaches p99."""
+    plain, periodic = LatencyRecorder("m"), LatencyRecorder("m", period_s=0.010)
+    reference = HdrHistogram(1, 60_000_000, 3)
+    for recorder in (plain, periodic):
+        for i in range(1000):
+            _record_us(recorder, 1000, at=i * 0.01)
+        _record_us(recorder, 1_000_000, queue_us=990_000, at=10.0)  # the stall
+    for _ in range(1000):
+        reference.record_corrected_value(1000, 10_000)
+    reference.record_corrected_value(1_000_000, 10_000)
+    hidden, shown = plain.rotate(), periodic.rotate()
+    assert hidden.count == 1001 and hidden.total.p99_ms == pytest.approx(1.0, rel=1e-3)
+    assert hidden.total.max_ms == pytest.approx(1000.0, rel=1e-3)  # only in max
+    assert shown.count == 1000 + 100  # 1000, 990, ..., 10 ms
+    assert shown.total.p99_ms > 800
+    assert shown.total.p99_ms == pytest.approx(
+        reference.get_value_at_percentile(99) / 1e3, abs=1e-3)
+    assert shown.queue.count == shown.compute.count == 1001  # measured phases: as they ran
+    assert periodic.since_start().total.p99_ms == shown.total.p99_ms
+    for bad in (0, -0.01, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="period_s"):
+            LatencyRecorder("m", period_s=bad)
 
 
 def test_payload_has_the_telemetry_keys() -> None:
@@ -160,7 +225,7 @@ def test_record_costs_a_few_microseconds() -> None:
     recorder = LatencyRecorder("m")
     for _ in range(1000):
         _record_us(recorder, 1000)
-    recorder.rotate()  # a threshold: the outlier comparison runs as in steady state
+    recorder.rotate()  # steady state: the candidate heap fills from the first calls on
     per_call = []
     for block in range(30):
         t0 = time.perf_counter()
@@ -242,9 +307,8 @@ def test_live_sampler_on_this_machine() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     sampler = CoreSampler(cpus, rate_hz=50.0, freq=cpufreq_reader(), throttled=lambda: False)
     recorder = LatencyRecorder("m", cores=None)  # unpinned: every sampled CPU
-    for _ in range(100):
+    for _ in range(1000):  # same window: the three sleeps are its top 0.3 %
         _record_us(recorder, 1000)
-    recorder.rotate()
     sampler.start()
     try:
         time.sleep(0.05)
@@ -288,6 +352,17 @@ def test_sampler_starts_and_stops_cleanly() -> None:
                for s in samples)
     with pytest.raises(ValueError):
         CoreSampler(rate_hz=0)
+
+
+def test_sampler_ring_grows_to_cover_a_window_within_a_cap() -> None:
+    sampler = CoreSampler([0], rate_hz=20.0, horizon_s=1.0)
+    for _ in range(5):
+        sampler.sample_once()
+    assert sampler.horizon_s == pytest.approx(1.0)
+    assert sampler.ensure_horizon(10.5) == pytest.approx(10.5)  # 210 samples
+    assert len(sampler.samples()) == 5  # what it had is kept
+    assert sampler.ensure_horizon(2.0) == pytest.approx(10.5)  # never shrinks
+    assert sampler.ensure_horizon(3600) == pytest.approx(MAX_SAMPLER_RING / 20.0)
 
 
 # -- preemption, for real --------------------------------------------------------------------

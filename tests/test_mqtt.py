@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCHEMAS = REPO / "docs" / "schema"
 BASE = "edged/v1/g/d/"
 BIRTH = {"version": "0.1.0", "hardware": {"cpu": "test", "cores": 2},
-         "models": {"m": {"backend": "onnxruntime:CPU"}}}
+         "models": {"m": {"backend": "onnxruntime", "device": "CPU"}}}
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -269,7 +269,11 @@ def test_birth_is_retained_and_a_clean_stop_publishes_offline(tmp_path: Path,
     assert p.wait_connected(10), p.last_error
     seq = p.publish_telemetry({"models": {"m": {"count": 3, "p50_ms": 1.0, "p99_ms": 2.0,
                                                 "p999_ms": 2.5, "max_ms": 3.0,
-                                                "jitter_ms": 1.0, "outliers": {"irq": 1}}},
+                                                "jitter_ms": 1.0, "outliers": {"irq": 1},
+                                                "since_start": {
+                                                    "count": 3, "p50_ms": 1.0, "p99_ms": 2.0,
+                                                    "p999_ms": 2.5, "max_ms": 3.0,
+                                                    "jitter_ms": 1.0}}},
                                "thermal": {"hottest": None, "throttling": False},
                                "system": {}})
     wait(lambda: p.stats()["spool"]["count"] == 0, what="telemetry acked")
@@ -345,7 +349,8 @@ def test_broker_outage_every_message_arrives_in_order(tmp_path: Path) -> None:
 
     def produce() -> None:
         while running.is_set():
-            seq = p.publish_telemetry({"models": {}, "phase": phase})
+            seq = p.publish_telemetry({"models": {}, "thermal": {}, "system": {},
+                                       "phase": phase})
             assert seq is not None
             produced.append((seq, phase))
             time.sleep(0.05)
@@ -680,8 +685,9 @@ def test_log_publisher_writes_json_lines(tmp_path: Path,
     assert isinstance(p, LogPublisher)
     p.set_birth(BIRTH)
     p.start()
-    assert p.publish_telemetry({"models": {}, "thermal": {"throttling": False}}) == 1
-    assert p.publish_telemetry({"models": {}}) == 2
+    assert p.publish_telemetry({"models": {}, "thermal": {"throttling": False},
+                                "system": {}}) == 1
+    assert p.publish_telemetry({"models": {}, "thermal": {}, "system": {}}) == 2
     p.publish_event("reload", {"model": "m"})
     p.publish_audit({"checks": 1})
     assert p.stop() is True
@@ -708,9 +714,24 @@ def test_schemas_are_json_and_reject_what_they_should() -> None:
         assert root["$schema"].endswith("2020-12/schema")
         assert re.fullmatch(rf".*/{name}\.schema\.json", root["$id"])
     ok = {"ts": 1.0, "seq": 1, "bdSeq": 0}
-    assert not errors({**ok, "models": {}}, schema("telemetry"), schema("telemetry"))
-    assert errors({"ts": 1.0, "bdSeq": 0, "models": {}}, schema("telemetry"),
+    tel = {**ok, "models": {}, "thermal": {}, "system": {}}
+    assert not errors(tel, schema("telemetry"), schema("telemetry"))
+    assert errors({k: v for k, v in tel.items() if k != "seq"}, schema("telemetry"),
                   schema("telemetry"))  # seq missing
+    for key in ("thermal", "system"):
+        assert errors({k: v for k, v in tel.items() if k != key}, schema("telemetry"),
+                      schema("telemetry"))
+    model = {"count": 1, "p50_ms": 1.0, "p99_ms": 1.0, "p999_ms": 1.0, "max_ms": 1.0,
+             "jitter_ms": 0.0, "outliers": {"throttle": 1}}
+    assert errors({**tel, "models": {"m": model}}, schema("telemetry"),
+                  schema("telemetry"))  # since_start missing
+    model["since_start"] = {k: v for k, v in model.items() if k != "outliers"}
+    assert not errors({**tel, "models": {"m": model}}, schema("telemetry"),
+                      schema("telemetry"))
+    bad_rate = {**tel, "system": {"intrusions": {"span_s": 1.0, "scope": "all", "workers": {},
+                                                 "cpus": {"0": {"interrupts_per_s": -1,
+                                                                "softirqs_per_s": 0}}}}}
+    assert errors(bad_rate, schema("telemetry"), schema("telemetry"))
     bad_model = {**ok, "models": {"m": {"count": 1, "p50_ms": "fast"}}}
     assert errors(bad_model, schema("telemetry"), schema("telemetry"))
     assert errors({**ok, "kind": "spool_dropped"}, schema("event"), schema("event"))  # count

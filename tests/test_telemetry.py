@@ -3,7 +3,10 @@ window, thermals and system load; a stop flushes the partial window."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -34,11 +37,16 @@ class Collect:
         self.events.append((kind, detail))
 
 
+def _load(models_dir: Path, tmp_path: Path, cpus: tuple[int, ...] | None = None):
+    return load_model("cls", models_dir / "ppocr_cls.onnx",
+                      Policy(runs=10, warmup=1, time_budget_s=1.0, threads=1, shapes=CLS,
+                             cpus=cpus),
+                      BatchingConfig(), probe(), tmp_path / "state")
+
+
 @pytest.fixture
 def served(models_dir: Path, tmp_path: Path):
-    model = load_model("cls", models_dir / "ppocr_cls.onnx",
-                       Policy(runs=10, warmup=1, time_budget_s=1.0, threads=1, shapes=CLS),
-                       BatchingConfig(), probe(), tmp_path / "state")
+    model = _load(models_dir, tmp_path)
     yield model
     model.worker.stop(1.0)
 
@@ -71,3 +79,60 @@ def test_payload_per_interval(served) -> None:
         assert set(payload) >= {"models", "thermal", "system"}
         assert payload["system"]["mem_total_bytes"] > 0
         assert "throttling" in payload["thermal"]
+    # Since start: every request so far, in each payload; the last one has them all.
+    running = [p["models"]["cls"]["since_start"]["count"] for p in sink.telemetry]
+    assert running == sorted(running) and running[-1] == sent
+    assert running == list(np.cumsum([p["models"]["cls"]["count"] for p in sink.telemetry]))
+    last = sink.telemetry[-1]["models"]["cls"]["since_start"]
+    assert set(last) == {"count", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms",
+                         "mean_ms", "stdev_ms", "jitter_ms"}
+    assert last["p99_ms"] >= last["p50_ms"] > 0
+    assert last["max_ms"] == max(p["models"]["cls"]["max_ms"] for p in busy)
+    # Intrusions: unpinned model, so every CPU; rates from the sampler's counters.
+    intrusions = sink.telemetry[-1]["system"]["intrusions"]
+    assert intrusions["scope"] == "all" and intrusions["span_s"] > 0
+    assert set(intrusions["cpus"]) == {str(c) for c in range(os.cpu_count() or 1)}
+    assert all(r["interrupts_per_s"] >= 0 and r["softirqs_per_s"] >= 0
+               for r in intrusions["cpus"].values())
+    assert sum(r["interrupts_per_s"] for r in intrusions["cpus"].values()) > 0
+    assert intrusions["workers"]["cls"]["involuntary_switches_per_s"] >= 0
+
+
+def test_intrusion_rates_on_a_pinned_core_with_a_competing_thread(
+        models_dir: Path, tmp_path: Path) -> None:
+    """A thread spinning on the model's core preempts its worker: the payload shows
+    involuntary switches of that worker and interrupts on that core only."""
+    cpu = max(os.sched_getaffinity(0))
+    model = _load(models_dir, tmp_path, cpus=(cpu,))
+    sink = Collect()
+    loop = TelemetryLoop(0.4, lambda: {"cls": model}, sink,
+                         sampler=CoreSampler([cpu], rate_hz=20))
+    stop = threading.Event()
+    data = b"x" * (1 << 18)
+
+    def hog() -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        while not stop.is_set():
+            hashlib.sha256(data).digest()  # releases the GIL: competes for the core itself
+
+    competitor = threading.Thread(target=hog, daemon=True)
+    try:
+        loop.start()
+        competitor.start()
+        feeds = {"x": np.zeros((1, 3, 48, 192), np.float32)}
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            done = threading.Event()
+            model.worker.submit(feeds, lambda *a, done=done: done.set())
+            done.wait(5)
+    finally:
+        stop.set()
+        competitor.join(5)
+        loop.stop()
+        model.worker.stop(1.0)
+    rates = [p["system"]["intrusions"] for p in sink.telemetry]
+    assert all(r["scope"] == "inference" and set(r["cpus"]) == {str(cpu)} for r in rates)
+    switches = [r["workers"]["cls"]["involuntary_switches_per_s"] for r in rates]
+    print(f"\nworker involuntary switches/s with a competitor on CPU {cpu}: {switches}")
+    assert max(s for s in switches if s is not None) > 0
+    assert max(r["cpus"][str(cpu)]["interrupts_per_s"] or 0 for r in rates) > 0
