@@ -8,7 +8,12 @@ DEMO_SHAPE = x=1x3x640x640
 
 .PHONY: run demo-bench test data venv lint system-deps clean
 
+# Debian's python3 has no venv/ensurepip without python3-venv: installed here when we are root
+# (system-deps runs later, after the venv exists).
 $(BIN)/.installed: pyproject.toml
+	@$(PY) -c "import ensurepip, venv" 2>/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  apt-get update -q >/dev/null && apt-get install -y -q python3-venv >/dev/null; } || \
+	  { echo "make: $(PY) cannot make a venv: apt-get install python3-venv (as root)"; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[test]"
