@@ -27,6 +27,7 @@ log = logging.getLogger("edged.api")
 
 EXTENSIONS = ["binary_tensor_data", "model_repository(metadata only)", "statistics(metrics)"]
 JSON = [(b"content-type", b"application/json")]
+UNKNOWN_MODEL = "_unknown"  # the model label of requests for names that are not configured
 
 
 class HttpError(Exception):
@@ -111,8 +112,11 @@ class Api:
         await _send_json(send, 202, {"reload": "started"})
 
     def _ready(self) -> bool:
+        """Every configured model serves a version. A model whose reload failed but whose old
+        version still serves counts as serving; one that never loaded does not."""
         models = self._models()
-        return not self._failed() and all(m.worker.alive() for m in models.values())
+        return (all(name in models for name in self._failed())
+                and all(m.worker.alive() for m in models.values()))
 
     def _model(self, parts: list[str]) -> tuple[ServedModel, list[str]]:
         name, rest = parts[0], parts[1:]
@@ -142,28 +146,38 @@ class Api:
 
     # -- infer -------------------------------------------------------------------------------
     async def _infer(self, scope, receive, send, path: str) -> None:
+        """Admission before the body: a full queue (counting requests whose bodies are still
+        being read) or a model that is not serving is refused before a byte of the body is
+        read, so a flood costs no body memory. The unread rest is uvicorn's to discard: after
+        the response is complete it drops further body data and keeps the connection."""
         start = time.perf_counter()
         parts = [p for p in path.split("/") if p]
         if len(parts) < 4 or parts[:2] != ["v2", "models"]:
+            self.metrics.count(UNKNOWN_MODEL, "404")
             raise HttpError(404, f"no route {path}")
-        served, rest = self._model(parts[2:])
-        if rest != ["infer"]:
-            raise HttpError(404, f"no route {path}")
-        name = served.name
-        headers = dict(scope["headers"])
-        try:
-            body = await self._read_body(headers, receive)
-        except HttpError as exc:
-            self.metrics.requests.labels(name, str(exc.status)).inc()
-            raise
-        if body is None:
-            return  # the client went away; nothing to answer
+        name = parts[2]
         code = 200
         try:
-            header_length = _header_length(headers)
-            request = decode_request(body, header_length, served.session.inputs)
-            outputs, timing = await served.worker.infer(request.inputs, request.timeout_ms)
+            served, rest = self._model(parts[2:])
+            if rest != ["infer"]:
+                raise HttpError(404, f"no route {path}")
+            worker = served.worker
+            worker.check_room()
+            headers = dict(scope["headers"])
+            worker.admitting += 1
+            try:
+                body = await self._read_body(headers, receive)
+                if body is None:
+                    code = 0
+                    return  # the client went away; nothing to answer
+                request = decode_request(body, _header_length(headers), served.session.inputs)
+            finally:
+                worker.admitting -= 1  # no await before submit: the slot passes to the queue
+            outputs, timing = await worker.infer(request.inputs, request.timeout_ms)
             payload, json_length = encode_response(name, request, outputs)
+        except HttpError as exc:
+            code = exc.status
+            raise
         except (ProtocolError, InputError) as exc:
             code = 400
             raise HttpError(400, str(exc)) from None
@@ -174,16 +188,25 @@ class Api:
             code = 500
             raise HttpError(500, str(exc)) from None
         finally:
-            self.metrics.requests.labels(name, str(code)).inc()
+            if code not in (0, 200):  # 200 is counted once the answer is out
+                # Unknown names share one label value: a scan of names must not grow the
+                # metric without bound. Configured-but-failed models keep their own name.
+                label = name if code != 404 or name in self._models() else UNKNOWN_MODEL
+                self.metrics.count(label, str(code))
         extra = [] if json_length is None else [
             (b"inference-header-content-length", str(json_length).encode()),
             (b"content-type", b"application/octet-stream")]
         await _send(send, 200, payload, extra or JSON)
+        self.metrics.count(name, "200")
         self.metrics.observe(name, timing.queue_s, timing.compute_s,
                              time.perf_counter() - start, timing.batch_size)
 
     async def _read_body(self, headers: dict[bytes, bytes], receive) -> bytes | None:
+        """The body, one message in the common case (no copy). A body in several messages
+        goes into one buffer of the declared size, so a large body is held once rather than
+        as chunks plus their join; chunked bodies (no Content-Length) are joined."""
         declared = headers.get(b"content-length")
+        size = None
         if declared is not None:
             try:
                 size = int(declared)
@@ -192,20 +215,50 @@ class Api:
             if size > self.max_body_bytes:
                 raise HttpError(413, f"request body of {size} bytes is over the limit of "
                                      f"{self.max_body_bytes}")
-        chunks: list[bytes] = []
-        total = 0
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        first = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(first) > self.max_body_bytes:
+                raise HttpError(413, f"request body is over the limit of "
+                                     f"{self.max_body_bytes} bytes")
+            return first
+        if size is not None:  # the HTTP parser holds the body to the declared length
+            buffer = bytearray(size)
+            view = memoryview(buffer)
+            total = 0
+            while True:
+                end = total + len(first)
+                if end > size:
+                    raise HttpError(400, f"request body is longer than its Content-Length "
+                                         f"({size})")
+                view[total:end] = first
+                total = end
+                if not message.get("more_body", False):
+                    view.release()
+                    if total != size:
+                        raise HttpError(400, f"request body of {total} bytes is shorter than "
+                                             f"its Content-Length ({size})")
+                    return buffer
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return None
+                first = message.get("body", b"")
+        chunks = [first]
+        total = len(first)
         while True:
+            if total > self.max_body_bytes:
+                raise HttpError(413, f"request body is over the limit of "
+                                     f"{self.max_body_bytes} bytes")
+            if not message.get("more_body", False):
+                return b"".join(chunks)
             message = await receive()
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")
             total += len(chunk)
-            if total > self.max_body_bytes:
-                raise HttpError(413, f"request body is over the limit of "
-                                     f"{self.max_body_bytes} bytes")
             chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _header_length(headers: dict[bytes, bytes]) -> int | None:

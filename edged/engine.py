@@ -106,6 +106,10 @@ class ModelWorker:
         self._switch_lock = threading.Lock()  # one fail-over at a time
         self.scheduling = "other"  # what the worker thread really got ("fifo:50", ...)
         self.native_id: int | None = None  # the worker thread's kernel thread id
+        # Requests the API has admitted and whose bodies it is still reading. They count
+        # against max_queue_size so that a flood is refused before its bodies are in memory.
+        # Touched only on the event loop.
+        self.admitting = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,31 +203,66 @@ class ModelWorker:
         return True
 
     # -- submitting ------------------------------------------------------------------------
+    def check_room(self) -> None:
+        """Raise QueueFull / NotServing unless one more request can be admitted. Admitted
+        are the waiting, the running batch and those whose bodies are still being read, up
+        to max_queue_size waiting plus one batch running. Cheap and lock-free: the API calls
+        it before it reads a body, so a full queue costs the daemon no body memory."""
+        if self._stopping:
+            raise NotServing(f"{self.name}: shutting down")
+        if not self.alive():
+            raise NotServing(f"{self.name}: worker is not running")
+        inflight = self._inflight
+        admitted = len(self._queue) + self.admitting + (len(inflight) if inflight else 0)
+        if admitted >= self.batching.max_queue_size + (self.batching.max_batch_size
+                                                       if self.batchable else 1):
+            raise self._queue_full()
+
+    def _queue_full(self) -> QueueFull:
+        return QueueFull(f"{self.name}: queue full ({self.batching.max_queue_size} "
+                         f"requests waiting)")
+
     def submit(self, feeds: Mapping[str, np.ndarray], done: Done,
-               timeout_ms: float | None = None) -> None:
+               timeout_ms: float | None = None) -> float:
+        """Queue one request; returns its deadline (time.monotonic())."""
         check_feeds(self.session.inputs, feeds, self.name)
         limit = self.batching.timeout_ms
         timeout = min(limit, timeout_ms) if timeout_ms and timeout_ms > 0 else limit
-        item = _Pending(feeds, time.monotonic() + timeout / 1000.0, time.perf_counter(), done)
+        deadline = time.monotonic() + timeout / 1000.0
+        item = _Pending(feeds, deadline, time.perf_counter(), done)
         with self._cond:
             if self._stopping:
                 raise NotServing(f"{self.name}: shutting down")
             if len(self._queue) >= self.batching.max_queue_size:
-                raise QueueFull(f"{self.name}: queue full ({self.batching.max_queue_size} "
-                                f"requests waiting)")
+                raise self._queue_full()
             self._queue.append(item)
             self._cond.notify()
+        return deadline
 
     async def infer(self, feeds: Mapping[str, np.ndarray], timeout_ms: float | None = None
                     ) -> tuple[dict[str, np.ndarray], Timing]:
+        """Submit and wait, at most until the request's deadline: a worker hung inside the
+        runtime must not hold the caller forever (the stall take-over may come later, or
+        never). A result arriving after that is dropped by `_settle`."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
         def done(outputs, error, timing) -> None:
-            loop.call_soon_threadsafe(_settle, future, outputs, error, timing)
+            try:  # noqa: SIM105 (per request: cheaper than contextlib.suppress)
+                loop.call_soon_threadsafe(_settle, future, outputs, error, timing)
+            except RuntimeError:
+                pass  # the loop is gone (the caller gave up at its deadline and exited)
 
-        self.submit(feeds, done, timeout_ms)
-        return await future
+        submitted = time.monotonic()
+        deadline = self.submit(feeds, done, timeout_ms)
+        # One timer handle rather than asyncio.wait_for (which wraps the future in a task-like
+        # waiter): this runs on every request.
+        timer = loop.call_later(max(0.0, deadline - submitted), _expire, future, self.name,
+                                deadline - submitted)
+        try:
+            return await future
+        finally:
+            timer.cancel()
 
     # -- the worker thread -----------------------------------------------------------------
     def _loop(self, generation: int) -> None:
@@ -352,6 +391,13 @@ def _name_thread(name: str) -> None:
             comm.write(name[:15])
     except OSError:
         pass  # cosmetic only
+
+
+def _expire(future: asyncio.Future, name: str, timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(DeadlineExceeded(
+            f"{name}: deadline passed after {timeout_s * 1e3:.1f} ms without an answer from "
+            f"the backend"))
 
 
 def _settle(future: asyncio.Future, outputs, error, timing) -> None:

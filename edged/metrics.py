@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily
@@ -37,6 +38,15 @@ class ServingMetrics:
             registry=self.registry)
 
         self._children: dict[str, tuple] = {}
+        self._counted: dict[tuple[str, str], Any] = {}
+
+    def count(self, model: str, code: str) -> None:
+        """One request answered with `code` (cached child: see `observe`). The caller keeps
+        `model` bounded (configured names, or one label for the rest)."""
+        child = self._counted.get((model, code))
+        if child is None:
+            child = self._counted[(model, code)] = self.requests.labels(model, code)
+        child.inc()
 
     def observe(self, model: str, queue_s: float, compute_s: float, total_s: float,
                 batch_size: int) -> None:

@@ -40,6 +40,27 @@ def datatype_of(dtype_name: str) -> str:
     return NAMES.get(np.dtype(dtype_name).name, dtype_name.upper())
 
 
+# Per-request lookups keyed by the dtype object: `dtype.name` and `newbyteorder` are Python-
+# level in numpy and cost a few µs per call on a path whose budget is tens of µs.
+_DATATYPE_OF: dict[np.dtype, str] = {}
+_NATIVE: dict[np.dtype, np.dtype] = {}
+_LITTLE: dict[np.dtype, np.dtype] = {}
+
+
+def _datatype_of_dtype(dtype: np.dtype) -> str:
+    name = _DATATYPE_OF.get(dtype)
+    if name is None:
+        name = _DATATYPE_OF[dtype] = datatype_of(dtype.name)
+    return name
+
+
+def _byteorder(cache: dict[np.dtype, np.dtype], dtype: np.dtype, order: str) -> np.dtype:
+    converted = cache.get(dtype)
+    if converted is None:
+        converted = cache[dtype] = dtype.newbyteorder(order)
+    return converted
+
+
 @dataclass
 class InferRequest:
     id: str | None
@@ -106,7 +127,7 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
             offset += size
         else:
             array = _json_tensor(item.get("data"), shape, dtype, name)
-        inputs[name] = array.astype(dtype.newbyteorder("="), copy=False)
+        inputs[name] = array.astype(_byteorder(_NATIVE, dtype, "="), copy=False)
     if offset != len(binary):
         raise ProtocolError(f"{len(binary) - offset} bytes of binary data after the last "
                             f"input (binary_data_size values do not add up to the body)")
@@ -297,18 +318,21 @@ def encode_response(model_name: str, request: InferRequest, outputs: Mapping[str
     chunks: list[bytes] = []
     for name, binary in wanted.items():
         array = np.asarray(outputs[name])  # (ascontiguousarray makes 0-d arrays 1-d)
-        entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array.dtype.name),
+        entry: dict[str, Any] = {"name": name, "datatype": _datatype_of_dtype(array.dtype),
                                  "shape": list(array.shape)}
         if binary:
-            data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            data = array.astype(_byteorder(_LITTLE, array.dtype, "<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)
         else:
             entry["data"] = array.ravel().tolist()
         doc["outputs"].append(entry)
-    header = json.dumps(doc, separators=(",", ":")).encode()
     if not chunks:
-        return header, None
+        return json.dumps(doc, separators=(",", ":")).encode(), None
+    # Binary outputs only carry strings and integers in the header: orjson writes the same
+    # compact JSON several times faster. (JSON data keeps `json`: NaN stays NaN, as Triton.)
+    header = (orjson.dumps(doc) if len(chunks) == len(wanted)
+              else json.dumps(doc, separators=(",", ":")).encode())
     return header + b"".join(chunks), len(header)
 
 

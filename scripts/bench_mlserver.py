@@ -34,7 +34,10 @@ over rounds of per-round p50/p99, ratios are taken per round, then the median. T
 issue): edged's p50 at least 50x lower than MLServer's, JSON against JSON and MLServer's best
 path against edged binary. Then the RSS of both server processes (psutil, children included).
 
-Run from a checkout: `.venv/bin/python scripts/bench_mlserver.py [--json]` (about 2 minutes
+`--tiny` serves a generated tiny CNN (1x3x64x64 input, ~0.2 ms in-process) instead: the
+class of model the issue's figures were measured on, where server overhead dominates.
+
+Run from a checkout: `.venv/bin/python scripts/bench_mlserver.py [--tiny] [--json]` (about 2 minutes
 once the venv exists; creating it takes a few minutes more). Exit status 1 when the target is
 missed, 2 when MLServer cannot be installed or started.
 """
@@ -69,6 +72,7 @@ MLSERVER_VERSION = "1.7.1"
 DEFAULT_VENV = Path.home() / ".cache" / "edged" / "mlserver-venv"
 MODEL_FILE = "ppocr_cls.onnx"
 INPUT_SHAPE = (1, 3, 48, 192)
+TINY_SHAPE = (1, 3, 64, 64)  # --tiny: the generated CNN's input
 MODEL_NAME = "bench"
 BLOCK = 10  # requests per path per turn within a round
 WARMUP = 20  # untimed requests per path before the first round
@@ -373,11 +377,48 @@ def rss_mib(pid: int) -> dict[str, Any]:
     return {"rss_mib": round(total / 2**20, 1), "processes": len(procs)}
 
 
+def write_tiny_model(path: Path) -> Path:
+    """A tiny CNN (conv 3->32, conv 32->64 stride 2, global pool, 64->10 dense; fixed random
+    weights) written with onnx.helper: the class of model the issue's 50x figure was measured
+    on (0.15-0.3 ms in-process), where the server's own overhead dominates. Opset 13, IR 8:
+    any onnxruntime of the last years loads it, MLServer's venv included."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(TINY_SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [weight("w1", 32, 3, 3, 3), weight("b1", 32), weight("w2", 64, 32, 3, 3),
+         weight("b2", 64), weight("w3", 64, 10), weight("b3", 10)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 # -- report -------------------------------------------------------------------------------------
 
 def print_report(report: dict[str, Any]) -> None:
     seq = report["sequential"]
-    print(f"model {report['model']} x {list(INPUT_SHAPE)} FP32; MLServer "
+    print(f"model {report['model']} x {next(iter(report['input'].values()))} FP32; MLServer "
           f"{report['mlserver']['version']} (custom runtime, onnxruntime "
           f"{report['mlserver']['onnxruntime']}) vs edged (onnxruntime "
           f"{report['onnxruntime']}, 1 thread, max_batch_size 1); tritonclient "
@@ -413,7 +454,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from fetch_test_data import models_dir
 
     versions = ensure_venv(args.venv.expanduser().resolve())
-    model = (models_dir() / MODEL_FILE).resolve()
+    shape = TINY_SHAPE if args.tiny else INPUT_SHAPE
+    model_dir = tempfile.TemporaryDirectory(prefix="edged-bench-tiny-")
+    if args.tiny:
+        model = write_tiny_model(Path(model_dir.name) / "tiny_cnn.onnx")
+    else:
+        model = (models_dir() / MODEL_FILE).resolve()
     if not model.is_file():
         raise SetupError(f"no model at {model} (run scripts/fetch_test_data.py)")
     options = ort.SessionOptions()
@@ -424,13 +470,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
     output_names = [o.name for o in session.get_outputs()]
-    feeds = {input_name: np.random.default_rng(0).random(INPUT_SHAPE, dtype=np.float32)}
+    feeds = {input_name: np.random.default_rng(0).random(shape, dtype=np.float32)}
     reference = dict(zip(output_names, session.run(output_names, feeds), strict=True))
     report: dict[str, Any] = {
         "benchmark": "mlserver",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "loadavg_1min_start": round(os.getloadavg()[0], 2),
-        "model": model.name, "input": {input_name: list(INPUT_SHAPE)},
+        "model": model.name, "input": {input_name: list(shape)},
         "onnxruntime": ort.__version__, "tritonclient": version("tritonclient"),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
@@ -449,7 +495,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                   "ready_s": round(mls.ready_s or 0.0, 2)}
             log("starting edged")
             (tmp / "edged").mkdir()
-            config = write_config(tmp / "edged", model, {input_name: INPUT_SHAPE},
+            config = write_config(tmp / "edged", model, {input_name: shape},
                                   tmp / "edged" / "state", 1, 0)
             daemon = Edged(tmp / "edged", config)
             closers.append(daemon.stop)
@@ -495,6 +541,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for close in reversed(closers):
                 with contextlib.suppress(Exception):
                     close()
+    model_dir.cleanup()
     report["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
     return report
 
@@ -506,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300,
                         help="timed sequential requests per path per round")
     parser.add_argument("--rounds", type=int, default=6, help="sequential rounds")
+    parser.add_argument("--tiny", action="store_true",
+                        help=f"serve a generated tiny CNN ({'x'.join(map(str, TINY_SHAPE))} "
+                             f"input, ~0.2 ms in-process) instead of {MODEL_FILE}")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     if min(args.requests, args.rounds) < 1:

@@ -5,6 +5,9 @@ failing is what fail-over exists for, and no runtime here fails on demand)."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -144,8 +147,14 @@ def test_deadline_in_queue(cls_model) -> None:
 
     worker = ModelWorker("cls", Slow(ort_session(cls_model)), BatchingConfig(timeout_ms=5000))
     worker.start()
+
+    async def main():
+        first, *rest = inputs(3)
+        return await asyncio.gather(worker.infer(first), *(worker.infer(f, 100) for f in rest),
+                                    return_exceptions=True)
+
     try:
-        results = run_concurrently(worker, inputs(3), timeout_ms=100)
+        results = asyncio.run(main())
     finally:
         worker.stop()
     # The first ran (after 0.3 s); the others waited past their 100 ms deadline.
@@ -252,3 +261,67 @@ def test_worker_records_latency_for_telemetry(cls_model) -> None:
     assert abs(window.compute.max_ms - max(compute)) < 0.05
     assert window.total.p50_ms >= window.compute.p50_ms
     assert recorder.rotate().count == 0  # the next window starts empty
+
+
+def test_hung_backend_answers_504_at_the_deadline(cls_model) -> None:
+    """A runtime that never returns (no supervisor to take over here): the caller still gets
+    its answer at the deadline, and the late result, when the runtime comes back, is
+    dropped while the worker goes on serving."""
+    release = threading.Event()
+
+    class Hung(RecordingSession):
+        def run(self, feeds):
+            release.wait(30)
+            return super().run(feeds)
+
+    session = Hung(ort_session(cls_model))
+    worker = ModelWorker("cls", session, BatchingConfig(timeout_ms=300, watchdog_ms=60_000))
+    worker.start()
+    try:
+        start = time.perf_counter()
+        results = run_concurrently(worker, inputs(2))
+        elapsed = time.perf_counter() - start
+        assert all(isinstance(r, DeadlineExceeded) for r in results), results
+        assert "cls: deadline passed after 300.0 ms" in str(results[0])
+        assert 0.25 <= elapsed < 5, elapsed
+        release.set()
+        deadline = time.monotonic() + 10
+        while worker.queue_depth and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [(outputs, _)] = run_concurrently(worker, inputs(1))  # the worker still serves
+        assert next(iter(outputs.values())).shape == (1, 2)
+        # The hung batch did finish; the queued one had passed its deadline and never ran.
+        assert session.batches == [1, 1]
+    finally:
+        release.set()
+        worker.stop()
+
+
+@pytest.mark.parametrize("error, logged", [
+    (PermissionError(errno.EPERM, "Operation not permitted"),
+     "SCHED_FIFO 50 refused (needs CAP_SYS_NICE or an RLIMIT_RTPRIO)"),
+    (OSError(errno.EINVAL, "Invalid argument"), "SCHED_FIFO 50 failed"),
+])
+def test_rt_priority_refused_falls_back_and_serves(cls_model, monkeypatch, caplog,
+                                                   error, logged) -> None:
+    """Without CAP_SYS_NICE the kernel answers EPERM: the worker says so and serves with
+    normal scheduling. (mlockall is the daemon's, not the worker's: see test_daemon.)"""
+    calls = []
+
+    def refuse(pid, policy, param):
+        calls.append((pid, policy, param.sched_priority))
+        raise error
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    caplog.set_level(logging.WARNING, logger="edged.engine")
+    worker = ModelWorker("cls", ort_session(cls_model), BatchingConfig(rt_priority=50))
+    worker.start()
+    try:
+        [(outputs, _)] = run_concurrently(worker, inputs(1))
+    finally:
+        worker.stop()
+    assert calls == [(0, os.SCHED_FIFO, 50)]  # asked for, on the worker thread itself
+    assert next(iter(outputs.values())).shape == (1, 2)
+    assert worker.scheduling == "other"
+    assert any(logged in r.getMessage() and r.levelno == logging.WARNING
+               for r in caplog.records), caplog.text

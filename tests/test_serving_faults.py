@@ -1,0 +1,287 @@
+"""Faults on the serving path against the real edged process: a flood of large bodies at a
+full queue (memory stays bounded, others keep serving), unknown models in the metrics, a
+chunked body over the limit, clients that go away mid-inference, readiness after a partly
+failed reload."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from daemon_harness import Daemon, write_config
+
+DET = 960  # det input side: 1x3x960x960 float32 = 10.5 MiB per request body
+MAX_BODY = 16 * 1024 * 1024
+
+
+def models_toml(models_dir: Path) -> str:
+    return f"""
+[[models]]
+name = "det"
+path = "{models_dir / 'ppocrv4_det.onnx'}"
+threads = 1
+shapes = {{ x = [1, 3, {DET}, {DET}] }}
+max_queue_size = 2
+timeout_ms = 60000
+
+[[models]]
+name = "cls"
+path = "{models_dir / 'ppocr_cls.onnx'}"
+threads = 1
+shapes = {{ x = [1, 3, 48, 192] }}
+timeout_ms = 20000  # two cores saturated by the flood: the point is the answer, not its time
+"""
+
+
+@pytest.fixture(scope="module")
+def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
+    folder = tmp_path_factory.mktemp("faults")
+    config = write_config(folder, models_toml(models_dir),
+                          server_extra=f"max_body_bytes = {MAX_BODY}")
+    d = Daemon(config).wait_ready()
+    yield d
+    assert d.stop() == 0, d.log_text()
+
+
+def binary_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    data = x.tobytes()
+    head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": len(data)}}]}).encode()
+    return head + data, {"Inference-Header-Content-Length": str(len(head))}
+
+
+DET_BODY = binary_request(np.zeros((1, 3, DET, DET), np.float32))
+CLS_BODY = binary_request(np.zeros((1, 3, 48, 192), np.float32))
+
+
+def post(conn: http.client.HTTPConnection, model: str, request: tuple[bytes, dict[str, str]]
+         ) -> tuple[int, bytes]:
+    body, headers = request
+    conn.request("POST", f"/v2/models/{model}/infer", body=body, headers=headers)
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def get(daemon: Daemon, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(daemon.address, timeout=30)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def wait_idle(daemon: Daemon, model: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = json.loads(get(daemon, "/edged/status")[1])
+        [entry] = [m for m in status["models"] if m["name"] == model]
+        if entry["queue_depth"] == 0:
+            return
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+
+
+class PeakRss:
+    """The daemon's peak RSS while the block runs, sampled every 2 ms (psutil)."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.002)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_threads(target, n: int) -> None:
+    threads = [threading.Thread(target=target) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_flood_of_large_bodies_is_refused_before_reading(daemon: Daemon) -> None:
+    """16 clients x 3 requests of 10.5 MiB at a model with room for 2 waiting. Reading every
+    body before refusing it peaked ~135 MiB above a full queue (measured here with the
+    read-then-submit design); refusing before the body keeps the daemon at the peak of a
+    full queue's worth of legitimate work (2 waiting + 1 running)."""
+    conn = http.client.HTTPConnection(daemon.address, timeout=60)
+    assert post(conn, "det", DET_BODY)[0] == 200  # warm: runtime buffers at this size
+    conn.close()
+
+    full_codes: list[int] = []
+
+    def one() -> None:
+        conn = http.client.HTTPConnection(daemon.address, timeout=60)
+        full_codes.append(post(conn, "det", DET_BODY)[0])
+        conn.close()
+
+    with PeakRss(daemon.proc.pid) as full_queue:  # what the admitted requests cost
+        for _ in range(2):
+            run_threads(one, 3)
+    assert full_codes == [200] * 6  # 2 waiting + 1 running fit
+
+    det_results: list[tuple[int, bytes]] = []
+    cls_codes: list[int] = []
+    cls_times: list[float] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def flood() -> None:
+        try:
+            conn = http.client.HTTPConnection(daemon.address, timeout=60)
+            conn.connect()
+            sock = conn.sock
+            for _ in range(3):
+                det_results.append(post(conn, "det", DET_BODY))
+                # The refused body's unread rest was consumed by the server: the same
+                # keep-alive connection carries the next request.
+                assert conn.sock is sock
+            conn.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def other() -> None:
+        try:
+            conn = http.client.HTTPConnection(daemon.address, timeout=60)
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                cls_codes.append(post(conn, "cls", CLS_BODY)[0])
+                cls_times.append(time.perf_counter() - t0)
+            conn.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    side = threading.Thread(target=other)
+    side.start()
+    with PeakRss(daemon.proc.pid) as flooded:
+        run_threads(flood, 16)
+    stop.set()
+    side.join()
+    assert not errors, errors
+    codes = [code for code, _ in det_results]
+    assert len(codes) == 48 and set(codes) <= {200, 503}, codes
+    assert codes.count(503) >= 24, codes  # most of the flood was turned away
+    assert 200 in codes
+    for code, body in det_results:
+        if code == 503:
+            assert json.loads(body)["error"] == "det: queue full (2 requests waiting)"
+    assert cls_codes and set(cls_codes) == {200}, cls_codes
+    over = (flooded.peak - full_queue.peak) / 2**20
+    print(f"flood peak {flooded.peak / 2**20:.0f} MiB, full queue peak "
+          f"{full_queue.peak / 2**20:.0f} MiB, 503s {codes.count(503)}, "
+          f"cls max {max(cls_times) * 1e3:.0f} ms over {len(cls_times)}")
+    # Less than 5 more bodies' worth (allocator slack); the unbounded design held ~13.
+    assert over < 50, f"the flood's peak RSS is {over:.0f} MiB over a full queue's"
+    assert post(http.client.HTTPConnection(daemon.address, timeout=60), "det",
+                DET_BODY)[0] == 200
+
+
+def test_unknown_models_are_counted_under_one_label(daemon: Daemon) -> None:
+    conn = http.client.HTTPConnection(daemon.address, timeout=30)
+    for name in ("nope", "nope2", "nope3"):
+        code, body = post(conn, name, CLS_BODY)
+        assert code == 404 and f"unknown model {name!r}" in json.loads(body)["error"]
+    conn.request("POST", "/v2/models/cls/versions/7/infer", body=b"{}")
+    response = conn.getresponse()
+    assert response.status == 404 and b"no version '7'" in response.read()
+    conn.close()
+    text = get(daemon, "/metrics")[1].decode()
+    count = re.search(r'edged_requests_total\{code="404",model="_unknown"\} (\S+)', text)
+    assert count and float(count.group(1)) >= 3, text
+    assert 'model="nope' not in text  # no label value per unknown name
+    assert 'edged_requests_total{code="404",model="cls"}' in text  # a known model's 404
+
+
+def test_chunked_body_over_the_limit_is_413(daemon: Daemon) -> None:
+    """No Content-Length to refuse up front: the limit is enforced while reading."""
+    chunk = b"\0" * (1024 * 1024)
+    conn = http.client.HTTPConnection(daemon.address, timeout=30)
+    conn.request("POST", "/v2/models/cls/infer", body=iter([chunk] * 20),
+                 headers={"Transfer-Encoding": "chunked"}, encode_chunked=True)
+    response = conn.getresponse()
+    doc = json.loads(response.read())
+    assert response.status == 413, doc
+    assert doc["error"] == f"request body is over the limit of {MAX_BODY} bytes"
+    # The same connection still serves.
+    assert post(conn, "cls", CLS_BODY)[0] == 200
+    conn.close()
+
+
+def test_client_gone_while_queued_or_running(daemon: Daemon) -> None:
+    """Clients that hang up after sending: their requests still run (the worker is not
+    interrupted), nothing leaks into the log, everything else keeps being served."""
+    body, headers = DET_BODY
+    head = (f"POST /v2/models/det/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}"
+            f"\r\n\r\n").encode()
+    log_before = len(daemon.log_text())
+    for _ in range(3):  # one runs, two wait: the queue holds 2
+        with socket.create_connection(("127.0.0.1", daemon.port)) as raw:
+            raw.sendall(head + body)
+    status = json.loads(get(daemon, "/edged/status")[1])
+    [det] = [m for m in status["models"] if m["name"] == "det"]
+    wait_idle(daemon, "det")
+    conn = http.client.HTTPConnection(daemon.address, timeout=60)
+    assert post(conn, "det", DET_BODY)[0] == 200
+    assert post(conn, "cls", CLS_BODY)[0] == 200
+    conn.close()
+    assert det["ready"] and daemon.proc.poll() is None
+    log = daemon.log_text()[log_before:]
+    assert "Traceback" not in log and "ERROR" not in log, log
+
+
+def test_ready_while_a_failed_reload_keeps_the_old_version(models_dir: Path,
+                                                          tmp_path: Path) -> None:
+    text = models_toml(models_dir).replace(f"[1, 3, {DET}, {DET}]", "[1, 3, 320, 320]")
+    config = write_config(tmp_path, text)
+    d = Daemon(config).wait_ready()
+    try:
+        assert get(d, "/v2/health/ready")[0] == 200
+        broken = tmp_path / "broken.onnx"
+        broken.write_bytes((models_dir / "ppocr_cls.onnx").read_bytes()[:5000])
+        # cls fails to reload: its old version serves, so the server is ready.
+        config.write_text(config.read_text().replace(str(models_dir / "ppocr_cls.onnx"),
+                                                     str(broken)))
+        mark = len(d.notify.messages)
+        d.signal(signal.SIGHUP)
+        d.notify.wait_for("READY=1", after=mark)
+        status = json.loads(get(d, "/edged/status")[1])
+        assert "broken.onnx" in status["failed"]["cls"]
+        assert get(d, "/v2/health/ready") == (200, b'{"ready":true}')
+        # A new model that never loaded: nothing serves it, the server is not ready.
+        config.write_text(config.read_text() + f"""
+[[models]]
+name = "extra"
+path = "{broken}"
+""")
+        mark = len(d.notify.messages)
+        d.signal(signal.SIGHUP)
+        d.notify.wait_for("READY=1", after=mark)
+        assert "extra" in json.loads(get(d, "/edged/status")[1])["failed"]
+        assert get(d, "/v2/health/ready") == (503, b'{"ready":false}')
+    finally:
+        assert d.stop() == 0
