@@ -7,6 +7,7 @@ the compiled model's runtime graph (per-layer `runtimePrecision`) and reported.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -124,6 +125,11 @@ class OvSession:
             # Pinning keeps OpenVINO's stream threads on cores inside the caller's affinity
             # mask; without a CPU set we let the scheduler place them.
             config["ENABLE_CPU_PINNING"] = bool(options.cpus)
+        # With pinning on, OpenVINO's CPU plugin resets the *calling* thread's affinity to the
+        # whole process mask on every infer (openvinotoolkit/openvino#24826; seen here with
+        # 2026.4: a thread on {1} comes back on {0, 1}). run() puts the caller back.
+        self._caller_cpus = (set(options.cpus) if options.cpus
+                             and candidate.device.startswith("CPU") else None)
         if options.cache_dir is not None:
             options.cache_dir.mkdir(parents=True, exist_ok=True)
             config["CACHE_DIR"] = str(options.cache_dir)
@@ -171,6 +177,9 @@ class OvSession:
         except RuntimeError as exc:
             raise BackendError(f"{self.model.name}: openvino run failed: "
                                f"{_first_line(exc)}") from None
+        finally:
+            if self._caller_cpus is not None:
+                os.sched_setaffinity(0, self._caller_cpus)  # one syscall, about a microsecond
         return {spec.name: np.array(result[port], copy=True)
                 for spec, port in zip(self.outputs, self._compiled.outputs, strict=True)}
 

@@ -254,7 +254,7 @@ def test_openvino_threads_stay_on_the_cpu_set(models_dir: Path) -> None:
     OpenVINO reuses executors across compiles with equal settings, so an earlier unpinned
     load in the same process (as in this test module) would be measured instead."""
     code = textwrap.dedent(f"""
-        import json, os
+        import json, os, threading
         from pathlib import Path
         from backends import LoadOptions, get_backend
         from backends.base import Candidate
@@ -277,10 +277,24 @@ def test_openvino_threads_stay_on_the_cpu_set(models_dir: Path) -> None:
             with pinned_thread([cpu]):
                 s = get_backend("openvino").load(model, Candidate("openvino", "CPU", "fp32"),
                     LoadOptions(threads=1, cpus=[cpu], shapes={{"x": (1, 3, 48, 192)}}))
-                s.run(make_inputs(s.inputs, {{"x": (1, 3, 48, 192)}}))
-            result[cpu] = sorted(set(c for t, c in tasks().items() if t not in before))
+            # Run from another thread that pins itself, as the daemon's worker does. OpenVINO
+            # resets its caller's affinity on every infer (to the mask it kept at load, which
+            # in the daemon is the housekeeping set); run() must put the caller back.
+            caller = []
+            def work():
+                os.sched_setaffinity(0, {{cpu}})
+                for _ in range(2):
+                    s.run(make_inputs(s.inputs, {{"x": (1, 3, 48, 192)}}))
+                caller.extend(sorted(os.sched_getaffinity(0)))
+            with pinned_thread([1 - cpu]):  # the worker starts from the other CPU's mask
+                t = threading.Thread(target=work)
+                t.start()
+            t.join()
+            new = set(tasks()) - before
+            result[cpu] = [sorted(set(c for t, c in tasks().items() if t in new)), caller]
         print(json.dumps(result))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).parent.parent)
-    assert out.stdout.strip().splitlines()[-1] == '{"0": ["0"], "1": ["1"]}', out.stdout
+    assert (out.stdout.strip().splitlines()[-1]
+            == '{"0": [["0"], [0]], "1": [["1"], [1]]}'), out.stdout
