@@ -214,9 +214,11 @@ class ModelWorker:
             raise NotServing(f"{self.name}: worker is not running")
         inflight = self._inflight
         admitted = len(self._queue) + self.admitting + (len(inflight) if inflight else 0)
-        if admitted >= self.batching.max_queue_size + (self.batching.max_batch_size
-                                                       if self.batchable else 1):
+        if admitted >= self.batching.max_queue_size + self._batch_room():
             raise self._queue_full()
+
+    def _batch_room(self) -> int:
+        return self.batching.max_batch_size if self.batchable else 1
 
     def _queue_full(self) -> QueueFull:
         return QueueFull(f"{self.name}: queue full ({self.batching.max_queue_size} "
@@ -233,7 +235,11 @@ class ModelWorker:
         with self._cond:
             if self._stopping:
                 raise NotServing(f"{self.name}: shutting down")
-            if len(self._queue) >= self.batching.max_queue_size:
+            # Waiting means behind the running batch: while none runs, the head of the queue
+            # is the next batch (the worker has not taken it yet), so it does not count as
+            # waiting. The same room check_room() admits bodies against.
+            running = self._batch_room() if self._inflight is None else 0
+            if len(self._queue) >= self.batching.max_queue_size + running:
                 raise self._queue_full()
             self._queue.append(item)
             self._cond.notify()

@@ -137,6 +137,28 @@ def test_queue_full_rejects_at_once(cls_model) -> None:
         worker.stop()
 
 
+def test_the_next_batch_is_not_counted_as_waiting(cls_model) -> None:
+    """Requests that arrive before the worker has taken the first one off the queue (here: a
+    worker not started yet) must not be refused: the head of the queue is the next batch,
+    not a waiting request. So submit accepts what the API's check_room admits before it
+    reads bodies (max_queue_size waiting + one batch)."""
+    worker = ModelWorker("cls", ort_session(cls_model), BatchingConfig(max_queue_size=2))
+    done = []
+    feeds = inputs(1)[0]
+    for _ in range(3):  # 1 next batch + 2 waiting
+        worker.submit(feeds, lambda *a: done.append(a))
+    with pytest.raises(QueueFull):
+        worker.submit(feeds, lambda *a: done.append(a))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(done) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(done) == 3 and all(error is None for _, error, _ in done)
+    finally:
+        worker.stop()
+
+
 def test_deadline_in_queue(cls_model) -> None:
     gate = threading.Event()
 
