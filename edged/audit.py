@@ -15,10 +15,15 @@ import argparse
 import hashlib
 import json
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edged.config import Config
+    from sysconf.sysroot import SysRoot
 
 from sysconf.findings import REGISTRY, STATUSES, AuditContext, Finding, run_checks, summary
 
@@ -31,7 +36,7 @@ GROUP_ORDER = ("ISO", "IRQ", "SVC", "KRN", "DT", "THM")  # text report sections,
 _COLOURS = {"pass": "32", "warn": "33", "fail": "31", "skip": "2", "error": "35"}
 
 
-def _load_checks() -> None:
+def load_checks() -> None:
     """Importing a check module registers its checks."""
     import sysconf.dtcheck  # registers devicetree
     import sysconf.hostchecks  # registers isolation, thermal
@@ -138,7 +143,7 @@ def _context(args) -> AuditContext:
         # The flag is the operator's override, as for `edgectl apply`: it wins over the
         # isolated set, which wins over the models' cpus (sysconf.cpusets.decide).
         options["inference_override"] = cpus
-    _load_checks()
+    load_checks()
     return AuditContext(root=root, dtbs=dtbs, options=options)
 
 
@@ -300,6 +305,37 @@ def render_sarif(findings: Sequence[Finding]) -> str:
         }],
     }
     return json.dumps(sarif, indent=2) + "\n"
+
+
+def audit_summary(config: Config, root: SysRoot | None = None,
+                  with_model_cpus: bool = True) -> dict[str, Any]:
+    """What `edgectl audit --config` reports, as a short summary for the retained `audit`
+    topic: counts by status and by level (the lesser of status and severity, as the audit's
+    exit code counts), the ids failing and warning, when it ran. Read-only on `root`.
+    `with_model_cpus`: the models' cpus are the inference cores (as with --config)."""
+    from sysconf.sysroot import SysRoot
+
+    root = root or SysRoot()
+    options: dict[str, Any] = {
+        "trim": list(config.audit.trim), "keep": list(config.audit.keep),
+        "realtime": any(mc.rt_priority for mc in config.models)}
+    inference = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
+    if inference and with_model_cpus:
+        options["inference_cpus"] = inference
+    load_checks()
+    start = time.perf_counter()
+    findings = collect(AuditContext(root=root, options=options))
+    levels = [level(f) for f in findings]
+    return {
+        "ts": round(time.time(), 3),
+        "root": str(root.root),
+        "findings": len(findings),
+        "statuses": summary(findings),
+        "levels": {name: levels.count(rank) for rank, name in enumerate(("ok", "warn", "fail"))},
+        "failing": sorted({f.id for f, lv in zip(findings, levels, strict=True) if lv == 2}),
+        "warning": sorted({f.id for f, lv in zip(findings, levels, strict=True) if lv == 1}),
+        "duration_s": round(time.perf_counter() - start, 3),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -314,6 +314,8 @@ class Daemon:
         # Cores the daemon decided itself (no model sets cpus) are what the audit decides
         # on its own too; passing them would make them look configured to its checks.
         decided = self.cpu_plan is not None and self.cpu_plan.source != "models"
+        from edged.audit import audit_summary
+
         return audit_summary(self.config, self.root, with_model_cpus=not decided)
 
     async def _audit_at_start(self) -> None:
@@ -586,38 +588,6 @@ def throttle_reader(root: SysRoot) -> Callable[[], bool] | None:
         return False
 
     return throttled
-
-
-def audit_summary(config: Config, root: SysRoot | None = None,
-                  with_model_cpus: bool = True) -> dict[str, Any]:
-    """What `edgectl audit --config` reports, as a short summary for the retained `audit`
-    topic: counts by status and by level (the lesser of status and severity, as the audit's
-    exit code counts), the ids failing and warning, when it ran. Read-only on `root`.
-    `with_model_cpus`: the models' cpus are the inference cores (as with --config)."""
-    from edged.audit import _load_checks, collect, level
-    from sysconf.findings import AuditContext, summary
-
-    root = root or SysRoot()
-    options: dict[str, Any] = {
-        "trim": list(config.audit.trim), "keep": list(config.audit.keep),
-        "realtime": any(mc.rt_priority for mc in config.models)}
-    inference = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
-    if inference and with_model_cpus:
-        options["inference_cpus"] = inference
-    _load_checks()
-    start = time.perf_counter()
-    findings = collect(AuditContext(root=root, options=options))
-    levels = [level(f) for f in findings]
-    return {
-        "ts": round(time.time(), 3),
-        "root": str(root.root),
-        "findings": len(findings),
-        "statuses": summary(findings),
-        "levels": {name: levels.count(rank) for rank, name in enumerate(("ok", "warn", "fail"))},
-        "failing": sorted({f.id for f, lv in zip(findings, levels, strict=True) if lv == 2}),
-        "warning": sorted({f.id for f, lv in zip(findings, levels, strict=True) if lv == 1}),
-        "duration_s": round(time.perf_counter() - start, 3),
-    }
 
 
 def pin_housekeeping(config: Config) -> list[int] | None:
