@@ -110,6 +110,8 @@ class ModelWorker:
         # against max_queue_size so that a flood is refused before its bodies are in memory.
         # Touched only on the event loop.
         self.admitting = 0
+        # (session, feed signatures check_feeds accepted for it): see _check_feeds.
+        self._checked: tuple[Session | None, set[tuple]] = (None, set())
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -227,10 +229,8 @@ class ModelWorker:
     def submit(self, feeds: Mapping[str, np.ndarray], done: Done,
                timeout_ms: float | None = None) -> float:
         """Queue one request; returns its deadline (time.monotonic())."""
-        check_feeds(self.session.inputs, feeds, self.name)
-        limit = self.batching.timeout_ms
-        timeout = min(limit, timeout_ms) if timeout_ms and timeout_ms > 0 else limit
-        deadline = time.monotonic() + timeout / 1000.0
+        self._check_feeds(feeds)
+        deadline = time.monotonic() + self._timeout_ms(timeout_ms) / 1000.0
         item = _Pending(feeds, deadline, time.perf_counter(), done)
         with self._cond:
             if self._stopping:
@@ -244,6 +244,28 @@ class ModelWorker:
             self._queue.append(item)
             self._cond.notify()
         return deadline
+
+    def _timeout_ms(self, timeout_ms: float | None) -> float:
+        """The request's deadline from now: the configured timeout, or less if it asks."""
+        limit = self.batching.timeout_ms
+        return min(limit, timeout_ms) if timeout_ms and timeout_ms > 0 else limit
+
+    def _check_feeds(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """check_feeds, once per feed signature (names, array types, dtypes, shapes) and
+        session: it is a function of just those, and costs ≈3 µs a request otherwise."""
+        session = self.session
+        checked = self._checked
+        if checked[0] is not session:
+            checked = self._checked = (session, set())
+        try:
+            key = tuple([(name, type(a), a.dtype, a.shape) for name, a in feeds.items()])
+            if key in checked[1]:
+                return
+        except (AttributeError, TypeError):  # not arrays: check_feeds says what is wrong
+            key = None
+        check_feeds(session.inputs, feeds, self.name)
+        if key is not None and len(checked[1]) < 64:
+            checked[1].add(key)
 
     async def infer(self, feeds: Mapping[str, np.ndarray], timeout_ms: float | None = None
                     ) -> tuple[dict[str, np.ndarray], Timing]:
@@ -263,8 +285,9 @@ class ModelWorker:
         deadline = self.submit(feeds, done, timeout_ms)
         # One timer handle rather than asyncio.wait_for (which wraps the future in a task-like
         # waiter): this runs on every request.
+        # The message names the request's timeout itself, not the (later) time it was measured.
         timer = loop.call_later(max(0.0, deadline - submitted), _expire, future, self.name,
-                                deadline - submitted)
+                                self._timeout_ms(timeout_ms) / 1000.0)
         try:
             return await future
         finally:

@@ -81,8 +81,15 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
         if header_length == 0:
             return _decode_raw(body, specs)
         header, binary = body[:header_length], memoryview(body)[header_length:]
+        key = None  # the header, when short enough to remember (see _Layout)
+        if header_length <= CACHED_HEADER_BYTES:
+            key = header if type(header) is bytes else bytes(header)
+            layout = _LAYOUTS.get(key)
+            if layout is not None and layout.binary_size == len(binary):
+                return layout.request(binary)
     else:
         header, binary = body, memoryview(b"")
+        key = None
     try:
         doc = _loads(header)
     except RecursionError:
@@ -99,6 +106,7 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
     params = _object(doc.get("parameters", {}), "parameters")
     inputs: dict[str, np.ndarray] = {}
     offset = 0
+    slices: list[tuple[str, np.dtype, tuple[int, ...], int]] | None = []
     for index, item in enumerate(raw_inputs):
         where = f"inputs[{index}]"
         item = _object(item, where)
@@ -125,8 +133,11 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
                                     f"({count * dtype.itemsize} bytes)")
             array = _from_bytes(binary[offset:offset + size], dtype).reshape(shape)
             offset += size
+            if slices is not None:
+                slices.append((name, dtype, shape, size))
         else:
             array = _json_tensor(item.get("data"), shape, dtype, name)
+            slices = None  # tensor data in the header: nothing to reuse
         inputs[name] = array.astype(_byteorder(_NATIVE, dtype, "="), copy=False)
     if offset != len(binary):
         raise ProtocolError(f"{len(binary) - offset} bytes of binary data after the last "
@@ -147,7 +158,7 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
     if timeout is not None and not _positive_finite(timeout):
         raise ProtocolError("parameters.timeout must be a positive number (microseconds)")
     request_id = doc.get("id")
-    return InferRequest(
+    request = InferRequest(
         id=str(request_id) if request_id is not None else None,
         inputs=inputs,
         binary_outputs=outputs,
@@ -155,6 +166,47 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
         # The protocol's timeout parameter is in microseconds; edged deadlines are in ms.
         timeout_ms=timeout / 1000.0 if timeout is not None else None,
     )
+    if key is not None and slices is not None:
+        if len(_LAYOUTS) >= CACHED_HEADERS:
+            _LAYOUTS.pop(next(iter(_LAYOUTS), None), None)  # the oldest: a bounded FIFO
+        _LAYOUTS[key] = _Layout(tuple(slices), offset, request.id, dict(outputs),
+                                binary_default, request.timeout_ms)
+    return request
+
+
+# A client sends the same JSON header with every request of one shape (tritonclient does,
+# unless it sets a request id), and parsing and checking it is most of the decoding time of a
+# binary request (≈5 of 7 µs). Headers whose tensors are all binary are remembered after they
+# passed every check: the same header bytes with the same amount of binary data decode to the
+# same request, so a repeat only slices the body. Anything else takes the full path (and so
+# gets its exact error). Decoding the header does not depend on the model's input specs
+# (names, dtypes and shapes are checked against those by check_feeds at submit).
+# Bounded: at most CACHED_HEADERS headers of CACHED_HEADER_BYTES.
+CACHED_HEADER_BYTES = 4096
+CACHED_HEADERS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    inputs: tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]  # name, dtype, shape, size
+    binary_size: int
+    id: str | None
+    binary_outputs: dict[str, bool]
+    binary_default: bool
+    timeout_ms: float | None
+
+    def request(self, binary: memoryview) -> InferRequest:
+        inputs = {}
+        offset = 0
+        for name, dtype, shape, size in self.inputs:
+            array = _from_bytes(binary[offset:offset + size], dtype).reshape(shape)
+            inputs[name] = array.astype(_byteorder(_NATIVE, dtype, "="), copy=False)
+            offset += size
+        return InferRequest(self.id, inputs, dict(self.binary_outputs), self.binary_default,
+                            self.timeout_ms)
+
+
+_LAYOUTS: dict[bytes, _Layout] = {}
 
 
 FAST_JSON_BYTES = 16 * 1024

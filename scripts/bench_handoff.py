@@ -6,6 +6,11 @@ A no-op session (returns its input) behind a real `ModelWorker`; the event loop 
 calling the session on the event-loop thread does not pay (see docs/BENCHMARKS.md, Serving).
 Runs the stdlib asyncio loop and uvloop alternately, several rounds; prints medians.
 
+Most of the cost is waking the other thread on another CPU, so it depends on where the two
+threads run. With more than one CPU, uvloop is also measured in the daemon's layout ("split":
+worker pinned to the last CPU, event loop on the others, as the default CPU plan does) and
+with both threads on the last CPU ("shared": no cross-CPU wake-up, no isolation either).
+
     .venv/bin/python scripts/bench_handoff.py [--calls N] [--rounds R] [--json]
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -65,22 +71,33 @@ def main() -> int:
     args = parser.parse_args()
     import uvloop
 
-    runners = {"asyncio": asyncio.run, "uvloop": uvloop.run}
-    worker = ModelWorker("noop", NoopSession(), BatchingConfig())
-    worker.start()
-    rounds: dict[str, list[float]] = {name: [] for name in runners}
+    cpus = sorted(os.sched_getaffinity(0))
+    last, rest = cpus[-1:], cpus[:-1]
+    # name -> (runner, event-loop thread CPUs, worker CPUs)
+    layouts = {"asyncio": (asyncio.run, cpus, None), "uvloop": (uvloop.run, cpus, None)}
+    if rest:
+        layouts["uvloop, split"] = (uvloop.run, rest, last)
+        layouts["uvloop, shared"] = (uvloop.run, last, last)
+    workers = {name: ModelWorker("noop", NoopSession(), BatchingConfig(), cpus=worker_cpus)
+               for name, (_, _, worker_cpus) in layouts.items()}
+    for worker in workers.values():
+        worker.start()
+    rounds: dict[str, list[float]] = {name: [] for name in layouts}
     try:
         for _ in range(args.rounds):
-            for name, runner in runners.items():
-                rounds[name].append(measure(runner, worker, args.calls))
+            for name, (runner, loop_cpus, _) in layouts.items():
+                os.sched_setaffinity(0, loop_cpus)  # this (the event-loop) thread only
+                rounds[name].append(measure(runner, workers[name], args.calls))
     finally:
-        worker.stop()
+        os.sched_setaffinity(0, cpus)
+        for worker in workers.values():
+            worker.stop()
     result = {name: round(statistics.median(v), 1) for name, v in rounds.items()}
     if args.json:
         print(json.dumps({"us_per_round_trip_median": result, "rounds": rounds}))
     else:
         for name, value in result.items():
-            print(f"{name:8} {value:6.1f} µs per request handed to the worker and back "
+            print(f"{name:14} {value:6.1f} µs per request handed to the worker and back "
                   f"(median of {args.rounds} rounds x {args.calls} calls)")
         print(f"uvloop / asyncio: {result['uvloop'] / result['asyncio']:.2f}")
     return 0

@@ -701,3 +701,44 @@ def test_large_json_tensors_take_the_fast_parser_and_keep_nan() -> None:
     doc["inputs"][0]["data"] = values.tolist()
     body = json.dumps(doc).encode()
     assert np.array_equal(decode_request(body, None, spec).inputs["x"], values)
+
+
+def _binary(x: np.ndarray, name: str = "x", pad: int = 0, **params: Any) -> tuple[bytes, int]:
+    head = json.dumps({"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x.nbytes}}],
+                       "parameters": params, "id": "p" * pad}).encode()
+    return head + x.tobytes(), len(head)
+
+
+def test_a_remembered_header_decodes_each_bodys_own_data() -> None:
+    """The header cache: the same header bytes with other tensor bytes give those bytes."""
+    for value in (1.0, 2.0, 3.0):
+        body, length = _binary(np.full((1, 4), value, np.float32))
+        request = decode_request(body, length, SPECS)
+        np.testing.assert_array_equal(request.inputs["x"], np.full((1, 4), value))
+
+
+def test_a_remembered_header_with_the_wrong_binary_size_gets_the_full_check() -> None:
+    body, length = _binary(np.zeros((1, 4), np.float32))
+    decode_request(body, length, SPECS)  # remembered
+    with pytest.raises(ProtocolError, match="bytes of binary data after the last"):
+        decode_request(body + bytes(4), length, SPECS)
+    with pytest.raises(ProtocolError):
+        decode_request(body[:-4], length, SPECS)
+
+
+def test_the_header_cache_is_bounded_and_long_headers_decode() -> None:
+    from edged import protocol
+
+    for timeout in range(1, protocol.CACHED_HEADERS + 40):
+        body, length = _binary(np.zeros((1, 4), np.float32), timeout=timeout)
+        assert decode_request(body, length, SPECS).timeout_ms == timeout / 1000.0
+    assert len(protocol._LAYOUTS) <= protocol.CACHED_HEADERS
+    # A header longer than what is remembered takes the full path every time.
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    body, length = _binary(x, pad=protocol.CACHED_HEADER_BYTES)
+    assert length > protocol.CACHED_HEADER_BYTES
+    for _ in range(2):
+        request = decode_request(body, length, SPECS)
+        np.testing.assert_array_equal(request.inputs["x"], x)
+        assert request.id == "p" * protocol.CACHED_HEADER_BYTES
