@@ -20,6 +20,7 @@ from typing import Any
 from backends.base import BackendError, InputError, ModelError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer its reader left
 DEFAULT_STATE_DIR = Path("/var/lib/edged")
 
 
@@ -161,7 +162,18 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        code = _dispatch(build_parser().parse_args(argv))
+        sys.stdout.flush()  # here, so that a closed pipe is seen inside the try
+        return code
+    except BrokenPipeError:
+        # The reader went away (`edgectl status | head`): stop quietly, as other CLI tools
+        # do. stdout is pointed at /dev/null so the interpreter's last flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _dispatch(args) -> int:
     try:
         if args.command == "status":
             return cmd_status(args)

@@ -200,3 +200,23 @@ def test_audit_is_an_edgectl_command(tmp_path: Path) -> None:
     report = json.loads(edgectl("audit", "--format", "json", "--only", "THM", state=tmp_path,
                                 check_rc=None).stdout)
     assert set(report) == {"findings", "summary"}
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback(monkeypatch, capsys) -> None:
+    """`edgectl backends --json | head -c 1`: the pipe closes under edgectl. Exit 141 (what a
+    shell shows for SIGPIPE), nothing on stderr, and stdout no longer fails at exit."""
+    import os
+
+    from edged.cli import main
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    broken = os.fdopen(write_end, "w")
+    monkeypatch.setattr("sys.stdout", broken)
+    try:
+        assert main(["backends", "--json"]) == 141
+        assert capsys.readouterr().err == ""
+        broken.write("more")
+        broken.flush()  # now /dev/null: the interpreter's last flush cannot fail
+    finally:
+        broken.close()
