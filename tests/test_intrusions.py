@@ -41,6 +41,10 @@ def test_board_root(tmp_path: Path) -> None:
     root = SysRoot(board_root(tmp_path / "board", cpus=6))
     totals = interrupts_per_cpu(root)
     assert sorted(totals) == list(range(6))
+    cpus, rows = read_interrupts(root)  # the full parser's column sums
+    assert totals == {cpu: sum(r.counts[i] for r in rows if r.irq not in ("ERR", "MIS")
+                               and i < len(r.counts)) for i, cpu in enumerate(cpus)}
+    assert sum(totals.values()) > 0
     soft = softirqs_per_cpu(root)
     assert sorted(soft) == list(range(6)) and "NET_RX" in soft[0]
 
