@@ -4,9 +4,10 @@ Steps: the model is upgraded to opset 13 (per-channel QDQ needs it) and pre-proc
 (ONNX shape inference and graph optimisation, onnxruntime.quantization's `quant_pre_process`);
 activation ranges are calibrated once on the calibration set (cached, so every recipe and
 every mixed-precision retry reuses them); each candidate recipe — full QDQ and Conv/MatMul
-only — is quantized (static, per-channel weights), run on the target backend over the
-evaluation set and compared with the FP32 model (cosine, max-abs, and top-1 agreement for
-classifiers). A recipe that fails the gate is retried with its most sensitive nodes kept in
+only — is quantized (static, per-channel weights; U8S8 on CPUs with an 8-bit dot product,
+else 7-bit-weight U8S8 and U8U8, see `recipes_for`), run on the target backend over the
+evaluation set and compared with the FP32 model (`edged.accuracy`: cosine, or top-1 agreement
+for classifiers). A recipe that fails the gate is retried with its most sensitive nodes kept in
 FP32: compute nodes (Conv, MatMul, Gemm) ranked by the output error when each alone is
 quantized, the FP32 set doubling until the gate passes or half of them are FP32. Only
 compute nodes are ranked: on PP-OCRv4 det the full recipe's loss sits in its Add/Mul/Div
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 import shutil
 import sys
 import tempfile
@@ -33,15 +33,14 @@ import numpy as np
 
 from backends import BackendError, Candidate, LoadOptions, ModelError, get_backend
 from backends.model_info import inspect_model
+from edged.accuracy import DEFAULT_MAX_DROP, Accuracy, accuracy
 from edged.bench import benchmark, pinned_thread
 from edged.calibration import CalibrationError, Samples
-from edged.selection import compare
 
 Progress = Callable[[str, int, int], None]
 
 TARGETS = ("onnxruntime", "openvino")
 METHODS = ("minmax", "entropy", "percentile")
-DEFAULT_MAX_DROP = 0.01
 # INT8 must be at least this much faster (median) than FP32 to be worth its accuracy cost;
 # the same 2 % band the backend selection treats as a tie.
 MIN_SPEEDUP = 1.02
@@ -57,41 +56,38 @@ class QuantizeError(RuntimeError):
     """The model cannot be quantized; the message says at which step and why."""
 
 
+# INT8 schemes (activations, weights): U8S8 is what VNNI/AMX/Arm dotprod kernels want; on
+# x86 without VNNI, onnxruntime's U8S8 kernels multiply pairs with vpmaddubsw, whose int16
+# sums saturate (its quantization guide: reduce_range, i.e. 7-bit weights, or U8U8 there).
+SCHEMES = {"u8s8": ("QUInt8", "QInt8", False), "u8s8-rr": ("QUInt8", "QInt8", True),
+           "u8u8": ("QUInt8", "QUInt8", False)}
+NO_DOT_PRODUCT_SCHEMES = ("u8s8-rr", "u8u8")
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
     op_types: tuple[str, ...] | None  # None: every op type onnxruntime can quantize
     fp32_nodes: tuple[str, ...] = ()
     only: tuple[str, ...] = ()  # quantize just these nodes (sensitivity probes)
+    scheme: str = "u8s8"  # a key of SCHEMES
 
     @property
     def label(self) -> str:
-        return f"{self.name}+{len(self.fp32_nodes)}fp32" if self.fp32_nodes else self.name
+        base = self.name if self.scheme == "u8s8" else f"{self.name}-{self.scheme}"
+        return f"{base}+{len(self.fp32_nodes)}fp32" if self.fp32_nodes else base
 
 
 BASE_RECIPES = (Recipe("full", None), Recipe("conv-matmul", COMPUTE_OPS))
 
 
-@dataclass(frozen=True)
-class Accuracy:
-    cosine: float  # mean over evaluation samples of the worst output's cosine
-    cosine_min: float
-    max_abs: float
-    top1_agreement: float | None  # classifiers only
-
-    def passes(self, max_drop: float) -> bool:
-        """Classifiers: top-1 agreement with FP32 (the cosine of a softmax over few classes
-        stays high while the answer flips); anything else: the mean cosine."""
-        return self.score() >= 1.0 - max_drop
-
-    def score(self) -> float:
-        """The gated figure (higher is better); also tells whether a retry helped."""
-        if self.top1_agreement is not None:
-            return self.top1_agreement
-        return self.cosine
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+def recipes_for(int8_dot_product: bool) -> tuple[Recipe, ...]:
+    """The recipes worth trying on this CPU: U8S8 where it has an 8-bit dot product; where
+    it has none, 7-bit-weight U8S8 and U8U8 instead (plain U8S8 saturates there, and a
+    model that passes on such a CPU passes on every other as well)."""
+    if int8_dot_product:
+        return BASE_RECIPES
+    return tuple(replace(r, scheme=s) for s in NO_DOT_PRODUCT_SCHEMES for r in BASE_RECIPES)
 
 
 @dataclass
@@ -109,6 +105,7 @@ class Attempt:
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "recipe": self.recipe.label,
+                "scheme": self.recipe.scheme,
                 "fp32_nodes": list(self.recipe.fp32_nodes),
                 "accuracy": self.accuracy.to_dict() if self.accuracy else None,
                 "passed": self.passed, "error": self.error or None,
@@ -130,6 +127,7 @@ class Report:
     fp32_ms: dict[str, float] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
+    cpu: str = ""  # the ISA the recipes were chosen for and timed on (`isa_summary`)
 
     @property
     def int8(self) -> bool:
@@ -229,6 +227,7 @@ class Quantizer:
     def quantize(self, recipe: Recipe, keep: bool = True) -> Path:
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
+        activation, weight, reduce_range = SCHEMES[recipe.scheme]
         out = self.workdir / f"{recipe.label}.onnx"
         if keep and out.exists():
             return out
@@ -248,7 +247,8 @@ class Quantizer:
                 quantize_static(
                     str(self.prepared), str(out), reader,
                     quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    activation_type=getattr(QuantType, activation),
+                    weight_type=getattr(QuantType, weight), reduce_range=reduce_range,
                     op_types_to_quantize=list(recipe.op_types) if recipe.op_types else None,
                     nodes_to_quantize=list(recipe.only) or None,
                     nodes_to_exclude=list(recipe.fp32_nodes),
@@ -261,32 +261,6 @@ class Quantizer:
 
 
 # -- measuring --------------------------------------------------------------------------------
-
-def classifier_output(outputs: Mapping[str, np.ndarray]) -> str | None:
-    """The output that looks like class scores: (batch, classes) with 2 or more classes."""
-    for name, value in outputs.items():
-        if value.ndim == 2 and value.shape[1] >= 2:
-            return name
-    return None
-
-
-def accuracy(references: Sequence[Mapping[str, np.ndarray]],
-             outputs: Sequence[Mapping[str, np.ndarray]]) -> Accuracy:
-    pairs = [compare(ref, got) for ref, got in zip(references, outputs, strict=True)]
-    cosines = [c for c, _ in pairs]
-    if any(math.isnan(c) for c in cosines):
-        return Accuracy(float("nan"), float("nan"), float("inf"), None)
-    top1 = None
-    name = classifier_output(references[0])
-    if name is not None:
-        ref = np.concatenate([np.asarray(r[name]) for r in references])
-        names = list(references[0])
-        index = names.index(name)
-        got = np.concatenate([np.asarray(o[name] if name in o else list(o.values())[index])
-                              for o in outputs])
-        top1 = float(np.mean(ref.argmax(axis=1) == got.argmax(axis=1)))
-    return Accuracy(float(np.mean(cosines)), min(cosines), max(d for _, d in pairs), top1)
-
 
 def load_session(model_path: Path, target: str, precision: str, threads: int | None,
                  cpus: Sequence[int] | None):
@@ -316,7 +290,7 @@ def run_all(session, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str
 
 
 def sensitive_nodes(quantizer: Quantizer, evaluation: Samples, reference, settings: Settings,
-                    progress: Progress | None = None) -> list[str]:
+                    progress: Progress | None = None, scheme: str = "u8s8") -> list[str]:
     """The compute nodes (Conv, MatMul, Gemm...) of the float graph, most sensitive first.
 
     A node's sensitivity is the error at the model's outputs when that node alone is
@@ -337,14 +311,14 @@ def sensitive_nodes(quantizer: Quantizer, evaluation: Samples, reference, settin
     for index, name in enumerate(nodes):
         if progress:
             progress("sensitivity", index, len(nodes))
-        path = quantizer.quantize(Recipe(f"only-{index}", COMPUTE_OPS, only=(name,)),
-                                  keep=False)
+        path = quantizer.quantize(Recipe(f"only-{index}", COMPUTE_OPS, only=(name,),
+                                         scheme=scheme), keep=False)
         acc, _ = _check(path, "onnxruntime", subset, reference[:SENSITIVITY_SAMPLES],
                         settings)
         path.unlink(missing_ok=True)
         # Ties on the gated figure (top-1 agreement over a few samples often is 1.0 for most
         # nodes) are broken by the cosine, then by graph order.
-        scores.append((acc.score() if acc else -1.0, acc.cosine if acc else -1.0, index, name))
+        scores.append((acc.score if acc else -1.0, acc.cosine if acc else -1.0, index, name))
     return [name for *_, name in sorted(scores)]
 
 
@@ -378,7 +352,7 @@ class Settings:
     cpus: Sequence[int] | None = None
     runs: int = 200
     time_budget_s: float = 20.0
-    recipes: tuple[Recipe, ...] = BASE_RECIPES
+    recipes: tuple[Recipe, ...] | None = None  # None: `recipes_for` this machine's CPU
 
 
 def quantize_model(model_path: Path, output: Path, calibration: Samples, evaluation: Samples,
@@ -391,6 +365,11 @@ def quantize_model(model_path: Path, output: Path, calibration: Samples, evaluat
     model_path = Path(model_path)
     if inspect_model(model_path).format != "onnx":
         raise ModelError(f"{model_path}: edgectl quantize takes an ONNX model")
+    from sysconf.hardware import probe
+
+    hw = probe()
+    if settings.recipes is None:
+        settings = replace(settings, recipes=recipes_for(hw.int8_dot_product))
     with tempfile.TemporaryDirectory(prefix="edged-quantize-") as tmp:
         workdir = Path(tmp)
         prepared = prepare(model_path, workdir)
@@ -416,7 +395,7 @@ def quantize_model(model_path: Path, output: Path, calibration: Samples, evaluat
             for session in fp32_sessions.values():
                 session.close()
         return _decide(model_path, output, attempts, fp32_ms, calibration, evaluation,
-                       settings, list(warnings))
+                       settings, list(warnings), hw.isa_summary())
 
 
 def _reference(model_path: Path, evaluation: Samples, settings: Settings
@@ -472,7 +451,8 @@ def _gate(quantizer: Quantizer, prepared: Path, target: str, recipe: Recipe,
     if attempt.passed or acc is None:
         return tries
     if not ranking:  # measured once, shared by every recipe and target
-        ranking.extend(sensitive_nodes(quantizer, evaluation, reference, settings, progress))
+        ranking.extend(sensitive_nodes(quantizer, evaluation, reference, settings, progress,
+                                       recipe.scheme))
     limit = max(1, int(len(ranking) * MAX_FP32_SHARE))
     count = 1
     while count <= limit:
@@ -532,12 +512,12 @@ def _time(attempts: list[Attempt], fp32_sessions: Mapping[str, Any], evaluation:
 
 def _decide(model_path: Path, output: Path, attempts: list[Attempt], fp32_ms: dict[str, float],
             calibration: Samples, evaluation: Samples, settings: Settings,
-            warnings: list[str]) -> Report:
+            warnings: list[str], cpu: str = "") -> Report:
     passing = [a for a in attempts if a.passed and a.speedup is not None]
     winners = [a for a in passing if a.speedup >= MIN_SPEEDUP]
     common = {"warnings": warnings, "method": settings.method, "max_drop": settings.max_drop,
               "samples": {"calibration": len(calibration), "evaluation": len(evaluation)},
-              "fp32_ms": fp32_ms, "attempts": [a.to_dict() for a in attempts]}
+              "fp32_ms": fp32_ms, "attempts": [a.to_dict() for a in attempts], "cpu": cpu}
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".part")
     if winners:
@@ -553,7 +533,7 @@ def _decide(model_path: Path, output: Path, attempts: list[Attempt], fp32_ms: di
         reason = (f"no INT8 recipe beats FP32 (best: {best.recipe.label} on {best.target}, "
                   f"{best.speedup:.2f}x); FP32 kept")
     elif any(a.accuracy for a in attempts):
-        best = max((a for a in attempts if a.accuracy), key=lambda a: a.accuracy.score())
+        best = max((a for a in attempts if a.accuracy), key=lambda a: a.accuracy.score)
         reason = (f"no INT8 recipe passes the accuracy gate (max drop {settings.max_drop}; best: "
                   f"{best.recipe.label} on {best.target}, cosine {best.accuracy.cosine:.4f}"
                   + (f", top-1 agreement {best.accuracy.top1_agreement:.3f}"

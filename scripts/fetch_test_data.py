@@ -12,7 +12,10 @@ Everything comes from package registries, pinned by sha256 and cached, never com
 * opt-in (`--with-armhf`, ~43 MB, not part of the default run): the 32-bit arm board device
   trees of linux-image-6.1.0-50-armmp (6.1.176-1, armhf), the same way, for the device-tree
   benchmark (scripts/bench_dtcheck.py);
-* INT8 QDQ versions of det and cls, made here with onnxruntime.quantization.quantize_static.
+* INT8 QDQ versions of det and cls, made here with onnxruntime.quantization.quantize_static
+  (U8S8 with 7-bit weights, `reduce_range`: plain U8S8 saturates in onnxruntime's x86 kernels
+  on CPUs without VNNI, e.g. AVX2-only EPYC and many Intel edge PCs, and these models must
+  give the same answers on every machine the tests run on).
 
 Cache: $EDGED_TEST_DATA, default ~/.cache/edged/test-data. Re-running only checks hashes.
 Exit codes: 0 ok, 1 a download or check failed (the message names the file and the hash).
@@ -112,6 +115,9 @@ KERNEL_DEB_ARMHF = {
 }
 
 # INT8 QDQ variants: (source model, output, calibration input shape, preprocessing).
+# The stamp beside each holds the source's sha256 and this recipe name: a changed recipe
+# makes them again.
+QUANTIZE_RECIPE = "qdq-u8s8-reduce-range-per-channel"
 QUANTIZED = [
     ("ppocrv4_det.onnx", "ppocrv4_det_int8.onnx", (1, 3, 320, 320), "imagenet"),
     ("ppocr_cls.onnx", "ppocr_cls_int8.onnx", (1, 3, 48, 192), "half"),
@@ -339,12 +345,12 @@ def quantize_models(root: Path) -> None:
         src = models / src_name
         out = models / out_name
         stamp = out.with_suffix(".onnx.source-sha256")
-        source_sha = sha256_file(src)
-        if out.exists() and stamp.exists() and stamp.read_text().strip() == source_sha:
+        want = f"{sha256_file(src)} {QUANTIZE_RECIPE}"
+        if out.exists() and stamp.exists() and stamp.read_text().strip() == want:
             continue
         log(f"quantizing {src_name} to INT8 QDQ (static, per-channel)")
         quantize_qdq(src, out, shape, norm)
-        stamp.write_text(source_sha + "\n")
+        stamp.write_text(want + "\n")
 
 
 def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str) -> None:
@@ -380,6 +386,7 @@ def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str) -> Non
             per_channel=True,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
+            reduce_range=True,
         )
         partial.replace(out)
 

@@ -20,6 +20,13 @@ from sysconf.sysroot import SysRoot
 # ISA features that give INT8 dot-product throughput (what the runtimes' int8 kernels use).
 X86_INT8_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_tile")
 ARM_INT8_FEATURES = ("asimd", "asimddp", "i8mm", "sve", "sve2", "bf16")
+# Of those, the ones with an 8-bit dot-product instruction. Without one, onnxruntime's x86
+# U8S8 kernels multiply with vpmaddubsw, whose int16 pair sums saturate (its quantization
+# guide: use reduce_range or U8U8 there), and INT8 gains less over FP32.
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+# cpuinfo spelling -> numpy's runtime CPU-dispatch name (read from CPUID / AT_HWCAP).
+NUMPY_FEATURES = {"avx2": "AVX2", "avx512f": "AVX512F", "avx512_vnni": "AVX512VNNI",
+                  "asimd": "ASIMD", "asimddp": "ASIMDDP", "sve": "SVE"}
 
 # (implementer, part) from /proc/cpuinfo -> core name; the kernel prints only the numbers.
 ARM_CORE_NAMES = {
@@ -85,6 +92,18 @@ class HardwareFacts:
     def has_node(self, node: str) -> bool:
         return any(acc.node == node for acc in self.accelerators)
 
+    @property
+    def int8_dot_product(self) -> bool:
+        """An 8-bit dot-product instruction (VNNI, AMX, Arm dotprod/i8mm) is there."""
+        return any(f in INT8_DOT_FLAGS for f in self.isa_int8)
+
+    def isa_summary(self) -> str:
+        """One phrase for evidence lines: "avx2, avx512f, avx512_vnni" or "avx2, no VNNI"."""
+        flags = ", ".join(self.isa_int8) or "no SIMD int8 extensions found"
+        if self.int8_dot_product or not self.isa_int8:
+            return flags
+        return flags + (", no VNNI" if self.arch == "x86_64" else ", no dotprod")
+
     def soc_matches(self, prefixes: tuple[str, ...]) -> bool:
         return any(c.startswith(p) for c in self.soc_compatible for p in prefixes)
 
@@ -124,7 +143,7 @@ def probe(root: SysRoot | None = None) -> HardwareFacts:
         cpu_model=_cpu_model(cpuinfo),
         cpus_online=cpus,
         core_types=_core_types(root, cpuinfo, dt_base, cpus),
-        isa_int8=_isa_int8(cpuinfo),
+        isa_int8=_isa_int8(cpuinfo, _runtime_features() if root.is_live else None),
         soc_compatible=compatible,
         board_model=model,
         dmi=dmi,
@@ -220,13 +239,43 @@ def _core_types(
     return types
 
 
-def _isa_int8(cpuinfo: list[dict[str, str]]) -> list[str]:
+def _isa_int8(cpuinfo: list[dict[str, str]], runtime: dict[str, bool] | None = None
+              ) -> list[str]:
+    """The INT8-relevant flags of cpuinfo, checked against what this process can execute.
+
+    /proc/cpuinfo describes the host's CPU, which is not always the one the runtimes'
+    kernels run on: under an emulator (qemu-user -cpu Haswell on an AVX-512 host) or a
+    CPUID mask, cpuinfo lists VNNI while the kernels dispatch (by CPUID) to AVX2 code. So on
+    the live system each flag numpy's runtime dispatch knows is taken from there, and when
+    the two disagree, cpuinfo's other flags are not trusted either."""
     if not cpuinfo:
         return []
     first = cpuinfo[0]
     flags = set((first.get("flags") or first.get("Features") or "").split())
     wanted = X86_INT8_FLAGS if "flags" in first else ARM_INT8_FEATURES
-    return [f for f in wanted if f in flags]
+    found = [f for f in wanted if f in flags]
+    if not runtime:
+        return found
+    known = {f: runtime.get(NUMPY_FEATURES[f], False) for f in wanted if f in NUMPY_FEATURES}
+    trusted = all(known[f] for f in found if f in known)
+    if not trusted:
+        return [f for f in wanted if known.get(f)]
+    return [f for f in found if known.get(f, True)]
+
+
+def _runtime_features() -> dict[str, bool] | None:
+    """numpy's CPU-dispatch table (CPUID on x86, AT_HWCAP on Arm) for this process, or None
+    where it is not there. numpy reads it at import to pick its own SIMD kernels; no public
+    API exposes it besides `numpy.show_runtime()`, which prints."""
+    try:
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:
+        try:
+            from numpy.core import _multiarray_umath as umath  # numpy 1.x
+        except ImportError:
+            return None
+    features = getattr(umath, "__cpu_features__", None)
+    return dict(features) if isinstance(features, dict) else None
 
 
 def _device_tree_base(root: SysRoot) -> str | None:

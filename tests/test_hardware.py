@@ -218,14 +218,40 @@ def test_live_identity(live: HardwareFacts) -> None:
     assert sorted(c for cpus in live.core_types.values() for c in cpus) == online
 
 
+@pytest.mark.isa
 def test_live_isa(live: HardwareFacts) -> None:
+    """The ISA the runtimes' kernels will really use: cpuinfo's flags as far as this process
+    can execute them. In the isa-avx2 lane (qemu-x86_64 -cpu Haswell on any host) cpuinfo
+    still shows the host's flags, and the probe must not believe its VNNI."""
     flags = _live_flags()
     assert set(live.isa_int8) <= flags
-    if "avx2" in flags:
-        assert "avx2" in live.isa_int8
     known = {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_tile",
              "asimd", "asimddp", "i8mm", "sve", "sve2", "bf16"}
+    if os.environ.get("EDGED_ISA_LANE") == "avx2":
+        assert live.isa_int8 == ["avx2"] and not live.int8_dot_product
+        assert live.isa_summary() == "avx2, no VNNI"
+        return
+    if "avx2" in flags:
+        assert "avx2" in live.isa_int8
     assert set(live.isa_int8) == flags & known  # nothing int8-relevant left out
+    assert live.int8_dot_product == bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8",
+                                                  "asimddp", "i8mm"})
+
+
+def test_isa_checked_against_what_the_process_can_run() -> None:
+    """cpuinfo says VNNI (the host's), CPUID says AVX2 only (an emulated or masked CPU):
+    the CPUID view wins, and flags it cannot check are dropped with the untrusted cpuinfo."""
+    from sysconf.hardware import _isa_int8
+
+    host = [{"flags": "fpu sse2 avx2 avx512f avx512_vnni avx_vnni amx_tile"}]
+    haswell = {"AVX2": True, "AVX512F": False, "AVX512VNNI": False}
+    assert _isa_int8(host, haswell) == ["avx2"]
+    same = {"AVX2": True, "AVX512F": True, "AVX512VNNI": True}
+    assert _isa_int8(host, same) == ["avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile"]
+    assert _isa_int8(host, None) == ["avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile"]
+    arm = [{"Features": "fp asimd evtstrm aes asimddp i8mm"}]
+    assert _isa_int8(arm, {"ASIMD": True, "ASIMDDP": True}) == ["asimd", "asimddp", "i8mm"]
+    assert _isa_int8(arm, {"ASIMD": True, "ASIMDDP": False}) == ["asimd"]
 
 
 def test_live_memory(live: HardwareFacts) -> None:

@@ -201,7 +201,7 @@ def test_fp32_kept_when_int8_does_not_win(models_dir, tmp_path):
     written and the report says why; a failing gate is named with its best figures."""
     model = models_dir / "ppocr_cls.onnx"
     int8 = models_dir / "ppocr_cls_int8.onnx"
-    acc = Accuracy(0.999, 0.99, 0.01, 1.0)
+    acc = Accuracy(1.0, 0.999, 0.99, 0.01, 1.0, "top-1 agreement")
     slow = Attempt("onnxruntime", Recipe("full", None), int8, acc, True, "", 0.99, 1.01)
     calib = Samples([{}] * 30, ["s"] * 30, "npz")
     out = tmp_path / "out.onnx"
@@ -211,7 +211,7 @@ def test_fp32_kept_when_int8_does_not_win(models_dir, tmp_path):
     assert out.read_bytes() == model.read_bytes()
 
     bad = Attempt("onnxruntime", Recipe("conv-matmul", ("Conv",)), int8,
-                  Accuracy(0.95, 0.9, 0.3, 0.875), False)
+                  Accuracy(0.875, 0.95, 0.9, 0.3, 0.875, "top-1 agreement"), False)
     report = _decide(model, out, [bad], {"onnxruntime": 1.0}, calib, calib, QUICK, [])
     assert "no INT8 recipe passes the accuracy gate" in report.reason
     assert "top-1 agreement 0.875" in report.reason
