@@ -3,10 +3,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DATA = $(shell $(BIN)/python scripts/fetch_test_data.py --print-dir)
-DEMO_MODEL = $(DATA)/models/ppocrv4_det_int8.onnx
+DEMO_MODEL = $(DATA)/models/ppocrv4_det.onnx
+DEMO_VARIANT = $(DATA)/models/ppocrv4_det_int8.onnx
 DEMO_SHAPE = x=1x3x640x640
 
-.PHONY: run demo-bench test data venv lint system-deps clean
+.PHONY: run demo-bench test test-isa-avx2 data venv lint system-deps clean
 
 # Debian's python3 has no venv/ensurepip without python3-venv: installed here when we are root
 # (system-deps runs later, after the venv exists).
@@ -39,11 +40,37 @@ run: data
 	$(BIN)/edged --config examples/edged.toml
 
 demo-bench: data
-	$(BIN)/edgectl backends --model $(DEMO_MODEL) --shape $(DEMO_SHAPE)
-	$(BIN)/edgectl bench $(DEMO_MODEL) --backend all --shape $(DEMO_SHAPE) --runs 100
+	$(BIN)/edgectl backends --model $(DEMO_MODEL) --variant $(DEMO_VARIANT) --shape $(DEMO_SHAPE)
+	$(BIN)/edgectl bench $(DEMO_VARIANT) --backend all --shape $(DEMO_SHAPE) --runs 100
 
+# The normal suite, then the isa-avx2 lane (CI runs only `make test`, so both run there).
 test: data system-deps
 	$(BIN)/pytest -q
+	$(ISA_AVX2_LANE)
+
+# The isa-avx2 lane: the tests marked `isa` once more under QEMU's user-mode x86_64 emulator
+# as a Haswell (AVX2 and FMA, no AVX-512, no VNNI), so INT8 bugs of AVX2-only x86 CPUs show
+# whatever CPU this machine has. CPUID is the emulated CPU's, /proc/cpuinfo the host's;
+# EDGED_ISA_LANE tells the tests which CPU they are on. The emulator is Debian trixie's static
+# qemu-user, fetched into the test-data cache by scripts/qemu_user.py (bookworm's 7.2 crashes
+# on onnxruntime). -hle,-rtm: TCG has no TSX, and plain Haswell warns so on every start.
+# qemu-user does not follow exec: tests start their Python children through EDGED_ISA_QEMU
+# (tests/daemon_harness.py python_argv), so those run emulated too.
+# pytest's exit 5 (no test selected) is no failure here: the lane may have nothing to run.
+# The emulator's path is asked for in the recipe, not with $(shell), so `make -n` fetches nothing
+# and a failed fetch stops the lane with the script's message and exit code.
+ISA_AVX2_CPU = Haswell,-hle,-rtm
+define ISA_AVX2_LANE
+@QEMU_X86=$$($(BIN)/python scripts/qemu_user.py --print-path x86_64) || exit 1; \
+echo "isa-avx2 lane: $$QEMU_X86 -cpu $(ISA_AVX2_CPU)"; \
+EDGED_ISA_LANE=avx2 EDGED_ISA_QEMU="$$QEMU_X86 -cpu $(ISA_AVX2_CPU)" \
+  "$$QEMU_X86" -cpu $(ISA_AVX2_CPU) $(BIN)/python -m pytest -q -m isa \
+  -p no:cacheprovider; \
+rc=$$?; [ $$rc -ne 5 ] || { echo "isa-avx2 lane: no isa test was selected"; rc=0; }; exit $$rc
+endef
+
+test-isa-avx2: data
+	$(ISA_AVX2_LANE)
 
 lint: venv
 	$(BIN)/ruff check .

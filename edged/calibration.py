@@ -16,7 +16,7 @@ writes anywhere.
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from backends.base import TensorSpec, format_shape
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"})
 RECOMMENDED_SAMPLES = 100
+EVAL_SPLIT = 0.2  # share of the calibration samples held out for the accuracy gate
 # Narrowness thresholds, on pixel values scaled to [0, 1] (images) or to the data set's own
 # value range (arrays): a spread of per-sample mean brightness under 0.15 and a ratio of the
 # highest to the lowest per-sample contrast (standard deviation) under 1.5 mean every sample
@@ -157,8 +158,33 @@ def narrowness_warnings(samples: Samples, inputs: Sequence[TensorSpec]) -> list[
     return warnings
 
 
-def iter_feeds(samples: Samples) -> Iterator[dict[str, np.ndarray]]:
-    yield from samples.feeds
+def calibration_and_evaluation(path: str | Path, eval_path: str | Path | None,
+                               inputs: Sequence[TensorSpec],
+                               preprocess: Preprocess | None = None
+                               ) -> tuple[Samples, Samples, list[str]]:
+    """Calibration samples, evaluation samples (`eval_path`, else EVAL_SPLIT of the
+    calibration held out) and the warnings that say what the calibration set lacks."""
+    calibration = load_samples(path, inputs, preprocess)
+    warnings = []
+    if eval_path is not None:
+        evaluation = load_samples(eval_path, inputs, preprocess)
+    else:
+        calibration, evaluation = calibration.split(EVAL_SPLIT)
+        warnings.append(f"no evaluation set: {len(evaluation)} of the calibration samples "
+                        "were held out for the accuracy gate; give a separate one")
+    return calibration, evaluation, narrowness_warnings(calibration, inputs) + warnings
+
+
+def digest(feeds: Sequence[dict[str, np.ndarray]]) -> str:
+    """An id of the feeds' values, for cache keys."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for feed in feeds:
+        for name in sorted(feed):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(feed[name]).tobytes())
+    return h.hexdigest()[:16]
 
 
 # -- loaders ------------------------------------------------------------------------------
@@ -359,8 +385,3 @@ def parse_size(text: str) -> tuple[int, int]:
     if h < 1 or w < 1:
         raise CalibrationError(f"resize {text!r}: height and width must be positive")
     return h, w
-
-
-def feeds_by_name(samples: Samples) -> Mapping[str, list[np.ndarray]]:
-    names = list(samples.feeds[0]) if samples.feeds else []
-    return {name: [f[name] for f in samples.feeds] for name in names}

@@ -81,8 +81,28 @@ def build_parser() -> argparse.ArgumentParser:
                           help="probe the hardware of an image/fixture root instead of /")
     backends.add_argument("--refresh", action="store_true",
                           help="measure again even if a cached decision exists")
-    backends.add_argument("--min-cosine", type=float, default=0.99)
+    backends.add_argument("--variant", action="append", type=Path, default=[],
+                          metavar="FILE", help="a prebuilt version of --model (INT8 QDQ "
+                                               "ONNX, full-integer TFLite; repeatable): "
+                                               "selection picks among the original and them")
+    backends.add_argument("--calibration", type=Path, default=None, metavar="DATA",
+                          help="make INT8 variants of --model here first (as edgectl "
+                               "quantize, for every CPU backend present; cached), then "
+                               "select among all; its held-out part is the evaluation set")
+    backends.add_argument("--eval", type=Path, default=None, metavar="DATA",
+                          help="evaluation data kept apart from --calibration")
+    backends.add_argument("--precision", default="auto", choices=("auto", "int8"),
+                          help="int8: choose among the INT8 variants only")
+    backends.add_argument("--max-drop", type=float, default=None, metavar="X",
+                          help="accuracy budget against the original: 1 - mean cosine, or "
+                               "1 - top-1 agreement for classifiers (default 0.01)")
+    backends.add_argument("--min-cosine", type=float, default=None,
+                          help="older spelling of 1 - --max-drop")
     backends.add_argument("--max-abs", type=float, default=None)
+
+    from edged.quantize_cli import add_preprocess_arguments
+
+    add_preprocess_arguments(backends)
 
     bench = sub.add_parser("bench", parents=[common], help="latency of a model per candidate")
     bench.add_argument("model", type=Path)
@@ -263,20 +283,26 @@ def cmd_backends(args) -> int:
     selection = None
     error = None
     failed_evidence = []
+    made = None
+    variants = []
     if args.model is not None:
         from backends.model_info import inspect_model
 
         model_info = inspect_model(args.model)
         state_dir = args.state_dir or default_state_dir()
-        policy = _policy(args, backend=args.backend, min_cosine=args.min_cosine,
-                         max_abs=args.max_abs)
-        if args.refresh:
-            from edged.selection import _cache_path, cache_key
-
-            _cache_path(state_dir, cache_key(model_info, hw, policy)).unlink(missing_ok=True)
+        policy = _policy(args, backend=args.backend, max_drop=_max_drop(args),
+                         max_abs=args.max_abs, precision=args.precision)
         progress = _Progress(not args.json)
+        variants, evaluation = list(args.variant), None
         try:
-            selection = select(args.model, hw, policy, state_dir, progress)
+            if args.calibration is not None:
+                made, evaluation = _made_variants(args, hw, policy, state_dir, progress)
+                variants += made.variants
+            elif args.eval is not None:
+                raise UsageError("--eval goes with --calibration")
+            selection = select(args.model, hw, policy, state_dir, progress,
+                               variants=variants, evaluation=evaluation,
+                               refresh=args.refresh)
         except SelectionError as exc:
             error = str(exc)
             failed_evidence = exc.evidence
@@ -293,8 +319,11 @@ def cmd_backends(args) -> int:
         ],
         "selected": selection.summary() if selection else None,
     }
+    if made is not None:
+        report["made_variants"] = made.to_dict()
     if model_info is not None:
         report["model"] = model_info.to_dict()
+        report["variants"] = [str(v) for v in variants]
         report["evidence"] = [e.to_dict() for e in
                               (selection.evidence if selection else failed_evidence)]
         if error:
@@ -307,6 +336,50 @@ def cmd_backends(args) -> int:
         print(f"edgectl: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _made_variants(args, hw, policy, state_dir: Path, progress):
+    """INT8 variants of --model made from --calibration (cached), and the evaluation set."""
+    import logging
+
+    from edged.calibration import CalibrationError
+    from edged.quantize import Settings
+    from edged.quantize_cli import preprocess_of
+    from edged.variants import (
+        CalibrationSpec,
+        evaluation_of,
+        load_data,
+        make_variants,
+        present_targets,
+    )
+
+    try:
+        spec = CalibrationSpec(args.calibration, args.eval, preprocess_of(args))
+        calibration, evaluation, warnings = load_data(args.model, spec,
+                                                      dict(policy.shapes or {}))
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    if not args.json:
+        for warning in warnings:
+            print(f"edgectl: warning: {warning}", file=sys.stderr)
+    logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization's per-node noise
+    settings = Settings(targets=present_targets(hw), max_drop=policy.max_drop,
+                        threads=policy.threads, cpus=policy.cpus)
+    made = make_variants(args.model, calibration, evaluation, state_dir, hw, settings,
+                         warnings, progress)
+    return made, evaluation_of(evaluation, spec)
+
+
+def _max_drop(args) -> float:
+    from edged.accuracy import DEFAULT_MAX_DROP
+
+    if args.min_cosine is not None and args.max_drop is not None:
+        raise UsageError("give --max-drop or --min-cosine (1 - max drop), not both")
+    value = (1.0 - args.min_cosine if args.min_cosine is not None else
+             args.max_drop if args.max_drop is not None else DEFAULT_MAX_DROP)
+    if not 0.0 <= value < 1.0:
+        raise UsageError(f"--max-drop {value:g}: must be at least 0 and below 1")
+    return round(value, 12)
 
 
 def _gib(n: int | None) -> str:
@@ -342,7 +415,8 @@ def format_backends(report: dict[str, Any], selection) -> str:
         lines.append(f"  {mark}  {key:32} {c['reason'] or c['note']}")
     model = report.get("model")
     if model:
-        flag = "" if model["int8"] else "   <- not INT8: runs, but quantize it for speed"
+        flag = "" if model["int8"] or report.get("variants") else \
+            "   <- FP32 alone: give INT8 variants (--variant) or --calibration data"
         lines.append(f"Model         {model['path']} ({model['format']}, {model['precision']}: "
                      f"{model['precision_detail']}){flag}")
         if selection is not None:
@@ -357,27 +431,37 @@ def format_backends(report: dict[str, Any], selection) -> str:
 
 
 def format_evidence(selection) -> str:
-    lines = [f"Evidence      (reference inputs {', '.join(f'{k}={chr(120).join(map(str, v))}' for k, v in selection.shapes.items())}"  # noqa: E501
+    shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in selection.shapes.items())
+    original = selection.original or selection.model
+    against = "the original" if selection.against_original else "its own float arithmetic"
+    lines = [f"Evidence      (inputs {shapes}; {selection.evaluation or 'generated inputs'}; "
+             f"accuracy against {against}"
              f"{'; cached decision' if selection.from_cache else ''})"]
-    lines.append(f"  {'candidate':28} {'status':10} {'ran as':10} {'cosine':>8} {'max-abs':>9} "
-                 f"{'p50 ms':>8} {'p99 ms':>8}")
+    lines.append(f"  {'variant':24} {'candidate':26} {'status':9} {'ran as':10} {'score':>7} "
+                 f"{'cosine':>7} {'p50 ms':>8} {'p99 ms':>8} {'vs FP32':>7}")
     for ev in selection.evidence:
         if ev.status == "unavailable":
             continue
         lat = ev.latency
+        name = "original" if ev.variant in ("", str(original.path)) else Path(ev.variant).name
+        speed = f"{ev.speedup_vs_original:.2f}x" if ev.speedup_vs_original else "-"
         lines.append(
-            f"  {ev.candidate.key:28} {ev.status:10} {ev.precision or '-':10} "
-            f"{_num(ev.cosine, 4):>8} {_num(ev.max_abs, 4):>9} "
+            f"  {name[:24]:24} {ev.candidate.key:26} {ev.status:9} {ev.precision or '-':10} "
+            f"{_num(ev.accuracy.score if ev.accuracy else None, 4):>7} "
+            f"{_num(ev.cosine, 4):>7} "
             f"{_num(lat.p50_ms if lat else None, 3):>8} {_num(lat.p99_ms if lat else None, 3):>8}"
+            f" {speed:>7}"
         )
         if ev.reason and ev.status != "selected":
             lines.append(f"      {ev.reason}")
     for warning in selection.warnings:
         lines.append(f"  warning: {warning}")
     sel = selection.selected
-    lines.append(f"Selected      {sel.candidate.backend}:{sel.candidate.device} "
-                 f"(requested {sel.candidate.precision}, ran as {sel.precision}), "
-                 f"p99 {sel.latency.p99_ms:.3f} ms")
+    lines.append(f"Selected      {selection.model.name} on {sel.candidate.backend}:"
+                 f"{sel.candidate.device} (requested {sel.candidate.precision}, ran as "
+                 f"{sel.precision}), p99 {sel.latency.p99_ms:.3f} ms")
+    if selection.why:
+        lines.append(f"Why           {selection.why}")
     return "\n".join(lines)
 
 

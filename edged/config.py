@@ -25,7 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from edged.calibration import CalibrationError, Preprocess
 from edged.selection import Policy
+from edged.variants import CalibrationSpec
 from sysconf.cpulist import MAX_CPUS, parse_cpulist
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
@@ -41,14 +43,18 @@ _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 SERVER_KEYS = ("listen", "socket", "socket_mode", "state_dir", "max_body_bytes", "log_level",
                "housekeeping_cpus", "mlockall", "max_connections", "hang_s")
-SELECTION_KEYS = ("runs", "warmup", "time_budget_s", "min_cosine", "max_abs")
-MODEL_KEYS = ("name", "path", "backend", "threads", "cpus", "shapes", "max_batch_size",
+SELECTION_KEYS = ("runs", "warmup", "time_budget_s", "max_drop", "min_cosine", "max_abs")
+MODEL_KEYS = ("name", "path", "variants", "calibration", "precision", "backend", "threads",
+              "cpus", "shapes", "max_batch_size",
               "preferred_batch_sizes", "max_queue_delay_us", "max_queue_size", "timeout_ms",
               "watchdog_ms", "rt_priority", "period_ms")
 TELEMETRY_KEYS = ("enabled", "interval_s", "mqtt")
 MQTT_KEYS = ("url", "group", "device_id", "spool_max_mb", "spool_max_age_days", "ca_file",
              "cert_file", "key_file", "username", "password_file", "keepalive_s", "protocol")
 AUDIT_KEYS = ("trim", "keep")
+# `calibration = { ... }`: the data, a separate evaluation set, and how images become inputs
+CALIBRATION_KEYS = ("data", "eval", "resize", "multiple", "color", "scale", "mean", "std",
+                    "layout")
 TOP_KEYS = {"server": SERVER_KEYS, "selection": SELECTION_KEYS, "models": MODEL_KEYS,
             "telemetry": TELEMETRY_KEYS, "audit": AUDIT_KEYS}
 UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]+")  # a systemd unit name (no path separators)
@@ -88,7 +94,13 @@ class ServerConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
-    path: Path  # absolute, and the file existed at load
+    path: Path  # absolute, and the file existed at load: the original (FP32 ONNX/TFLite/IR)
+    # Prebuilt versions of it (INT8 QDQ ONNX, full-integer TFLite...), each checked at load
+    # to take and give the same inputs and outputs; selection picks among all of them.
+    variants: tuple[Path, ...] = ()
+    # Data to make INT8 variants from on the device, in the background (edged.variants).
+    calibration: CalibrationSpec | None = None
+    precision: str = "auto"  # "int8": serve an INT8 variant only
     backend: str = "auto"  # or "backend[:device[:precision]]", backend name canonical
     threads: int | None = None
     cpus: tuple[int, ...] | None = None  # sorted, unique
@@ -115,7 +127,7 @@ class ModelConfig:
         """The selection policy for this model: measurement settings from `base`, what the
         model runs with (threads, cpus, shapes, backend) from the model."""
         return replace(base, threads=self.threads, cpus=self.cpus, shapes=self.shapes,
-                       backend=self.backend)
+                       backend=self.backend, precision=self.precision)
 
 
 @dataclass(frozen=True)
@@ -370,13 +382,21 @@ class _Validator:
         d = Policy()
         max_abs = self.number(table, "max_abs", "selection", math.nan,
                               lambda x: math.isnan(x) or x >= 0, "a number >= 0 (nan: not gated)")
+        if "min_cosine" in table and "max_drop" in table:
+            raise self.fail("selection.min_cosine", "give max_drop or min_cosine (its older "
+                                                    "spelling, 1 - max_drop), not both")
+        if "min_cosine" in table:  # kept from before model families: min_cosine = 1 - max_drop
+            max_drop = 1.0 - self.number(table, "min_cosine", "selection", 0,
+                                         lambda x: 0 < x <= 1, "a number above 0, at most 1")
+        else:
+            max_drop = self.number(table, "max_drop", "selection", d.max_drop,
+                                   lambda x: 0 <= x < 1, "a number from 0 to below 1")
         return Policy(
             runs=self.integer(table, "runs", "selection", d.runs, 1),
             warmup=self.integer(table, "warmup", "selection", d.warmup, 0),
             time_budget_s=self.number(table, "time_budget_s", "selection", d.time_budget_s,
                                       lambda x: 0 < x < math.inf, "a number of seconds > 0"),
-            min_cosine=self.number(table, "min_cosine", "selection", d.min_cosine,
-                                   lambda x: -1 <= x <= 1, "a number between -1 and 1"),
+            max_drop=round(max_drop, 12),
             max_abs=None if math.isnan(max_abs) else max_abs,
         )
 
@@ -410,13 +430,12 @@ class _Validator:
         if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
             raise self.fail(f"{prefix}.name", f"must be letters, digits, '_', '.' or '-' "
                                               f"(not only dots), got {name!r}")
-        path = self.path(self.string(table, "path", prefix, None), f"{prefix}.path")
-        if not path.exists():
-            raise self.fail(f"{prefix}.path", f"no such file: {path}")
-        if not path.is_file():
-            raise self.fail(f"{prefix}.path", f"not a file: {path}")
-        if not os.access(path, os.R_OK):
-            raise self.fail(f"{prefix}.path", f"permission denied: {path}")
+        path = self.model_file(self.string(table, "path", prefix, None), f"{prefix}.path")
+        variants = self.variants(table, prefix, path)
+        precision = self.string(table, "precision", prefix, "auto")
+        if precision not in ("auto", "int8"):
+            raise self.fail(f"{prefix}.precision", f'must be "auto" or "int8", got '
+                                                   f"{precision!r}")
         threads = None
         if "threads" in table:
             threads = self.integer(table, "threads", prefix, 0, 1)
@@ -429,6 +448,10 @@ class _Validator:
         return ModelConfig(
             name=name,
             path=path,
+            variants=variants,
+            calibration=self.calibration(table["calibration"], f"{prefix}.calibration")
+            if "calibration" in table else None,
+            precision=precision,
             backend=self.backend(self.string(table, "backend", prefix, "auto"),
                                  f"{prefix}.backend"),
             threads=threads,
@@ -446,6 +469,98 @@ class _Validator:
                                   "a number of milliseconds > 0")
             if "period_ms" in table else None,
         )
+
+    def model_file(self, raw: str, key: str) -> Path:
+        path = self.path(raw, key)
+        if not path.exists():
+            raise self.fail(key, f"no such file: {path}")
+        if not path.is_file():
+            raise self.fail(key, f"not a file: {path}")
+        if not os.access(path, os.R_OK):
+            raise self.fail(key, f"permission denied: {path}")
+        return path
+
+    def variants(self, table: Mapping[str, Any], prefix: str, original: Path
+                 ) -> tuple[Path, ...]:
+        """Each variant exists and takes and gives what the original does (read from the
+        files: names, dtypes, fixed dims), so a wrong file fails here, not at serving."""
+        from backends.base import ModelError
+        from backends.model_info import signature, signature_mismatch
+
+        value = table.get("variants", [])
+        if not isinstance(value, list):
+            raise self.fail(f"{prefix}.variants", f"must be an array of model paths, got "
+                                                  f"{_show(value)}")
+        if not value:
+            return ()
+        try:
+            want = signature(original)
+        except ModelError as exc:
+            raise self.fail(f"{prefix}.path", str(exc)) from None
+        paths = []
+        for index, raw in enumerate(value):
+            key = f"{prefix}.variants[{index}]"
+            if not isinstance(raw, str):
+                raise self.fail(key, f"must be a path, got {_show(raw)}")
+            path = self.model_file(raw, key)
+            try:
+                got = signature(path)
+            except ModelError as exc:
+                raise self.fail(key, str(exc)) from None
+            problem = signature_mismatch(want, got) if want and got else None
+            if problem:
+                raise self.fail(key, f"{path} does not match its original {original}: "
+                                     f"{problem}")
+            paths.append(path)
+        return tuple(paths)
+
+    def calibration(self, value: Any, key: str) -> CalibrationSpec:
+        """A path (an .npz, a folder of .npy files or of images), or a table with `data`,
+        `eval` and the image preprocessing of `edgectl quantize` (resize "HxW", multiple,
+        color, scale, mean and std as numbers or arrays, layout). Whether the data fits the
+        model is checked when it is read, and named there."""
+        if isinstance(value, str):
+            value = {"data": value}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a path or a table with data = PATH, got "
+                                 f"{_show(value)}")
+        self.keys(value, key, CALIBRATION_KEYS)
+        paths = {}
+        for name in ("data", "eval"):
+            if name not in value and name == "eval":
+                continue
+            raw = self.string(value, name, key, None)
+            path = self.path(raw, f"{key}.{name}")
+            if not path.exists():
+                raise self.fail(f"{key}.{name}", f"no such file or folder: {path}")
+            paths[name] = path
+        pre: dict[str, Any] = {}
+        try:
+            if "resize" in value:
+                from edged.calibration import parse_size
+
+                pre["size"] = parse_size(self.string(value, "resize", key, None))
+            for name in ("mean", "std"):
+                if name in value:
+                    raw = value[name]
+                    items = raw if isinstance(raw, list) else [raw]
+                    if not items or any(isinstance(x, bool) or not isinstance(x, int | float)
+                                        for x in items):
+                        raise self.fail(f"{key}.{name}", f"must be a number or an array of "
+                                                         f"numbers, got {_show(raw)}")
+                    pre[name] = tuple(float(x) for x in items)
+            if "scale" in value:
+                pre["scale"] = self.number(value, "scale", key, 0, lambda x: 0 < x < math.inf,
+                                           "a number > 0")
+            if "multiple" in value:
+                pre["multiple"] = self.integer(value, "multiple", key, 32, 1)
+            for name in ("color", "layout"):
+                if name in value:
+                    pre[name] = self.string(value, name, key, None)
+            preprocess = Preprocess(**pre)
+        except CalibrationError as exc:
+            raise self.fail(key, str(exc)) from None
+        return CalibrationSpec(paths["data"], paths.get("eval"), preprocess)
 
     def telemetry(self, table: Mapping[str, Any]) -> TelemetryConfig:
         self.keys(table, "telemetry", TELEMETRY_KEYS)

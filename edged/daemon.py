@@ -44,12 +44,17 @@ SUPERVISE_S = 0.1  # how often stalled backends are looked for
 
 def model_key(mc: ModelConfig) -> tuple:
     """What a served model depends on; a reload reloads a model when this changes."""
-    try:
-        st = mc.path.stat()
-        file_id = (st.st_size, st.st_mtime_ns)
-    except OSError:
-        file_id = None
-    return (str(mc.path), file_id, mc.backend, mc.threads, mc.cpus,
+    def file_id(path: Path) -> tuple | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
+    return (str(mc.path), file_id(mc.path),
+            tuple((str(v), file_id(v)) for v in mc.variants), mc.precision, mc.backend,
+            repr(mc.calibration),
+            mc.threads, mc.cpus,
             tuple(sorted((mc.shapes or {}).items())), mc.max_batch_size,
             mc.preferred_batch_sizes, mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
             mc.watchdog_ms, mc.rt_priority, mc.period_ms)
@@ -111,7 +116,8 @@ class Daemon:
                 served = load_model(mc.name, mc.path, mc.policy(config.selection),
                                     batching_of(mc), self.hw, state_dir, key,
                                     on_failover=self._failover_hook(mc.name),
-                                    period_s=mc.period_s)
+                                    period_s=mc.period_s, variants=mc.variants,
+                                    calibration=mc.calibration)
             except Exception as exc:  # any failure: this model is not served, others are
                 reason = str(exc) or exc.__class__.__name__
                 log.error("model %s: not loaded: %s", mc.name, reason)
@@ -120,11 +126,13 @@ class Daemon:
                     models[mc.name] = old
                 continue
             sel = served.selection.selected
-            log.info("model %s: %s:%s (%s) p99 %.3f ms, %s in %.2f s", mc.name,
-                     sel.candidate.backend, sel.candidate.device, sel.precision,
-                     sel.latency.p99_ms if sel.latency else float("nan"),
+            log.info("model %s: %s on %s:%s (%s) p99 %.3f ms, %s in %.2f s", mc.name,
+                     served.selection.model.name, sel.candidate.backend, sel.candidate.device,
+                     sel.precision, sel.latency.p99_ms if sel.latency else float("nan"),
                      "cached selection" if served.selection.from_cache else "measured",
                      time.perf_counter() - start)
+            if served.selection.why:
+                log.info("model %s: %s", mc.name, served.selection.why)
             for warning in served.selection.warnings:
                 log.warning("model %s: %s", mc.name, warning)
             models[mc.name] = served
@@ -393,6 +401,7 @@ class Daemon:
         where = ", ".join(_describe(s) for s in sockets)
         log.info("serving %d model(s) on %s", len(self.models), where)
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
+        self.start_variant_jobs()
         if self.publisher is not None:
             task = asyncio.ensure_future(self._audit_at_start())
             self._tasks.add(task)
@@ -450,14 +459,55 @@ class Daemon:
         retired = [m for name, m in old.items() if models.get(name) is not m]
         await asyncio.to_thread(self._stop_workers, retired)
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
+        self.start_variant_jobs()
         self._event("reload", models=sorted(models), failed=failed,
                     replaced=sorted(m.name for m in retired))
         if self.publisher is not None:
             self.publisher.set_birth(self._birth())
 
+    # -- INT8 variants made in the background ---------------------------------------------
+    def start_variant_jobs(self) -> None:
+        """One background job per served model whose calibration data has no variants made
+        yet (see edged.variant_job). Called after READY: readiness never waits for them."""
+        from edged.variant_job import VariantJob
+        from edged.variants import background_command
+
+        for name, served in self.models.items():
+            if not served.variants_pending or served.job is not None:
+                continue
+            given = self.config.model(name).variants if self.config.model(name) else ()
+            command = background_command(served.original.path, given, served.calibration,
+                                         self.config.server.state_dir, served.policy,
+                                         self.housekeeping or sorted(self._allowed))
+            served.job = VariantJob(name, command,
+                                    lambda report, s=served: self._variants_made(s, report))
+            served.job.start()  # this thread is on the housekeeping CPUs; the child too
+
+    def _variants_made(self, served: ServedModel, report: dict[str, Any]) -> str:
+        """The job's decision (stored under the served policy's key) swapped in, in the
+        job's thread, if the model is still the one served."""
+        from edged.selection import family_of, load_cached
+
+        if self.models.get(served.name) is not served:
+            return "the model was reloaded meanwhile; its new version decides anew"
+        variants = tuple(Path(v) for v in report["variants"])
+        family = family_of(served.original.path, variants)
+        selection = load_cached(self.config.server.state_dir, family,
+                                report["selection_key"])
+        if selection is None:
+            raise RuntimeError(f"no stored decision under {report['selection_key']}")
+        done = served.apply(selection, self.hw, variants)
+        served.variants_pending = False
+        log.info("model %s: %s; %s", served.name, done, selection.why)
+        self._event("selection", model=served.name, result=done, why=selection.why)
+        return done
+
     @staticmethod
     def _stop_workers(models) -> None:
         """Stop all workers at once, each bounded by DRAIN_S, so N models take DRAIN_S."""
+        for served in models:
+            if served.job is not None:
+                served.job.stop()
         workers = [served.worker for served in models]
         threads = [threading.Thread(target=w.stop, args=(DRAIN_S,)) for w in workers]
         for thread in threads:

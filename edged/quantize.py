@@ -24,7 +24,7 @@ import inspect
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -355,10 +355,22 @@ class Settings:
     recipes: tuple[Recipe, ...] | None = None  # None: `recipes_for` this machine's CPU
 
 
-def quantize_model(model_path: Path, output: Path, calibration: Samples, evaluation: Samples,
-                   settings: Settings, warnings: Sequence[str] = (),
-                   progress: Progress | None = None) -> Report:
-    """Quantize, gate, time and write `output`; the report says what was written and why."""
+@dataclass
+class Measurement:
+    """Every recipe's attempts on every target and the FP32 p50 per target; the attempts'
+    model files exist while the `measure` context is open."""
+
+    attempts: list[Attempt]
+    fp32_ms: dict[str, float]
+    settings: Settings  # with the recipes resolved for this CPU
+    cpu: str  # `HardwareFacts.isa_summary()` of the CPU that measured
+
+
+@contextlib.contextmanager
+def measure(model_path: Path, calibration: Samples, evaluation: Samples, settings: Settings,
+            progress: Progress | None = None) -> Iterator[Measurement]:
+    """Quantize with every recipe, gate each on every target (mixed precision where a
+    recipe fails) and time the passing ones against FP32; the files live until exit."""
     if settings.method not in METHODS:
         raise QuantizeError(f"calibration method {settings.method!r}: use one of "
                             f"{', '.join(METHODS)}")
@@ -387,15 +399,23 @@ def quantize_model(model_path: Path, output: Path, calibration: Samples, evaluat
                     attempts.append(Attempt(target, Recipe("fp32", ()), model_path,
                                             error=f"FP32 model does not load: {exc}"))
                     continue
-                for recipe in settings.recipes:
+                for recipe in settings.recipes or ():
                     attempts.extend(_gate(quantizer, prepared, target, recipe, evaluation,
                                           reference, settings, ranking, progress))
             fp32_ms = _time(attempts, fp32_sessions, evaluation, settings, progress)
         finally:
             for session in fp32_sessions.values():
                 session.close()
-        return _decide(model_path, output, attempts, fp32_ms, calibration, evaluation,
-                       settings, list(warnings), hw.isa_summary())
+        yield Measurement(attempts, fp32_ms, settings, hw.isa_summary())
+
+
+def quantize_model(model_path: Path, output: Path, calibration: Samples, evaluation: Samples,
+                   settings: Settings, warnings: Sequence[str] = (),
+                   progress: Progress | None = None) -> Report:
+    """Quantize, gate, time and write `output`; the report says what was written and why."""
+    with measure(model_path, calibration, evaluation, settings, progress) as m:
+        return _decide(Path(model_path), output, m.attempts, m.fp32_ms, calibration,
+                       evaluation, m.settings, list(warnings), m.cpu)
 
 
 def _reference(model_path: Path, evaluation: Samples, settings: Settings

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 EXIT_INT8, EXIT_FP32_KEPT, EXIT_BAD_INPUT = 0, 1, 2
-DEFAULT_EVAL_SPLIT = 0.2
 
 
 def add_quantize_parser(sub) -> None:
+    from edged.calibration import EVAL_SPLIT
     from edged.quantize import DEFAULT_MAX_DROP, METHODS, TARGETS
 
     q = sub.add_parser(
@@ -30,7 +30,7 @@ def add_quantize_parser(sub) -> None:
     q.add_argument("--output", type=Path, required=True, help="where the model goes")
     q.add_argument("--eval", type=Path, default=None, metavar="DATA",
                    help="evaluation data, kept apart from calibration (default: "
-                        f"{int(DEFAULT_EVAL_SPLIT * 100)} %% of --calibration held out)")
+                        f"{int(EVAL_SPLIT * 100)} %% of --calibration held out)")
     q.add_argument("--target", default="auto", choices=("auto", *TARGETS),
                    help="the backend the model will run on (auto: try each, keep the fastest)")
     q.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP, metavar="X",
@@ -38,7 +38,18 @@ def add_quantize_parser(sub) -> None:
                         f"for classifiers (default {DEFAULT_MAX_DROP})")
     q.add_argument("--method", default="minmax", choices=METHODS,
                    help="activation range calibration (default minmax)")
-    pre = q.add_argument_group("image preprocessing (folders of images)")
+    add_preprocess_arguments(q)
+    q.add_argument("--threads", type=int, default=None, help="inference threads")
+    q.add_argument("--cpus", default=None, help="CPU list to run on, e.g. 2-3")
+    q.add_argument("--runs", type=int, default=200, help="timed runs per recipe (default 200)")
+    q.add_argument("--time-budget", type=float, default=20.0, metavar="S",
+                   help="seconds of benchmarking per target (default 20)")
+    q.add_argument("--json", action="store_true", help="machine-readable report")
+
+
+def add_preprocess_arguments(parser) -> None:
+    """How images become model inputs, for every command that reads calibration images."""
+    pre = parser.add_argument_group("image preprocessing (folders of images)")
     pre.add_argument("--resize", default=None, metavar="HxW",
                      help="resize every image (default: the model's fixed size, else the "
                           "image's own size rounded down to --multiple)")
@@ -51,24 +62,21 @@ def add_quantize_parser(sub) -> None:
     pre.add_argument("--std", default="1", help="per-channel std, e.g. 0.229,0.224,0.225")
     pre.add_argument("--layout", default=None, choices=("nchw", "nhwc"),
                      help="default: from the model's input shape")
-    q.add_argument("--threads", type=int, default=None, help="inference threads")
-    q.add_argument("--cpus", default=None, help="CPU list to run on, e.g. 2-3")
-    q.add_argument("--runs", type=int, default=200, help="timed runs per recipe (default 200)")
-    q.add_argument("--time-budget", type=float, default=20.0, metavar="S",
-                   help="seconds of benchmarking per target (default 20)")
-    q.add_argument("--json", action="store_true", help="machine-readable report")
+
+
+def preprocess_of(args):
+    """The `Preprocess` the arguments of `add_preprocess_arguments` describe."""
+    from edged.calibration import Preprocess, parse_floats, parse_size
+
+    return Preprocess(size=parse_size(args.resize) if args.resize else None, color=args.color,
+                      scale=args.scale, mean=parse_floats(args.mean, "--mean"),
+                      std=parse_floats(args.std, "--std"), layout=args.layout,
+                      multiple=args.multiple)
 
 
 def cmd_quantize(args) -> int:
     from backends import ModelError
-    from edged.calibration import (
-        CalibrationError,
-        Preprocess,
-        load_samples,
-        narrowness_warnings,
-        parse_floats,
-        parse_size,
-    )
+    from edged.calibration import CalibrationError, calibration_and_evaluation
     from edged.cli import UsageError, _Progress, parse_cpus
     from edged.quantize import QuantizeError, Settings, input_specs, quantize_model
 
@@ -82,20 +90,8 @@ def cmd_quantize(args) -> int:
         raise UsageError(f"--output {args.output} is the input model; write elsewhere")
     targets = ("onnxruntime", "openvino") if args.target == "auto" else (args.target,)
     try:
-        preprocess = Preprocess(
-            size=parse_size(args.resize) if args.resize else None, color=args.color,
-            scale=args.scale, mean=parse_floats(args.mean, "--mean"),
-            std=parse_floats(args.std, "--std"), layout=args.layout, multiple=args.multiple)
-        inputs = input_specs(args.model)
-        calibration = load_samples(args.calibration, inputs, preprocess)
-        warnings = []
-        if args.eval is not None:
-            evaluation = load_samples(args.eval, inputs, preprocess)
-        else:
-            calibration, evaluation = calibration.split(DEFAULT_EVAL_SPLIT)
-            warnings.append(f"no --eval: {len(evaluation)} of the calibration samples were "
-                            "held out for the accuracy gate; give a separate --eval set")
-        warnings[:0] = narrowness_warnings(calibration, inputs)
+        calibration, evaluation, warnings = calibration_and_evaluation(
+            args.calibration, args.eval, input_specs(args.model), preprocess_of(args))
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
     if not args.json:

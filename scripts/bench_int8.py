@@ -34,9 +34,10 @@ import numpy as np  # noqa: E402
 from backends import LoadOptions, get_backend  # noqa: E402
 from backends.base import BackendError, Candidate, InputError, ModelError, Session  # noqa: E402
 from backends.model_info import ModelInfo, inspect_model  # noqa: E402
+from edged.accuracy import compare  # noqa: E402
 from edged.bench import LatencyStats, benchmark  # noqa: E402
 from edged.inputs import make_inputs, resolve_shapes  # noqa: E402
-from edged.selection import all_candidates, compare, matches, runtime_versions  # noqa: E402
+from edged.selection import all_candidates, matches, runtime_versions  # noqa: E402
 from sysconf.hardware import HardwareFacts, probe  # noqa: E402
 
 FP32_MODEL = "ppocrv4_det.onnx"

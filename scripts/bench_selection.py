@@ -174,7 +174,7 @@ def run_model(name: str, path: Path, shapes, hw: HardwareFacts, args, log) -> di
         "model": name, "path": str(path), "precision": selections[0].model.precision,
         "shapes": {k: list(v) for k, v in selections[0].shapes.items()},
         "policy": {"runs": policy.runs, "warmup": policy.warmup,
-                   "time_budget_s": policy.time_budget_s, "min_cosine": policy.min_cosine},
+                   "time_budget_s": policy.time_budget_s, "max_drop": policy.max_drop},
         "rounds": rounds,
         "picks": dict(picks),
         "passed": passed,

@@ -196,15 +196,17 @@ def fetch_models(root: Path) -> None:
         log(f"extracted {dest.name}")
 
 
-def _apt_env(state: Path, arches: tuple[str, ...] = ("arm64",)) -> dict[str, str]:
-    """A private apt configuration: `arches` lists in `state`, the host's apt left alone."""
+def _apt_env(state: Path, arches: tuple[str, ...] = ("arm64",),
+             suite: str = KERNEL_DEB["suite"]) -> dict[str, str]:
+    """A private apt configuration: `suite`'s `arches` lists in `state` (the first is the
+    native one), the host's apt left alone."""
     uri = _debian_archive_uri()
     for sub in ("lists/partial", "cache/archives/partial", "none.d", "prefs.d"):
         (state / sub).mkdir(parents=True, exist_ok=True)
     (state / "status").touch()
     (state / "sources.list").write_text(
         f"deb [arch={','.join(arches)} signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
-        f"{uri} {KERNEL_DEB['suite']} main\n"
+        f"{uri} {suite} main\n"
     )
     (state / "apt.conf").write_text(
         "\n".join(
@@ -215,7 +217,8 @@ def _apt_env(state: Path, arches: tuple[str, ...] = ("arm64",)) -> dict[str, str
                 f'Dir::State::Lists "{state}/lists";',
                 f'Dir::State::status "{state}/status";',
                 f'Dir::Cache "{state}/cache";',
-                'APT::Architecture "arm64";',
+                f'APT::Architecture "{arches[0]}";',
+                f'Dir::Etc::Preferences "{state}/prefs";',
                 "APT::Architectures { " + " ".join(f'"{a}";' for a in arches) + " };",
                 'APT::Sandbox::User "root";',
             ]
@@ -239,7 +242,8 @@ def _debian_archive_uri() -> str:
             parts = line.split()
             if len(parts) > 2 and parts[0] == "deb" and parts[1].rstrip("/").endswith("/debian"):
                 return parts[1]
-    raise FetchError("no Debian archive found in /etc/apt sources (needed for the .dtb files)")
+    raise FetchError("no Debian archive found in /etc/apt sources (the packages the tests "
+                     "fetch come from it)")
 
 
 def fetch_kernel_deb(root: Path, deb: dict[str, str] = KERNEL_DEB) -> Path:
@@ -353,7 +357,11 @@ def quantize_models(root: Path) -> None:
         stamp.write_text(want + "\n")
 
 
-def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str) -> None:
+def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str,
+                 reduce_range: bool = True) -> None:
+    """`src` as static per-channel U8S8 QDQ calibrated on text-like images; with
+    `reduce_range` False, plain 8-bit weights (the tests' example of a model that saturates
+    on x86 without VNNI)."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -386,7 +394,7 @@ def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str) -> Non
             per_channel=True,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
-            reduce_range=True,
+            reduce_range=reduce_range,
         )
         partial.replace(out)
 

@@ -22,7 +22,7 @@ Cache: $EDGED_TEST_DATA/qemu-user/<version>/ (default ~/.cache/edged/test-data),
 a warm run only reads the stamp.
 
 Usage: qemu_user.py [--print-path x86_64|aarch64]  (prints that binary's path on stdout)
-Exit codes: 0 ok, 1 the fetch failed (the message names what and why).
+Exit codes: 0 ok, 1 the fetch failed (the message names what and why), 2 bad arguments.
 Progress and warnings go to stderr, as `qemu-user: ...` lines.
 """
 
@@ -45,14 +45,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from scripts.fetch_test_data import (  # noqa: E402
-    KERNEL_DEB,
+from scripts.fetch_test_data import (
     FetchError,
     _apt_env,
     _deb_data_tar,
     cache_dir,
     check_sha,
-    sha256_file,
 )
 
 
@@ -73,6 +71,9 @@ QEMU_DEB = QemuDeb(
     sha256="ca6ede739327a20ae5a3498230c8a3a9a072c586e131bc6bcc1201eb1725e336",
 )
 ARCHES = ("x86_64", "aarch64")
+# The isa-avx2 lane's CPU (the Makefile's ISA_AVX2_CPU): Haswell without TSX, which TCG cannot
+# emulate (plain Haswell warns "TCG doesn't support requested feature: CPUID.07H:EBX.hle/rtm").
+AVX2_CPU = "Haswell,-hle,-rtm"
 MEMBER = "./usr/bin/qemu-{}"
 APT_TIMEOUT_S = 900  # a stuck mirror fails the fetch instead of the CI run's whole budget
 
@@ -108,24 +109,6 @@ def _ready() -> Path | None:
     return folder
 
 
-def _private_apt_env(state: Path, suite: str, arch: str) -> dict[str, str]:
-    """fetch_test_data._apt_env for another suite and native architecture.
-
-    _apt_env writes KERNEL_DEB's suite and native architecture arm64; this rewrites those two
-    lines of what it wrote (and fails loudly if their form has changed)."""
-    env = _apt_env(state, (arch,))
-    for name, old, new in (
-        ("sources.list", f" {KERNEL_DEB['suite']} main", f" {suite} main"),
-        ("apt.conf", 'APT::Architecture "arm64";', f'APT::Architecture "{arch}";'),
-    ):
-        path = state / name
-        text = path.read_text()
-        if old not in text:
-            raise FetchError(f"{path}: no {old.strip()!r} to replace (fetch_test_data changed?)")
-        path.write_text(text.replace(old, new))
-    return env
-
-
 def _run(cmd: list[str], env: dict[str, str], cwd: Path | None = None):
     try:
         return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
@@ -156,7 +139,7 @@ def _download(deb: QemuDeb, debs: Path) -> tuple[Path, str, str]:
         raise FetchError(f"apt-get not found: {deb.package} comes from Debian {deb.suite}")
     pkg = f"{deb.package}:{deb.arch}"
     try:
-        env = _private_apt_env(qemu_root() / "apt-state", deb.suite, deb.arch)
+        env = _apt_env(qemu_root() / "apt-state", (deb.arch,), deb.suite)
     except FetchError as exc:
         raise FetchError(f"{pkg} {deb.version}: {exc}") from exc
     log(f"apt-get update (private state, {deb.arch} {deb.suite})")
@@ -196,17 +179,21 @@ def _data_tar(deb: Path) -> Iterator[tarfile.TarFile]:
         return
     proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
+    done = False
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
             yield tar
-            for _ in tar:  # drain the stream, so dpkg-deb ends without SIGPIPE
-                pass
+        while proc.stdout.read(1 << 16):  # the tar's padding, so dpkg-deb ends without SIGPIPE
+            pass
+        done = True
     finally:
         proc.stdout.close()
-        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        if proc.wait() != 0:
-            raise FetchError(f"dpkg-deb --fsys-tarfile {deb.name} failed: {err.strip()[-400:]}")
+        err = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+        rc = proc.wait()
+    if done and rc != 0:
+        raise FetchError(f"dpkg-deb --fsys-tarfile {deb.name} failed: {err.strip()[-400:]}")
 
 
 def _unpack(deb: Path, dest: Path) -> None:
@@ -230,8 +217,8 @@ def _unpack(deb: Path, dest: Path) -> None:
         raise FetchError(f"{deb.name}: no {', '.join(missing)} in the package")
 
 
-def _fetch(deb: QemuDeb = QEMU_DEB) -> Path:
-    root = qemu_root()
+def _fetch() -> Path:
+    deb, root = QEMU_DEB, qemu_root()
     with tempfile.TemporaryDirectory(prefix="debs.", dir=root) as tmp:
         path, version, sha = _download(deb, Path(tmp))
         folder = _version_dir(version)

@@ -16,6 +16,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def python_argv() -> list[str]:
+    """How to start this Python in a child process: in the isa-avx2 lane through the same
+    emulator (EDGED_ISA_QEMU, set by `make test-isa-avx2`), since qemu-user does not follow
+    exec and the child would otherwise run on the host's CPU."""
+    return [*os.environ.get("EDGED_ISA_QEMU", "").split(), sys.executable]
+
+
 class NotifySocket:
     """The systemd side of sd_notify: a datagram socket read by a thread, as systemd would
     (a manager that stops reading must not be what the tests measure)."""
@@ -54,6 +61,7 @@ class NotifySocket:
         self._closed.set()
         self._thread.join()
         self.sock.close()
+        self.path.unlink(missing_ok=True)  # a restarted daemon binds it anew
 
 
 # The one stand-in at the backend boundary for the real daemon process: onnxruntime's
@@ -89,7 +97,7 @@ class Daemon:
             full_env["EDGED_TEST_HANG_S"] = str(hang_s)
             start = ["-c", HANG_PRELUDE]
         self.log = self.log_path.open("w")
-        self.proc = subprocess.Popen([sys.executable, *start, "--config", str(config)],
+        self.proc = subprocess.Popen([*python_argv(), *start, "--config", str(config)],
                                      stdout=self.log, stderr=subprocess.STDOUT,
                                      env=full_env, cwd=REPO)
         self.port: int | None = None

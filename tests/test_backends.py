@@ -15,8 +15,8 @@ import pytest
 from backends import LoadOptions, get_backend
 from backends.base import Candidate, InputError
 from backends.model_info import inspect_model
+from edged.accuracy import compare
 from edged.inputs import make_inputs
-from edged.selection import compare
 from sysconf.hardware import probe
 
 CLS_SHAPE = {"x": (1, 3, 48, 192)}

@@ -10,14 +10,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from daemon_harness import python_argv
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def edgectl(*args: str, state: Path, check_rc: int | None = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "EDGED_STATE_DIR": str(state)}
-    proc = subprocess.run([sys.executable, "-m", "edged.cli", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=300)
+    proc = subprocess.run([*python_argv(), "-m", "edged.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=600)
     if check_rc is not None:
         assert proc.returncode == check_rc, proc.stderr
     return proc
@@ -49,9 +50,59 @@ def test_backends_with_model(models_dir: Path, tmp_path: Path) -> None:
     again = json.loads(edgectl(*args, "--json", state=tmp_path).stdout)
     assert again["selected"]["from_cache"] is True
     text = edgectl(*args, state=tmp_path).stdout
-    assert "not INT8" in text  # a float model runs but is flagged
-    assert f"Selected      {sel['backend']}:{sel['device']}" in text
-    assert "cached decision" in text
+    assert "FP32 alone: give INT8 variants" in text  # a float model runs but is flagged
+    assert f"Selected      ppocr_cls.onnx on {sel['backend']}:{sel['device']}" in text
+    assert "cached decision" in text and "Why           original on" in text
+
+
+@pytest.mark.isa
+def test_backends_with_variants_and_calibration(models_dir: Path, tmp_path: Path,
+                                                cls_u8s8: Path) -> None:
+    """The family through the CLI: the given U8S8 variant and the INT8 variants made here
+    from rendered text lines (held-out part: the evaluation set), each row against the
+    original; on x86 without VNNI the U8S8 row names the cause."""
+    from edged.inputs import rendered_text_lines
+
+    data = tmp_path / "calib"
+    data.mkdir()
+    for index, image in enumerate(rendered_text_lines(30, seed=11)):
+        image.save(data / f"{index:02d}.png")
+    model = str(models_dir / "ppocr_cls.onnx")
+    args = ("backends", "--model", model, "--shape", "x=1x3x48x192", "--threads", "1",
+            "--variant", str(cls_u8s8), "--calibration", str(data), "--mean", "0.5",
+            "--std", "0.5")
+    report = json.loads(edgectl(*args, "--json", state=tmp_path / "state").stdout)
+    made = report["made_variants"]
+    assert made["variants"] and not made["cached"]
+    assert all(Path(v).exists() and Path(v).parent.parent.name == "variants"
+               for v in made["variants"])
+    assert report["variants"] == [str(cls_u8s8), *made["variants"]]
+    rows = [e for e in report["evidence"] if e["status"] != "unavailable"]
+    assert {e["variant"] for e in rows} == {model, *report["variants"]}
+    assert all(e["accuracy"]["rule"] == "top-1 agreement" for e in rows)
+    assert report["selected"]["why"] and report["selected"]["against_original"]
+    text = edgectl(*args, state=tmp_path / "state").stdout
+    assert "6 samples held out of" in text and "accuracy against the original" in text
+    again = json.loads(edgectl(*args, "--json", state=tmp_path / "state").stdout)
+    assert again["made_variants"]["cached"] and again["selected"]["from_cache"]
+
+
+def test_backends_bad_calibration_and_variant(models_dir: Path, tmp_path: Path) -> None:
+    """Data that does not fit exits 2 naming the file and the input; so does a variant
+    with other outputs, naming both files. Nothing is left in the state folder."""
+    import numpy as np
+
+    np.savez(tmp_path / "wrong.npz", image=np.zeros((4, 3, 48, 192), np.float32))
+    model = str(models_dir / "ppocr_cls.onnx")
+    state = tmp_path / "state"
+    proc = edgectl("backends", "--model", model, "--calibration", str(tmp_path / "wrong.npz"),
+                   state=state, check_rc=2)
+    assert "wrong.npz: no array for input(s) x" in proc.stderr
+    proc = edgectl("backends", "--model", model, "--variant",
+                   str(models_dir / "ppocrv4_det_int8.onnx"), state=state, check_rc=2)
+    assert "ppocrv4_det_int8.onnx does not match its original" in proc.stderr
+    assert "ppocr_cls.onnx: outputs are" in proc.stderr
+    assert not list(state.rglob("*.json")) and not list(state.rglob("*.onnx"))
 
 
 def test_bench_json_all(models_dir: Path, tmp_path: Path) -> None:
@@ -98,13 +149,16 @@ def test_pinned_bench_imports_only_its_runtime(models_dir: Path, tmp_path: Path)
 def test_failed_selection_shows_its_evidence(models_dir: Path, tmp_path: Path) -> None:
     """No candidate passes: exit 1, the JSON still carries what each candidate did."""
     proc = edgectl("backends", "--model", str(models_dir / "ppocr_cls.onnx"), "--shape",
-                   "x=1x3x48x192", "--threads", "1", "--min-cosine", "1.5", "--json",
+                   "x=1x3x48x192", "--threads", "1", "--max-abs", "-1", "--json",
                    state=tmp_path, check_rc=1)
     report = json.loads(proc.stdout)
     assert report["selected"] is None and "no candidate ran it correctly" in report["error"]
     measured = [e for e in report["evidence"] if e["status"] != "unavailable"]
     assert measured and all(e["status"] == "rejected" for e in measured)
-    assert all("cosine" in e["reason"] and e["cosine"] is not None for e in measured)
+    assert all("max-abs" in e["reason"] and e["accuracy"]["score"] == 1.0 for e in measured)
+    proc = edgectl("backends", "--model", str(models_dir / "ppocr_cls.onnx"), "--min-cosine",
+                   "1.5", state=tmp_path, check_rc=2)
+    assert "--max-drop -0.5: must be at least 0 and below 1" in proc.stderr
 
 
 def test_bench_failed_candidate_keeps_every_key(models_dir: Path, tmp_path: Path, capsys,

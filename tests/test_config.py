@@ -56,20 +56,68 @@ def test_example_config_loads(test_data: Path, monkeypatch: pytest.MonkeyPatch) 
         listen_host="127.0.0.1", listen_port=8000, socket=REPO / "state" / "edged.sock",
         socket_mode=0o660, state_dir=REPO / "state", max_body_bytes=64 * 1024 * 1024,
         log_level="info")
-    assert config.selection == Policy(runs=50, warmup=5, min_cosine=0.99, max_abs=None)
+    assert config.selection == Policy(runs=50, warmup=5, max_drop=0.01, max_abs=None)
     det, face = config.models
     assert det == ModelConfig(
-        name="ocr-det", path=test_data / "models" / "ppocrv4_det_int8.onnx", backend="auto",
-        threads=2, cpus=None, shapes={"x": (1, 3, 640, 640)}, max_batch_size=4,
+        name="ocr-det", path=test_data / "models" / "ppocrv4_det.onnx", backend="auto",
+        variants=(test_data / "models" / "ppocrv4_det_int8.onnx",), threads=2, cpus=None,
+        shapes={"x": (1, 3, 640, 640)}, max_batch_size=4,
         preferred_batch_sizes=(), max_queue_delay_us=500, max_queue_size=64, timeout_ms=2000)
     assert face.path == test_data / "models" / "face_detection_short_range.tflite"
     assert face.backend == "auto" and face.max_batch_size == 1
     assert config.model("face") is face and config.model("nope") is None
 
 
+def test_variants_must_fit_their_original(models_dir: Path, tmp_path: Path) -> None:
+    """A variant that takes or gives something else than the original is a config error
+    naming the key and both files; so is one that is not a model."""
+    models = models_dir
+    good = parse(tmp_path, f"""
+        [[models]]
+        name = "cls"
+        path = "{models / 'ppocr_cls.onnx'}"
+        variants = ["{models / 'ppocr_cls_int8.onnx'}"]
+        precision = "int8"
+        """)
+    assert good.models[0].variants == (models / "ppocr_cls_int8.onnx",)
+    assert good.models[0].policy(good.selection).precision == "int8"
+    with pytest.raises(ConfigError) as err:
+        parse(tmp_path, f"""
+            [[models]]
+            name = "cls"
+            path = "{models / 'ppocr_cls.onnx'}"
+            variants = ["{models / 'ppocr_cls_int8.onnx'}", "{models / 'ppocrv4_det_int8.onnx'}"]
+            """)
+    assert err.value.key == "models[0].variants[1]"
+    assert f"{models / 'ppocrv4_det_int8.onnx'} does not match its original " \
+           f"{models / 'ppocr_cls.onnx'}: outputs are ['sigmoid_0.tmp_0']" in str(err.value)
+    (tmp_path / "junk.onnx").write_bytes(b"\x08\x07junk")
+    with pytest.raises(ConfigError, match=r"models\[0\]\.variants\[0\]: .*junk\.onnx: not a "
+                                          r"valid ONNX model"):
+        parse(tmp_path, f"""
+            [[models]]
+            name = "cls"
+            path = "{models / 'ppocr_cls.onnx'}"
+            variants = ["junk.onnx"]
+            """)
+    for bad, key, message in (('variants = "x.onnx"', "models[0].variants", "array of model"),
+                              ('variants = ["nope.onnx"]', "models[0].variants[0]",
+                               "no such file"),
+                              ('precision = "fp8"', "models[0].precision",
+                               'must be "auto" or "int8"')):
+        with pytest.raises(ConfigError) as err:
+            parse(tmp_path, f"""
+                [[models]]
+                name = "cls"
+                path = "{models / 'ppocr_cls.onnx'}"
+                {bad}
+                """)
+        assert err.value.key == key and message in str(err.value)
+
+
 @pytest.mark.parametrize("value", [None, ""])
 def test_example_falls_back_to_the_default_test_data_folder(
-    value: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    value: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, models_dir: Path
 ) -> None:
     if value is None:
         monkeypatch.delenv("EDGED_TEST_DATA", raising=False)
@@ -78,10 +126,12 @@ def test_example_falls_back_to_the_default_test_data_folder(
     monkeypatch.setenv("HOME", str(tmp_path))
     models = tmp_path / ".cache" / "edged" / "test-data" / "models"
     models.mkdir(parents=True)
-    for name in ("ppocrv4_det_int8.onnx", "face_detection_short_range.tflite"):
-        (models / name).write_bytes(b"")
+    for name in ("ppocrv4_det.onnx", "ppocrv4_det_int8.onnx",
+                 "face_detection_short_range.tflite"):
+        (models / name).symlink_to(models_dir / name)  # variants are read: real models
     config = load_config(EXAMPLE)
-    assert config.model("ocr-det").path == models / "ppocrv4_det_int8.onnx"
+    assert config.model("ocr-det").path == models / "ppocrv4_det.onnx"
+    assert config.model("ocr-det").variants == (models / "ppocrv4_det_int8.onnx",)
 
 
 def test_defaults(folder: Path) -> None:
@@ -134,7 +184,8 @@ def test_every_key_set(folder: Path) -> None:
         """)
     assert config.server == ServerConfig("::1", 0, None, 0o600, Path("/srv/edged"), 1024,
                                          "debug")
-    assert config.selection == Policy(runs=10, warmup=0, time_budget_s=2.0, min_cosine=1.0,
+    # min_cosine, the older spelling, is 1 - max_drop.
+    assert config.selection == Policy(runs=10, warmup=0, time_budget_s=2.0, max_drop=0.0,
                                       max_abs=0.5)
     (model,) = config.models
     assert model.backend == "openvino:CPU:bf16"  # canonical name: one cache entry per backend
@@ -182,7 +233,7 @@ def test_policy_mapping(folder: Path) -> None:
         """)
     policy = config.models[0].policy(config.selection)
     assert policy == Policy(runs=7, warmup=1, time_budget_s=Policy().time_budget_s,
-                            min_cosine=0.95, max_abs=0.1, threads=2, cpus=(2, 3),
+                            max_drop=0.05, max_abs=0.1, threads=2, cpus=(2, 3),
                             shapes={"x": (1, 3, 8, 8)}, backend="onnxruntime")
     assert policy.key_parts()["shapes"] == {"x": [1, 3, 8, 8]}
     # A model without settings leaves the base's model fields at their unpinned defaults.
@@ -270,7 +321,11 @@ ERRORS = [
     ("[selection]\nruns = 1.5", "selection.runs", "got 1.5"),
     ("[selection]\nwarmup = -1", "selection.warmup", "must be an integer >= 0"),
     ("[selection]\nwarmup = true", "selection.warmup", "got true"),
-    ("[selection]\nmin_cosine = 1.5", "selection.min_cosine", "between -1 and 1"),
+    ("[selection]\nmin_cosine = 1.5", "selection.min_cosine", "a number above 0, at most 1"),
+    ("[selection]\nmax_drop = 1", "selection.max_drop", "a number from 0 to below 1, got 1"),
+    ("[selection]\nmax_drop = -0.1", "selection.max_drop", "got -0.1"),
+    ("[selection]\nmax_drop = 0.1\nmin_cosine = 0.9", "selection.min_cosine",
+     "give max_drop or min_cosine"),
     ("[selection]\nmin_cosine = nan", "selection.min_cosine", "got nan"),
     ('[selection]\nmin_cosine = "0.9"', "selection.min_cosine", "got '0.9'"),
     ("[selection]\nmax_abs = -0.1", "selection.max_abs", "a number >= 0"),

@@ -1,0 +1,120 @@
+"""The daemon's side of making a model's INT8 variants in the background: one child process
+(`python -m edged.variants`, see that module) watched by one thread.
+
+The thread that starts it runs on the housekeeping CPUs, so the child inherits them; the
+child puts itself at SCHED_IDLE. Readiness never waits for it: the model already serves its
+original (and given variants). When the child is done, `on_done` gets its JSON report (in
+this thread) and swaps the new pick in. What status shows: state, start, duration, the
+child's peak memory, what it made and picked, or why it failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+log = logging.getLogger("edged.variants")
+
+
+class VariantJob:
+    def __init__(self, model: str, command: Sequence[str],
+                 on_done: Callable[[dict[str, Any]], str]) -> None:
+        self.model = model
+        self.command = list(command)
+        self.on_done = on_done  # returns what was done with the result, for status
+        self.state = "pending"  # running, done, failed, stopped
+        self.started: float | None = None
+        self.duration_s: float | None = None
+        self.report: dict[str, Any] = {}
+        self.result = ""
+        self.error: str | None = None
+        self.progress = ""
+        self._proc: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"variants-{model}",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ends the child (a reload replaced the model, or the daemon stops)."""
+        self._stopping.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def status(self) -> dict[str, Any]:
+        return {"state": self.state, "started": self.started, "duration_s": self.duration_s,
+                "peak_rss_bytes": self.report.get("peak_rss_bytes"),
+                "made": (self.report.get("made") or {}).get("variants"),
+                "pick": self.report.get("pick"), "result": self.result or None,
+                "scheduling": self.report.get("scheduling"), "cpus": self.report.get("cpus"),
+                "progress": self.progress or None, "error": self.error}
+
+    def _run(self) -> None:
+        self.started = time.time()
+        self.state = "running"
+        start = time.perf_counter()
+        log.info("model %s: making INT8 variants from its calibration data in the "
+                 "background", self.model)
+        try:
+            self._proc = subprocess.Popen(self.command, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True,
+                                          stdin=subprocess.DEVNULL)
+            tail = []
+            assert self._proc.stderr is not None
+            for line in self._proc.stderr:  # progress lines, and whatever a runtime prints
+                line = line.rstrip()
+                if line.startswith("progress "):
+                    self.progress = line.removeprefix("progress ")
+                elif line:
+                    tail = [*tail[-9:], line]
+            out = self._proc.stdout.read() if self._proc.stdout else ""
+            code = self._proc.wait()
+        except OSError as exc:
+            self._finish(start, "failed", f"cannot start the job: {exc}")
+            return
+        if self._stopping.is_set():
+            self._finish(start, "stopped", None)
+            return
+        lines = [line for line in out.splitlines() if line.strip()]
+        try:
+            self.report = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            self.report = {}
+        if code != 0 or not self.report.get("ok"):
+            why = self.report.get("error") or "; ".join(tail[-3:]) or f"exit code {code}"
+            self._finish(start, "failed", why)
+            return
+        try:
+            self.result = self.on_done(self.report)
+        except Exception as exc:  # the model keeps what it serves; status says why
+            self._finish(start, "failed", f"swapping in the result failed: {exc}")
+            return
+        self._finish(start, "done", None)
+
+    def _finish(self, start: float, state: str, error: str | None) -> None:
+        self.duration_s = round(time.perf_counter() - start, 2)
+        self.state, self.error = state, error
+        if error:
+            log.error("model %s: making variants failed: %s", self.model, error)
+        elif state == "done":
+            peak = self.report.get("peak_rss_bytes") or 0
+            log.info("model %s: variants done in %.1f s (peak %.0f MiB): %s", self.model,
+                     self.duration_s, peak / 2**20, self.result)
