@@ -64,7 +64,7 @@ define ISA_AVX2_LANE
 @QEMU_X86=$$($(BIN)/python scripts/qemu_user.py --print-path x86_64) || exit 1; \
 echo "isa-avx2 lane: $$QEMU_X86 -cpu $(ISA_AVX2_CPU)"; \
 EDGED_ISA_LANE=avx2 EDGED_ISA_QEMU="$$QEMU_X86 -cpu $(ISA_AVX2_CPU)" \
-  "$$QEMU_X86" -cpu $(ISA_AVX2_CPU) $(BIN)/python -m pytest -q -m isa \
+  "$$QEMU_X86" -cpu $(ISA_AVX2_CPU) $(BIN)/python -m pytest -q -m isa --durations=15 \
   -p no:cacheprovider; \
 rc=$$?; [ $$rc -ne 5 ] || { echo "isa-avx2 lane: no isa test was selected"; rc=0; }; exit $$rc
 endef

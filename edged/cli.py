@@ -909,6 +909,22 @@ def format_status(status: dict[str, Any]) -> str:
             f"{'yes' if m['ready'] else 'NO':6} {m['queue_depth']:>5} "
             f"{int(lat.get('requests', 0)):>8} {_num(lat.get('p50_ms_le'), 3):>9} "
             f"{_num(lat.get('p99_ms_le'), 3):>9} {m['failovers']}")
+    for m in status["models"]:  # which file of the family is served, why, and the job
+        if m.get("variants"):
+            lines.append(f"  {m['name']:14} serves {Path(m['path']).name} (original "
+                         f"{Path(m['original']).name}, {len(m['variants'])} variant(s))")
+        if m.get("why"):
+            lines.append(f"  {'':14} why: {m['why']}")
+        job = m.get("variants_job")
+        if job:
+            peak = job.get("peak_rss_bytes")
+            lines.append(f"  {'':14} variants job: {job['state']}"
+                         + (f" {job['progress']}" if job["state"] == "running"
+                            and job.get("progress") else "")
+                         + (f", {job['duration_s']} s" if job.get("duration_s") else "")
+                         + (f", peak {peak / 2**20:.0f} MiB" if peak else "")
+                         + (f": {job['error']}" if job.get("error") else "")
+                         + (f": {job['result']}" if job.get("result") else ""))
     for name, reason in status.get("failed", {}).items():
         lines.append(f"  {name:14} NOT LOADED: {reason}")
     if status.get("housekeeping_cpus"):

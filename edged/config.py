@@ -449,7 +449,7 @@ class _Validator:
             name=name,
             path=path,
             variants=variants,
-            calibration=self.calibration(table["calibration"], f"{prefix}.calibration")
+            calibration=self.calibration(table["calibration"], f"{prefix}.calibration", path)
             if "calibration" in table else None,
             precision=precision,
             backend=self.backend(self.string(table, "backend", prefix, "auto"),
@@ -514,11 +514,12 @@ class _Validator:
             paths.append(path)
         return tuple(paths)
 
-    def calibration(self, value: Any, key: str) -> CalibrationSpec:
+    def calibration(self, value: Any, key: str, original: Path) -> CalibrationSpec:
         """A path (an .npz, a folder of .npy files or of images), or a table with `data`,
         `eval` and the image preprocessing of `edgectl quantize` (resize "HxW", multiple,
-        color, scale, mean and std as numbers or arrays, layout). Whether the data fits the
-        model is checked when it is read, and named there."""
+        color, scale, mean and std as numbers or arrays, layout). The data is read here
+        against the original's inputs, so data that does not fit is an error at load (and
+        at --check-config) naming the file and the input."""
         if isinstance(value, str):
             value = {"data": value}
         if not isinstance(value, dict):
@@ -558,9 +559,25 @@ class _Validator:
                 if name in value:
                     pre[name] = self.string(value, name, key, None)
             preprocess = Preprocess(**pre)
+            self.calibration_fits(original, paths["data"], paths.get("eval"), preprocess, key)
         except CalibrationError as exc:
             raise self.fail(key, str(exc)) from None
         return CalibrationSpec(paths["data"], paths.get("eval"), preprocess)
+
+    def calibration_fits(self, original: Path, data: Path, eval_path: Path | None,
+                         preprocess: Preprocess, key: str) -> None:
+        from backends.base import ModelError
+        from backends.model_info import signature
+        from edged.calibration import calibration_and_evaluation
+
+        try:
+            io = signature(original)
+        except ModelError as exc:
+            raise self.fail(key.rsplit(".", 1)[0] + ".path", str(exc)) from None
+        if io is None or not original.suffix.lower() == ".onnx":
+            raise self.fail(key, f"{original}: calibration makes INT8 variants of ONNX "
+                                 f"models; give this model's variants as files instead")
+        calibration_and_evaluation(data, eval_path, io[0], preprocess)
 
     def telemetry(self, table: Mapping[str, Any]) -> TelemetryConfig:
         self.keys(table, "telemetry", TELEMETRY_KEYS)

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Is the backend `edged.selection.select` picks within 10 % of the best p99 here?
+"""Is the (variant, backend) `edged.selection.select` picks within 10 % of the best p99 here,
+and how accurate is it against the FP32 original?
 
-Per model: `select` runs `--rounds` times, each in a fresh temporary state dir (default
+Per model family (the FP32 original and its INT8 variant from the test data; the face
+TFLite alone): `select` runs `--rounds` times, each in a fresh temporary state dir (default
 Policy with shapes), to show how stable the pick is; right after each, a second `select` on
 the same state dir shows the cache hit (its wall time, and that it ran no benchmark). Then,
-in the same process, every candidate `select` tried -- the ones it rejected for accuracy
-too, as `edgectl bench --backend all` would time them -- is loaded as `select` loads it and
-timed with many more runs (`--runs`, interleaved in one `edged.bench.benchmark` call per
-confirmation round). The pick's p99 is compared with the best p99 of all of them (and with
-the best that passed verification) in the same round; the median of the per-round ratios
-is reported, with the rejection reason beside each rejected candidate.
+in the same process, every (variant, candidate) `select` tried -- the ones it rejected for
+accuracy too, as `edgectl bench --backend all` would time them -- is loaded as `select`
+loads it and timed with many more runs (`--runs`, interleaved in one `edged.bench.benchmark`
+call per confirmation round). The pick's p99 is compared with the best p99 of all of them
+(and with the best that passed the accuracy gate) in the same round; the median of the
+per-round ratios is reported, with the rejection reason beside each rejected one, and the
+pick's accuracy score against the original. The detector runs at every `--det-size`.
 
 Run from a checkout: `.venv/bin/python scripts/bench_selection.py [--json]`.
 """
@@ -34,7 +37,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 
 import edged.selection as selection_mod  # noqa: E402
 from backends import LoadOptions, get_backend  # noqa: E402
-from backends.base import BackendError, Candidate, ModelError  # noqa: E402
+from backends.base import BackendError, ModelError  # noqa: E402
 from backends.model_info import inspect_model  # noqa: E402
 from edged.bench import benchmark, pinned_thread  # noqa: E402
 from edged.inputs import make_inputs  # noqa: E402
@@ -44,17 +47,22 @@ from sysconf.hardware import HardwareFacts, probe  # noqa: E402
 WITHIN = 0.10  # the pick should be within 10 % of the best p99
 
 
-def model_table(det_size: int) -> dict[str, tuple[str, dict[str, tuple[int, ...]] | None]]:
-    """name -> (file in the test-data models folder, Policy shapes)."""
-    det = {"x": (1, 3, det_size, det_size)}
-    return {
-        "det_fp32": ("ppocrv4_det.onnx", det),
-        "det_int8": ("ppocrv4_det_int8.onnx", det),
-        "cls_int8": ("ppocr_cls_int8.onnx", {"x": (1, 3, 48, 192)}),
-        "face_tflite": ("face_detection_short_range.tflite", None),  # static 1x128x128x3
-    }
+def model_table(det_sizes: list[int]) -> dict[str, tuple[str, list[str], dict | None]]:
+    """name -> (original in the test-data models folder, its variants, Policy shapes)."""
+    table: dict[str, tuple[str, list[str], dict | None]] = {}
+    for size in det_sizes:
+        table[f"det{size}"] = ("ppocrv4_det.onnx", ["ppocrv4_det_int8.onnx"],
+                               {"x": (1, 3, size, size)})
+    table["cls"] = ("ppocr_cls.onnx", ["ppocr_cls_int8.onnx"], {"x": (1, 3, 48, 192)})
+    table["face_tflite"] = ("face_detection_short_range.tflite", [], None)  # 1x128x128x3
+    return table
 
 
+def label(selection, ev) -> str:
+    """variant:candidate, the variant as "fp32" (the original) or its file name."""
+    original = selection.original or selection.model
+    name = "fp32" if ev.variant in ("", str(original.path)) else Path(ev.variant).stem
+    return f"{name}|{ev.candidate.key}"
 
 
 class BenchmarkCounter:
@@ -81,29 +89,32 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
-def select_rounds(path: Path, hw: HardwareFacts, policy: Policy, rounds: int, log
-                  ) -> tuple[list[dict[str, Any]], list[Any]]:
+def select_rounds(path: Path, variants: list[Path], hw: HardwareFacts, policy: Policy,
+                  rounds: int, log) -> tuple[list[dict[str, Any]], list[Any]]:
     results, selections = [], []
     for r in range(rounds):
         with tempfile.TemporaryDirectory(prefix="edged-bench-sel-") as tmp:
             state = Path(tmp)
             with BenchmarkCounter() as first_count:
                 t0 = time.perf_counter()
-                first = selection_mod.select(path, hw, policy, state)
+                first = selection_mod.select(path, hw, policy, state, variants=variants)
                 first_s = time.perf_counter() - t0
             with BenchmarkCounter() as second_count:
                 t0 = time.perf_counter()
-                second = selection_mod.select(path, hw, policy, state)
+                second = selection_mod.select(path, hw, policy, state, variants=variants)
                 second_s = time.perf_counter() - t0
         sel = first.selected
         results.append({
             "round": r + 1,
-            "selected": sel.candidate.key,
+            "selected": label(first, sel),
             "ran_as": sel.precision,
+            "accuracy": sel.accuracy.to_dict() if sel.accuracy else None,
+            "why": first.why,
             "selection_p50_ms": sel.latency.p50_ms,
             "selection_p99_ms": sel.latency.p99_ms,
             "selection_runs": sel.latency.runs,
-            "evidence": {e.candidate.key: {"status": e.status, "cosine": e.cosine,
+            "evidence": {label(first, e): {"status": e.status, "cosine": e.cosine,
+                                           "score": e.accuracy.score if e.accuracy else None,
                                            "reason": e.reason,
                                            "p99_ms": e.latency.p99_ms if e.latency else None}
                          for e in first.evidence if e.status != "unavailable"},
@@ -112,19 +123,19 @@ def select_rounds(path: Path, hw: HardwareFacts, policy: Policy, rounds: int, lo
             "second_select_s": round(second_s, 4),
             "second_from_cache": second.from_cache,
             "second_benchmark_calls": second_count.calls,
-            "second_same_pick": second.selected.candidate.key == sel.candidate.key,
+            "second_same_pick": label(second, second.selected) == label(first, sel),
         })
         selections.append(first)
-        log(f"{path.name}: round {r + 1}: picked {sel.candidate.key} in {first_s:.1f} s; "
+        log(f"{path.name}: round {r + 1}: picked {label(first, sel)} in {first_s:.1f} s; "
             f"cached select {second_s * 1000:.0f} ms")
     return results, selections
 
 
 def confirm(selection, hw: HardwareFacts, policy: Policy, runs: int, warmup: int,
             rounds: int, passed: list[str], log) -> list[dict[str, Any]]:
-    """Every candidate in `passed` (all `select` tried), loaded as `select` loads it, timed
-    interleaved."""
-    by_key: dict[str, Candidate] = {c.key: c for c in all_candidates(hw, selection.model)}
+    """Every (variant, candidate) in `passed` (all `select` tried), loaded as `select` loads
+    it, timed interleaved."""
+    wanted = {label(selection, e): e for e in selection.evidence}
     per_round = []
     with tempfile.TemporaryDirectory(prefix="edged-bench-confirm-") as tmp, \
             pinned_thread(policy.cpus):
@@ -132,11 +143,16 @@ def confirm(selection, hw: HardwareFacts, policy: Policy, runs: int, warmup: int
                               shapes=selection.shapes, cache_dir=Path(tmp) / "openvino-cache")
         sessions = {}
         for key in passed:
+            ev = wanted.get(key)
+            if ev is None:
+                continue
+            model = selection.model_of(ev)
+            by_key = {c.key: c for c in all_candidates(hw, model)}
             try:
-                sessions[key] = get_backend(by_key[key].backend).load(
-                    selection.model, by_key[key], options)
+                sessions[key] = get_backend(ev.candidate.backend).load(
+                    model, by_key[ev.candidate.key], options)
             except (BackendError, ModelError, KeyError) as exc:
-                log(f"{selection.model.name}: {key} did not load for confirmation: {exc}")
+                log(f"{model.name}: {key} did not load for confirmation: {exc}")
         if not sessions:
             return []
         feeds = make_inputs(next(iter(sessions.values())).inputs, selection.shapes)
@@ -154,9 +170,10 @@ def confirm(selection, hw: HardwareFacts, policy: Policy, runs: int, warmup: int
     return per_round
 
 
-def run_model(name: str, path: Path, shapes, hw: HardwareFacts, args, log) -> dict[str, Any]:
+def run_model(name: str, path: Path, variants: list[Path], shapes, hw: HardwareFacts, args,
+              log) -> dict[str, Any]:
     policy = Policy(shapes=shapes)
-    rounds, selections = select_rounds(path, hw, policy, args.rounds, log)
+    rounds, selections = select_rounds(path, variants, hw, policy, args.rounds, log)
     picks = collections.Counter(r["selected"] for r in rounds)
     passed = [k for k, e in rounds[0]["evidence"].items() if e["status"] in ("passed",
                                                                            "selected")]
@@ -171,7 +188,9 @@ def run_model(name: str, path: Path, shapes, hw: HardwareFacts, args, log) -> di
                 why_not.setdefault(k, f"{e['status']}: {e['reason']}")
     tried = passed + list(why_not)
     block: dict[str, Any] = {
-        "model": name, "path": str(path), "precision": selections[0].model.precision,
+        "model": name, "path": str(path), "variants": [str(v) for v in variants],
+        "precision": selections[0].model.precision,
+        "pick_accuracy": [r["accuracy"] for r in rounds], "why": rounds[0]["why"],
         "shapes": {k: list(v) for k, v in selections[0].shapes.items()},
         "policy": {"runs": policy.runs, "warmup": policy.warmup,
                    "time_budget_s": policy.time_budget_s, "max_drop": policy.max_drop},
@@ -245,9 +264,13 @@ def run_model(name: str, path: Path, shapes, hw: HardwareFacts, args, log) -> di
 
 def format_block(b: dict[str, Any]) -> str:
     shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in b["shapes"].items())
-    lines = [f"{b['model']} ({Path(b['path']).name}, {b['precision']}, {shapes})"]
+    family = ", ".join(Path(v).name for v in [b["path"], *b["variants"]])
+    lines = [f"{b['model']} ({family}; {shapes})"]
     for r in b["rounds"]:
-        lines.append(f"  select round {r['round']}: {r['selected']} (ran as {r['ran_as']}), "
+        acc = r["accuracy"] or {}
+        lines.append(f"  select round {r['round']}: {r['selected']} (ran as {r['ran_as']}; "
+                     f"{acc.get('rule')} {acc.get('score', float('nan')):.4f} against the "
+                     f"original), "
                      f"its p99 {r['selection_p99_ms']:.3f} ms over {r['selection_runs']} runs; "
                      f"{r['first_select_s']:.2f} s, cached {r['second_select_s'] * 1000:.1f} ms "
                      f"(from_cache={r['second_from_cache']}, "
@@ -258,17 +281,18 @@ def format_block(b: dict[str, Any]) -> str:
     if conf:
         lines.append(f"  confirmation: {len(conf['candidates'])} candidates x {conf['runs']} runs "
                      f"x {conf['rounds']} rounds, interleaved (medians of per-round figures)")
-        lines.append(f"    {'candidate':24} {'p50 ms':>8} {'p99 ms':>8} {'p99/best':>9} "
+        lines.append(f"    {'variant|candidate':44} {'p50 ms':>8} {'p99 ms':>8} {'p99/best':>9} "
                      f"{'picked':>7}  why not")
         for key, row in sorted(conf["candidates"].items(), key=lambda kv: kv[1]["p99_ms"]):
-            lines.append(f"    {key:24} {row['p50_ms']:8.3f} {row['p99_ms']:8.3f} "
+            lines.append(f"    {key:44} {row['p50_ms']:8.3f} {row['p99_ms']:8.3f} "
                          f"{row['p99_over_best']:9.3f} {row['picked_in_rounds']:>4}/"
                          f"{len(b['rounds'])}  {row['why_not'] or ''}")
     for key, why in (b.get("not_timed") or {}).items():
-        lines.append(f"    {key:24} not timed: {why}")
+        lines.append(f"    {key:44} not timed: {why}")
     lines.append(f"  cache: first select {b['first_select_s_median']:.2f} s, second "
                  f"{b['second_select_s_median'] * 1000:.1f} ms (median; x{b['cache_speedup']}), "
                  f"cache hits without benchmark {b['cache_hits']}/{len(b['rounds'])}")
+    lines.append(f"  why (round 1): {b['why']}")
     lines.append(f"  => {b['verdict']}")
     return "\n".join(lines)
 
@@ -282,9 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--confirm-rounds", type=int, default=2,
                         help="confirmation benchmark rounds (medians)")
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--det-size", type=int, default=640, help="det input size (square)")
-    parser.add_argument("--model", action="append", choices=list(model_table(640)),
-                        help="only these models (repeatable; default all)")
+    parser.add_argument("--det-size", type=int, action="append", default=None,
+                        help="det input size (square; repeatable; default 640 and 320)")
+    parser.add_argument("--model", action="append", default=None,
+                        help="only these families (repeatable; default all): det<SIZE>, cls, "
+                             "face_tflite")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     if min(args.rounds, args.runs, args.confirm_rounds) < 1 or args.warmup < 0:
@@ -293,24 +319,32 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"bench_selection: {msg}", file=sys.stderr, flush=True)
 
-    table = model_table(args.det_size)
+    table = model_table(args.det_size or [640, 320])
     names = args.model or list(table)
-    folder = models_dir([table[n][0] for n in names])
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        parser.error(f"--model {unknown[0]}: one of {', '.join(table)}")
+    folder = models_dir([f for n in names for f in (table[n][0], *table[n][1])])
     hw = probe()
     report: dict[str, Any] = {
         "benchmark": "selection_vs_best",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpu_model": hw.cpu_model, "cpus": hw.cpu_count, "arch": hw.arch,
-                    "isa_int8": hw.isa_int8, "runtimes": runtime_versions()},
+                    "isa_int8": hw.isa_int8, "isa": hw.isa_summary(),
+                    "runtimes": runtime_versions()},
         "loadavg_1min_start": round(os.getloadavg()[0], 2),
         "models": [],
     }
     status = 0
+    if not args.json:
+        print(f"machine: {hw.cpu_model}, {hw.cpu_count} CPUs, {hw.arch}, ISA {hw.isa_summary()}",
+              flush=True)
     for name in names:
-        file, shapes = table[name]
+        file, variant_files, shapes = table[name]
         try:
             inspect_model(folder / file)
-            block = run_model(name, folder / file, shapes, hw, args, log)
+            block = run_model(name, folder / file, [folder / v for v in variant_files],
+                              shapes, hw, args, log)
         except (ModelError, SelectionError) as exc:
             log(f"{name}: {exc}")
             block = {"model": name, "error": str(exc)}

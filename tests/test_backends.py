@@ -34,6 +34,7 @@ def hw():
     return probe()
 
 
+@pytest.mark.isa
 def test_onnxruntime_runs_int8_cls(hw, models_dir: Path) -> None:
     model = inspect_model(models_dir / "ppocr_cls_int8.onnx")
     session = get_backend("onnxruntime").load(
@@ -93,6 +94,7 @@ def test_litert_pool_runs_on_the_worker_cpus(hw, models_dir: Path) -> None:
     session.close()
 
 
+@pytest.mark.isa
 def test_openvino_reports_the_precision_that_ran(hw, models_dir: Path, tmp_path: Path) -> None:
     model = inspect_model(models_dir / "ppocr_cls.onnx")
     options = LoadOptions(threads=1, shapes=CLS_SHAPE, cache_dir=tmp_path / "ov-cache")

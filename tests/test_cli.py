@@ -55,7 +55,6 @@ def test_backends_with_model(models_dir: Path, tmp_path: Path) -> None:
     assert "cached decision" in text and "Why           original on" in text
 
 
-@pytest.mark.isa
 def test_backends_with_variants_and_calibration(models_dir: Path, tmp_path: Path,
                                                 cls_u8s8: Path) -> None:
     """The family through the CLI: the given U8S8 variant and the INT8 variants made here
