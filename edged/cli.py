@@ -437,20 +437,21 @@ def format_evidence(selection) -> str:
     lines = [f"Evidence      (inputs {shapes}; {selection.evaluation or 'generated inputs'}; "
              f"accuracy against {against}"
              f"{'; cached decision' if selection.from_cache else ''})"]
-    lines.append(f"  {'variant':24} {'candidate':26} {'status':9} {'ran as':10} {'score':>7} "
-                 f"{'cosine':>7} {'p50 ms':>8} {'p99 ms':>8} {'vs FP32':>7}")
+    lines.append(f"  {'variant':28} {'candidate':24} {'status':9} {'ran as':10} {'score':>7} "
+                 f"{'cosine':>7} {'p50 ms':>8} {'p99 ms':>8} {'vs FP32':>7} {'mem MiB':>7}")
     for ev in selection.evidence:
         if ev.status == "unavailable":
             continue
         lat = ev.latency
         name = "original" if ev.variant in ("", str(original.path)) else Path(ev.variant).name
         speed = f"{ev.speedup_vs_original:.2f}x" if ev.speedup_vs_original else "-"
+        mem = None if ev.rss_growth_bytes is None else max(0, ev.rss_growth_bytes) / 2**20
         lines.append(
-            f"  {name[:24]:24} {ev.candidate.key:26} {ev.status:9} {ev.precision or '-':10} "
+            f"  {name[:28]:28} {ev.candidate.key:24} {ev.status:9} {ev.precision or '-':10} "
             f"{_num(ev.accuracy.score if ev.accuracy else None, 4):>7} "
             f"{_num(ev.cosine, 4):>7} "
             f"{_num(lat.p50_ms if lat else None, 3):>8} {_num(lat.p99_ms if lat else None, 3):>8}"
-            f" {speed:>7}"
+            f" {speed:>7} {_num(mem, 1):>7}"
         )
         if ev.reason and ev.status != "selected":
             lines.append(f"      {ev.reason}")

@@ -436,6 +436,7 @@ class _Validator:
         if precision not in ("auto", "int8"):
             raise self.fail(f"{prefix}.precision", f'must be "auto" or "int8", got '
                                                    f"{precision!r}")
+        shapes = self.shapes(table["shapes"], f"{prefix}.shapes") if "shapes" in table else None
         threads = None
         if "threads" in table:
             threads = self.integer(table, "threads", prefix, 0, 1)
@@ -449,15 +450,14 @@ class _Validator:
             name=name,
             path=path,
             variants=variants,
-            calibration=self.calibration(table["calibration"], f"{prefix}.calibration", path)
-            if "calibration" in table else None,
+            calibration=self.calibration(table["calibration"], f"{prefix}.calibration", path,
+                                         shapes) if "calibration" in table else None,
             precision=precision,
             backend=self.backend(self.string(table, "backend", prefix, "auto"),
                                  f"{prefix}.backend"),
             threads=threads,
             cpus=self.cpus(table["cpus"], f"{prefix}.cpus") if "cpus" in table else None,
-            shapes=self.shapes(table["shapes"], f"{prefix}.shapes")
-            if "shapes" in table else None,
+            shapes=shapes,
             max_batch_size=max_batch,
             preferred_batch_sizes=tuple(sorted(preferred)),
             max_queue_delay_us=self.integer(table, "max_queue_delay_us", prefix, 0, 0),
@@ -514,7 +514,8 @@ class _Validator:
             paths.append(path)
         return tuple(paths)
 
-    def calibration(self, value: Any, key: str, original: Path) -> CalibrationSpec:
+    def calibration(self, value: Any, key: str, original: Path,
+                    shapes: dict[str, tuple[int, ...]] | None) -> CalibrationSpec:
         """A path (an .npz, a folder of .npy files or of images), or a table with `data`,
         `eval` and the image preprocessing of `edgectl quantize` (resize "HxW", multiple,
         color, scale, mean and std as numbers or arrays, layout). The data is read here
@@ -558,26 +559,24 @@ class _Validator:
             for name in ("color", "layout"):
                 if name in value:
                     pre[name] = self.string(value, name, key, None)
-            preprocess = Preprocess(**pre)
-            self.calibration_fits(original, paths["data"], paths.get("eval"), preprocess, key)
+            spec = CalibrationSpec(paths["data"], paths.get("eval"), Preprocess(**pre))
+            self.calibration_fits(original, spec, shapes, key)
         except CalibrationError as exc:
             raise self.fail(key, str(exc)) from None
-        return CalibrationSpec(paths["data"], paths.get("eval"), preprocess)
+        return spec
 
-    def calibration_fits(self, original: Path, data: Path, eval_path: Path | None,
-                         preprocess: Preprocess, key: str) -> None:
+    def calibration_fits(self, original: Path, spec: CalibrationSpec,
+                         shapes: dict[str, tuple[int, ...]] | None, key: str) -> None:
+        """The data read as the daemon will read it, against the inputs in the file."""
         from backends.base import ModelError
         from backends.model_info import signature
-        from edged.calibration import calibration_and_evaluation
+        from edged.variants import load_data
 
         try:
             io = signature(original)
         except ModelError as exc:
             raise self.fail(key.rsplit(".", 1)[0] + ".path", str(exc)) from None
-        if io is None or not original.suffix.lower() == ".onnx":
-            raise self.fail(key, f"{original}: calibration makes INT8 variants of ONNX "
-                                 f"models; give this model's variants as files instead")
-        calibration_and_evaluation(data, eval_path, io[0], preprocess)
+        load_data(original, spec, shapes, io[0] if io else None)
 
     def telemetry(self, table: Mapping[str, Any]) -> TelemetryConfig:
         self.keys(table, "telemetry", TELEMETRY_KEYS)

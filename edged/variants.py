@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from backends.base import ModelError
+from backends.base import ModelError, TensorSpec
 from backends.model_info import inspect_model
 from edged.calibration import (
     CalibrationError,
@@ -94,19 +94,26 @@ class Made:
 
 
 def load_data(original: Path, spec: CalibrationSpec,
-              shapes: dict[str, tuple[int, ...]] | None) -> tuple[Samples, Samples, list[str]]:
+              shapes: dict[str, tuple[int, ...]] | None,
+              inputs: Sequence[TensorSpec] | None = None
+              ) -> tuple[Samples, Samples, list[str]]:
     """Calibration and evaluation samples for `original`, at the shapes it is served with.
 
     Images are resized to the served size (`shapes`) when the model's size is dynamic, so
     the accuracy is measured on what will be served; the evaluation samples must share one
-    shape (runtimes that compile statically take one). CalibrationError names the data."""
-    from edged.quantize import input_specs
+    shape (runtimes that compile statically take one). `inputs`: the model's inputs when the
+    caller has them (the config reads them from the file), else onnxruntime is asked.
+    CalibrationError names the data."""
+    from backends.model_info import detect_format
 
-    info = inspect_model(original)
-    if info.format != "onnx":
+    fmt = detect_format(original, original.read_bytes()[:64])
+    if fmt != "onnx":
         raise CalibrationError(f"{original}: calibration makes INT8 variants of ONNX models; "
-                               f"give a {info.format} model's variants as files instead")
-    inputs = input_specs(original)
+                               f"give a {fmt} model's variants as files instead")
+    if inputs is None:
+        from edged.quantize import input_specs
+
+        inputs = input_specs(original)
     preprocess = spec.preprocess
     if shapes and len(inputs) == 1 and preprocess.size is None:
         shape = shapes.get(inputs[0].name) or shapes.get("")
@@ -262,11 +269,20 @@ def _policy_of(data: dict[str, Any]):
 
 def become_background() -> None:
     """The calling process to SCHED_IDLE (it runs only when a CPU has nothing else to do),
-    falling back to nice 19 where the policy is refused."""
+    falling back to nice 19 where the policy is refused; and ended with its parent (the
+    daemon killed with -9 leaves no job behind: PR_SET_PDEATHSIG, through libc since the
+    standard library has no prctl)."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError):
         os.nice(19)
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux/glibc: the daemon's stop still ends the job
 
 
 def run_request(request: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
@@ -318,7 +334,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization's per-node noise
 
+    last = {"phase": "", "at": 0.0}
+
     def progress(phase: str, done: int, total: int) -> None:
+        # At most twice a second per phase: the daemon's job thread reads every line.
+        now = time.monotonic()
+        if phase == last["phase"] and now - last["at"] < 0.5 and done < total:
+            return
+        last.update(phase=phase, at=now)
         print(f"progress {phase} {done}/{total}", file=sys.stderr, flush=True)
 
     try:
