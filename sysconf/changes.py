@@ -13,12 +13,12 @@ symlink itself, and the runtime half goes through `sysconf.systemctl.Systemctl` 
 starts only the units that ran before. "enable" links are refused on the live root.
 
 Journal: JSON lines, append-only, in the state dir. Records: {"op": "set", "path", "old",
-"new"} before a write, {"op": "skipped", "path", "reason"} when the kernel refused it (EIO
-from a managed IRQ, EINVAL), {"op": "done"} when an apply finished, {"op": "mkdir", "path"}
-(fsynced) before creating a missing parent folder (never under /proc or /sys). `revert` walks
-the records backwards and writes every `old` of a `set` that was not skipped, removes the
-folders it made (newest first, only when empty), then moves the journal aside, so a second
-revert finds nothing to do.
+"new"} (and "target" when a link led elsewhere, see below) before a write, {"op": "skipped",
+"path", "reason"} when the kernel refused it (EIO from a managed IRQ, EINVAL), {"op":
+"done"} when an apply finished, {"op": "mkdir", "path"} (fsynced) before creating a missing
+parent folder (never under /proc or /sys). `revert` walks the records backwards and writes
+every `old` of a `set` that was not skipped, removes the folders it made (newest first, only
+when empty), then moves the journal aside, so a second revert finds nothing to do.
 
 Every "set" and "mkdir" record carries the boot id it was written in
 (/proc/sys/kernel/random/boot_id, read through the root). A journal from an older boot (power
@@ -36,6 +36,19 @@ is group/world-writable, and records whose path is not a plain absolute path; on
 system the journal lives in a root-only folder (edgectl: /var/lib/edged-tune, not the
 daemon's /var/lib/edged, which the unprivileged daemon user owns).
 
+An image root is someone else's file system, and its symlinks are data. Every file operation
+of the journal (the old value's read, the write, unlink, rename, mkdir, symlink, and the
+journal file's own) goes through one `sysconf.confined.ConfinedRoot`, which resolves each
+path inside the root as openat2(RESOLVE_IN_ROOT) would: an absolute link means the image's
+file, `..` stops at its top, so nothing, a crafted journal's records included, is written
+outside it. A link on the way to a file is followed inside the root: apply writes the file it
+leads to, the "set" record names that file as `target` (besides `path`, as planned), and
+revert restores it there, leaving the link a link. Under /proc and /sys of an image only the
+kernel's own shape of link is followed (relative, staying in that folder); a root with any
+other link there is refused (`PathRefused`, a ValueError like `UntrustedJournal`) by
+`check_trusted`, and so is a change or record leading through one, before anything is
+written. The live root is used by plain paths, as it always was.
+
 Values are compared and recorded as exact text (bytes decoded as UTF-8 with surrogateescape,
 no newline translation), so a CRLF cmdline.txt or a Latin-1 comment comes back byte for byte.
 """
@@ -46,12 +59,22 @@ import contextlib
 import errno
 import json
 import os
+import posixpath
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from sysconf.confined import (  # noqa: F401  (read_current, temp_path: part of this API)
+    ConfinedRoot,
+    PathRefused,
+    read_current,
+    temp_name,
+    temp_path,
+    write_file,
+    write_symlink,
+)
 from sysconf.sysroot import SysRoot
 from sysconf.systemctl import Systemctl, SystemctlError
 
@@ -107,23 +130,14 @@ class ApplyResult:
         }
 
 
+# A test's stand-in for the kernel: called with the host path of the file (every link on the
+# way already resolved inside the root) instead of the journal's own confined write.
 Writer = Callable[[Path, str, bool], None]
 
 
 def is_kernel_file(device_path: str) -> bool:
     """/proc and /sys files are kernel interfaces: written in place, one write()."""
     return device_path.startswith(("/proc/", "/sys/"))
-
-
-def read_current(path: Path) -> str | None:
-    """The file's exact text, or None when it does not exist. Any other error (EACCES on a
-    write-only sysctl, EIO) propagates: "unreadable" must not pass for "absent", or revert
-    would delete a file it never created."""
-    try:
-        data = path.read_bytes()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return data.decode("utf-8", "surrogateescape")
 
 
 def selected_choice(text: str | None) -> str | None:
@@ -133,49 +147,6 @@ def selected_choice(text: str | None) -> str | None:
         return None
     chosen = [w[1:-1] for w in text.split() if len(w) > 2 and w[0] == "[" and w[-1] == "]"]
     return chosen[0] if len(chosen) == 1 else None
-
-
-def temp_path(path: Path) -> Path:
-    """Where `write_file` stages a regular file before the rename."""
-    return path.with_name(f".{path.name}.edged-tmp")
-
-
-def _open_text(path: Path, mode: str):
-    # Exact text: no newline translation, undecodable bytes kept (see read_current).
-    return open(path, mode, encoding="utf-8", errors="surrogateescape", newline="")
-
-
-def write_file(path: Path, content: str, kernel: bool) -> None:
-    """For kernel files the write itself is the change. Regular files (boot config,
-    irqbalance defaults) go through a temporary file, fsync and rename, so a crash never
-    leaves them half-written."""
-    if kernel:
-        with _open_text(path, "w") as f:
-            f.write(content)
-        return
-    tmp = temp_path(path)
-    try:
-        with _open_text(tmp, "w") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(OSError):
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()  # a failed write leaves no stray file behind
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # Changes whose `new` is a symlink target, not file content: "mask" (-> /dev/null) and
@@ -206,21 +177,6 @@ def outlives_tuning(change: Change) -> bool:
     return change.kind in PERSISTENT_KINDS
 
 
-def write_symlink(path: Path, target: str) -> None:
-    """Make `path` a symlink to `target` atomically (a temporary link, then rename over)."""
-    tmp = temp_path(path)
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    os.symlink(target, tmp)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
-
-
 def same_value(current: str | None, new: str) -> bool:
     """Kernel files echo values with a trailing newline and sometimes other spacing."""
     return current is not None and current.strip() == new.strip()
@@ -233,19 +189,26 @@ def _error_name(exc: OSError) -> str:
 
 class Journal:
     def __init__(self, root: SysRoot, state_dir: str = "/var/lib/edged",
-                 writer: Writer = write_file, systemctl: Systemctl | None = None,
+                 writer: Writer | None = None, systemctl: Systemctl | None = None,
                  persistent: bool = False) -> None:
         """`state_dir` is as seen on the device: with an image root the journal lives inside
-        that root, so the image carries its own journal. `systemctl` runs the runtime half of
-        a live mask (default: the real `systemctl`); it is never called for an image root,
-        and tests pass one with a fake runner (with a root whose `is_live` is true).
-        `persistent`: the journal of changes meant to survive reboots
-        (PERSISTENT_JOURNAL_NAME; see `outlives_tuning`): `retire_stale` leaves it alone."""
+        that root, so the image carries its own journal. `writer` replaces the journal's own
+        write of file content (tests simulate the kernel with it; default: `ConfinedRoot.write`).
+        `systemctl` runs the runtime half of a live mask (default: the real `systemctl`); it
+        is never called for an image root, and tests pass one with a fake runner (with a root
+        whose `is_live` is true). `persistent`: the journal of changes meant to survive reboots
+        (PERSISTENT_JOURNAL_NAME; see `outlives_tuning`): `retire_stale` leaves it alone.
+
+        Every file operation, the journal's own included, goes through `self.files` (a
+        `ConfinedRoot`): in an image root no symlink leads out of it (see sysconf.confined)."""
         self.root = root
         self.persistent = persistent
-        self.path = root.path(state_dir) / (PERSISTENT_JOURNAL_NAME if persistent
-                                            else JOURNAL_NAME)
-        self._write = writer
+        name = PERSISTENT_JOURNAL_NAME if persistent else JOURNAL_NAME
+        self.path = root.path(state_dir) / name  # as the host names it (messages, reports)
+        self._folder = "/" + state_dir.strip("/")
+        self._file = posixpath.join(self._folder, name)  # the device path it is used by
+        self.files = ConfinedRoot(root.root, live=root.is_live)
+        self._writer = None if writer is write_file else writer
         self._systemctl = systemctl
         self._boot_id: str | None = None
 
@@ -253,8 +216,30 @@ class Journal:
     def boot_id(self) -> str | None:
         """This boot's id, read through the root (None: the root has none, as an image)."""
         if self._boot_id is None:
-            self._boot_id = self.root.read_line(BOOT_ID) or None
+            try:
+                text = self.files.read(BOOT_ID)
+            except (OSError, PathRefused):
+                text = None
+            self._boot_id = (text or "").strip().rstrip("\x00") or None
         return self._boot_id
+
+    def _write(self, device_path: str, content: str, kernel: bool) -> None:
+        if self._writer is not None:
+            self._writer(self.files.host(device_path), content, kernel)
+        else:
+            self.files.write(device_path, content, kernel)
+
+    def _resolve(self, device_path: str, follow: bool = True) -> str:
+        """Where `device_path` leads inside the root (`ConfinedRoot.resolve`)."""
+        return self.files.resolve(device_path, follow)
+
+    def check_paths(self, paths: Iterable[tuple[str, bool]]) -> None:
+        """Raise PathRefused for the first (device path, follow last link) the root refuses,
+        before anything is written. Other errors (a link loop) are left to the operation,
+        which records them as refused like any failed write."""
+        for path, follow in paths:
+            with contextlib.suppress(OSError):
+                self._resolve(path, follow)
 
     def check_trusted(self) -> None:
         """Refuse a journal that someone other than the acting user could have written.
@@ -263,11 +248,17 @@ class Journal:
         edged-tune.service), so whoever can rewrite the journal can make root write any file.
         The journal folder and file must be owned by the current euid and not be group- or
         world-writable, and the file must be a regular file (not a symlink). A missing file
-        or folder is fine: `apply` creates them root-only."""
+        or folder is fine: `apply` creates them root-only.
+
+        The journal acts inside its root, so a root it must not act in is refused here too:
+        an image root with a symlink under /proc or /sys that is absolute or leads out of it
+        (`ConfinedRoot.check_kernel_links`, PathRefused)."""
+        self.files.check_kernel_links()
         euid = os.geteuid()
-        for path, what in ((self.path.parent, "folder"), (self.path, "file")):
+        for path, device, what in ((self.path.parent, self._folder, "folder"),
+                                   (self.path, self._file, "file")):
             try:
-                st = os.stat(path) if what == "folder" else os.lstat(path)
+                st = self.files.stat(device) if what == "folder" else self.files.lstat(device)
             except FileNotFoundError:
                 continue
             problems = []
@@ -295,18 +286,18 @@ class Journal:
     def _append(self, record: dict) -> None:
         if record.get("op") in ("set", "mkdir") and self.boot_id is not None:
             record = {**record, "boot_id": self.boot_id}
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        created = not self.path.exists()
+        self.files.makedirs(self._folder, mode=0o755)
+        created = not self.files.lexists(self._file)
         # Owner-only from the start (not the umask's 0664), so check_trusted accepts it.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o600)
+        fd = self.files.open(self._file, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                             0o600)
         with os.fdopen(fd, "a+b") as f:
             self._end_last_line(f)
             f.write(json.dumps(record).encode() + b"\n")
             f.flush()
             os.fsync(f.fileno())  # the old value is on disk before the new one is written
         if created:
-            _fsync_dir(self.path.parent)  # the journal's own name survives a power cut too
+            self.files.fsync_dir(self._folder)  # its own name survives a power cut too
 
     @staticmethod
     def _end_last_line(f) -> None:
@@ -329,25 +320,43 @@ class Journal:
             f.write(b"\n")
 
     def records(self) -> list[dict]:
-        try:
-            lines = self.path.read_text().splitlines()
-        except FileNotFoundError:
+        """The journal's records; ValueError naming the file (and line) for anything else."""
+        data = self.files.read_bytes(self._file)
+        if data is None:
             return []
+        try:
+            lines = data.decode("utf-8").splitlines()
+        except UnicodeDecodeError as exc:  # json.dumps writes ASCII: this is not a journal
+            number = data[:exc.start].count(b"\n") + 1
+            raise ValueError(f"{self.path}: line {number} is not a journal record (not UTF-8 "
+                             f"text: byte {data[exc.start]:#04x} at offset {exc.start}); "
+                             f"refusing to act on it") from None
         records = []
         for number, line in enumerate(lines, 1):
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 if number == len(lines):
                     break  # a crash mid-append: the last line is partial, its write never ran
                 record = None
-            if not isinstance(record, dict) or "op" not in record:
+            if (not isinstance(record, dict) or "op" not in record
+                    or (record["op"] in ("set", "mkdir") and "path" not in record)):
                 raise ValueError(f"{self.path}: line {number} is not a journal record")
-            path = record.get("path")
-            if path is not None and not _plain_path(path):
-                raise UntrustedJournal(f"{self.path}: line {number}: path {path!r} is not a "
-                                       f"plain absolute path; refusing to act on it")
+            for key in ("path", "target"):
+                path = record.get(key)
+                if path is not None and not _plain_path(path):
+                    raise UntrustedJournal(f"{self.path}: line {number}: {key} {path!r} is not "
+                                           f"a plain absolute path; refusing to act on it")
             records.append(record)
+        return records
+
+    def checked_records(self) -> list[dict]:
+        """`records` of a trusted journal whose paths the root does not refuse (PathRefused):
+        what revert may act on, checked before it touches anything."""
+        self.check_trusted()
+        records = self.records()
+        self.check_paths((r.get("target") or r["path"], "new_link" not in r)
+                         for r in records if r.get("op") in ("set", "mkdir"))
         return records
 
     def _stale_boot(self, records: Sequence[dict]) -> str | None:
@@ -380,8 +389,7 @@ class Journal:
         to outlive the boot they were made in, so this returns [] for it untouched."""
         if self.persistent:
             return []
-        self.check_trusted()
-        records = self.records()
+        records = self.checked_records()
         boot = self._stale_boot(records)
         if boot is None:
             return []
@@ -390,15 +398,25 @@ class Journal:
     # -- apply / revert ----------------------------------------------------------------------
     def apply(self, changes: Iterable[Change]) -> ApplyResult:
         """Refuses an untrusted journal (`check_trusted`) and first retires one from an older
-        boot (`retire_stale`; its actions are in `ApplyResult.stale`)."""
+        boot (`retire_stale`; its actions are in `ApplyResult.stale`).
+
+        In an image root every path is resolved inside it (sysconf.confined): a link on the
+        way is data, so the file it leads to is what gets written (and the link stays a
+        link); the "set" record then also names that file as `target`, which revert
+        restores. A path the root refuses (PathRefused: a link under /proc or /sys that
+        leads elsewhere) stops the apply before anything is written."""
+        changes = list(changes)
+        self.check_trusted()
+        self.check_paths((c.path, c.kind not in LINK_KINDS) for c in changes)
         result = ApplyResult(stale=self.retire_stale())
         for change in changes:
             if change.kind in LINK_KINDS:
                 self._apply_link(change, result)
                 continue
-            target = self.root.path(change.path)
+            kernel = is_kernel_file(change.path)
             try:
-                current = read_current(target)
+                target = self._resolve(change.path)
+                current = self.files.read(target)
             except OSError as exc:
                 why = f"cannot read the current value, so revert could not restore it " \
                       f"({_error_name(exc)})"
@@ -413,15 +431,16 @@ class Journal:
             if same_value(current, change.new):
                 result.unchanged.append(change)
                 continue
-            if current is None and not target.parent.is_dir():
-                why = self._make_parents(change.path)
+            if current is None and not self.files.is_dir(posixpath.dirname(target)):
+                why = self._make_parents(target, kernel)
                 if why:
                     result.skipped.append((change, why))
                     continue
-            self._append({"op": "set", "path": change.path, "old": current,
-                          "new": change.new, "kind": change.kind, "ts": time.time()})
+            self._append({"op": "set", "path": change.path, **_target(change.path, target),
+                          "old": current, "new": change.new, "kind": change.kind,
+                          "ts": time.time()})
             try:
-                self._write(target, change.new, is_kernel_file(change.path))
+                self._write(target, change.new, kernel)
             except OSError as exc:
                 why = _error_name(exc)
                 self._append({"op": "skipped", "path": change.path, "reason": why})
@@ -448,17 +467,21 @@ class Journal:
                   f"(use systemctl {change.kind} {unit})"
             result.skipped.append((change, why))
             return
-        target = self.root.path(change.path)
         old_link = old = old_mode = None
         try:
-            if target.is_symlink():
-                old_link = os.readlink(target)
-            elif target.is_dir():
-                result.skipped.append((change, f"{target} is a directory"))
+            target = self._resolve(change.path, follow=False)  # the link itself, not its target
+            try:
+                st: os.stat_result | None = self.files.lstat(target)
+            except (FileNotFoundError, NotADirectoryError):
+                st = None
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                old_link = self.files.readlink(target)
+            elif st is not None and stat.S_ISDIR(st.st_mode):
+                result.skipped.append((change, f"{self.files.host(target)} is a directory"))
                 return
-            elif target.exists():
-                old = read_current(target)
-                old_mode = target.stat().st_mode & 0o7777
+            elif st is not None:
+                old = self.files.read(target)
+                old_mode = stat.S_IMODE(st.st_mode)
         except OSError as exc:
             why = f"cannot read the current value, so revert could not restore it " \
                   f"({_error_name(exc)})"
@@ -474,17 +497,17 @@ class Journal:
             except SystemctlError as exc:
                 result.skipped.append((change, f"{exc}; nothing was changed"))
                 return
-        if not target.parent.is_dir():
-            why = self._make_parents(change.path)
+        if not self.files.is_dir(posixpath.dirname(target)):
+            why = self._make_parents(target, is_kernel_file(change.path))
             if why:
                 result.skipped.append((change, why))
                 return
-        record = {"op": "set", "path": change.path, "old": old, "old_link": old_link,
-                  "old_mode": old_mode, "new_link": change.new, "new": change.new,
-                  "kind": change.kind, **runtime, "ts": time.time()}
+        record = {"op": "set", "path": change.path, **_target(change.path, target), "old": old,
+                  "old_link": old_link, "old_mode": old_mode, "new_link": change.new,
+                  "new": change.new, "kind": change.kind, **runtime, "ts": time.time()}
         self._append(record)
         try:
-            write_symlink(target, change.new)
+            self.files.symlink(target, change.new)
         except OSError as exc:
             why = _error_name(exc)
             self._append({"op": "skipped", "path": change.path, "reason": why})
@@ -531,65 +554,66 @@ class Journal:
             problems.append(f"then {exc}")
         return "; ".join([f"{failed}; the mask was taken back", *problems])
 
-    def _make_parents(self, device_path: str) -> str:
-        """Create the missing folders above `device_path`, outermost first, each after an
-        fsynced {"op": "mkdir"} record so revert removes them (a crash between the record and
-        the mkdir leaves a record revert finds nothing for). Returns why it could not, or "".
-        Kernel interfaces (/proc, /sys) get no folders: a missing one there is a missing
-        device (an IRQ that went away), not configuration."""
-        parent = self.root.path(device_path).parent
-        if is_kernel_file(device_path):
+    def _make_parents(self, device_path: str, kernel: bool) -> str:
+        """Create the missing folders above `device_path` (resolved: no links on the way),
+        outermost first, each after an fsynced {"op": "mkdir"} record so revert removes them
+        (a crash between the record and the mkdir leaves a record revert finds nothing for).
+        Returns why it could not, or "". Kernel interfaces (/proc, /sys) get no folders: a
+        missing one there is a missing device (an IRQ that went away), not configuration."""
+        parent = self.files.host(posixpath.dirname(device_path))
+        if kernel:
             return f"{parent} does not exist"
-        missing = [p for p in reversed(PurePosixPath(device_path).parents)
-                   if str(p) != "/" and not self.root.path(str(p)).is_dir()]
+        missing = [str(p) for p in reversed(PurePosixPath(device_path).parents)
+                   if str(p) != "/" and not self.files.is_dir(str(p))]
         for folder in missing:
-            target = self.root.path(str(folder))
-            if target.exists() or target.is_symlink():
-                return f"{target} is not a directory"
+            if self.files.lexists(folder):
+                return f"{self.files.host(folder)} is not a directory"
         for folder in missing:
-            target = self.root.path(str(folder))
-            self._append({"op": "mkdir", "path": str(folder), "ts": time.time()})
+            self._append({"op": "mkdir", "path": folder, "ts": time.time()})
             try:
-                target.mkdir()
+                self.files.mkdir(folder)
             except OSError as exc:
                 why = _error_name(exc)
-                self._append({"op": "skipped", "path": str(folder), "reason": why})
-                return f"cannot create {target} ({why})"
-            _fsync_dir(target.parent)
+                self._append({"op": "skipped", "path": folder, "reason": why})
+                return f"cannot create {self.files.host(folder)} ({why})"
+            self.files.fsync_dir(posixpath.dirname(folder))
         return ""
 
     def _revert_mkdir(self, record: dict) -> str:
-        target = self.root.path(record["path"])
+        folder = record["path"]
         try:
-            target.rmdir()
+            self.files.rmdir(folder)
         except FileNotFoundError:
             return "absent"  # a crash between the record and the mkdir
         except OSError as exc:
             return f"kept: {exc.strerror or exc}"  # not empty: something else lives there
-        _fsync_dir(target.parent)
+        self.files.fsync_dir(posixpath.dirname(folder))
         return "removed"
 
-    def _revert_link(self, record: dict) -> str:
-        target = self.root.path(record["path"])
+    def _unlink_temp(self, device_path: str) -> None:
+        """The temporary file or link a crash mid-write left beside `device_path`."""
         with contextlib.suppress(OSError):
-            temp_path(target).unlink(missing_ok=True)  # a crash mid-write_symlink
+            self.files.unlink(_temp_device_path(device_path), missing_ok=True)
+
+    def _revert_link(self, record: dict) -> str:
+        target = record.get("target") or record["path"]
+        self._unlink_temp(target)  # a crash mid-symlink
         if record.get("old_link") is not None:
-            write_symlink(target, record["old_link"])
+            self.files.symlink(target, record["old_link"])
             return "restored"
-        if target.is_symlink():
-            target.unlink()  # never write through the mask into /dev/null
+        if self.files.is_link(target):
+            self.files.unlink(target)  # never write through the mask into /dev/null
         if record.get("old") is None:
             return "removed"
         self._write(target, record["old"], False)
         if record.get("old_mode") is not None:
-            os.chmod(target, record["old_mode"])
+            self.files.chmod(target, record["old_mode"])
         return "restored"
 
     def revert(self) -> list[tuple[str, str]]:
         """Restore every recorded old value, newest first. Returns (path, action) pairs.
         A journal from an older boot is handled as `retire_stale` describes."""
-        self.check_trusted()
-        records = self.records()
+        records = self.checked_records()
         boot = self._stale_boot(records)
         return self._revert_records(records, stale=boot)
 
@@ -622,15 +646,15 @@ class Journal:
                 if "was_active" in record:
                     live_masks.append((len(done) - 1, record))
                 continue
-            target = self.root.path(record["path"])
+            # What apply wrote: the file a link led to (`target`), or the path itself.
+            target = record.get("target") or record["path"]
             old = record.get("old")
             kernel = is_kernel_file(record["path"])
             if not kernel:
-                with contextlib.suppress(OSError):
-                    temp_path(target).unlink(missing_ok=True)  # a crash mid-write_file
+                self._unlink_temp(target)  # a crash mid-write
             try:
                 if old is None:
-                    target.unlink(missing_ok=True)
+                    self.files.unlink(target, missing_ok=True)
                     done.append((record["path"], "removed"))
                 else:
                     self._write(target, old, kernel)
@@ -642,12 +666,12 @@ class Journal:
         if records:
             stamp = time.strftime("%Y%m%dT%H%M%S")
             label = "stale" if stale and not self.persistent else "reverted"
-            aside = self.path.with_name(f"{self.path.name}.{label}-{stamp}")
+            aside = f"{self._file}.{label}-{stamp}"
             number = 1
-            while aside.exists():  # two reverts in one second keep both journals
-                aside = self.path.with_name(f"{self.path.name}.{label}-{stamp}.{number}")
+            while self.files.lexists(aside):  # two reverts in one second keep both journals
+                aside = f"{self._file}.{label}-{stamp}.{number}"
                 number += 1
-            self.path.rename(aside)
+            self.files.rename(self._file, aside)
         return done
 
     def _unmask_now(self, live_masks: list[tuple[int, dict]], done: list[tuple[str, str]]
@@ -690,7 +714,7 @@ class Journals:
     writes the persistent changes first and revert undoes them last, the exact reverse."""
 
     def __init__(self, root: SysRoot, state_dir: str = "/var/lib/edged",
-                 writer: Writer = write_file, systemctl: Systemctl | None = None) -> None:
+                 writer: Writer | None = None, systemctl: Systemctl | None = None) -> None:
         self.tuning = Journal(root, state_dir, writer, systemctl)
         self.persistent = Journal(root, state_dir, writer, systemctl, persistent=True)
 
@@ -713,6 +737,8 @@ class Journals:
         is only created when a change goes to it."""
         self.check_trusted()
         changes = list(changes)
+        # Every path of both journals before either writes anything (PathRefused).
+        self.tuning.check_paths((c.path, c.kind not in LINK_KINDS) for c in changes)
         result = ApplyResult(stale=self.retire_stale())
         lasting = [c for c in changes if outlives_tuning(c)]
         parts = [self.persistent.apply(lasting)] if lasting else []
@@ -733,8 +759,7 @@ class Journals:
         Both journals are checked (trust, every record readable) before either is touched."""
         journals = [self.tuning] if runtime_only else [self.tuning, self.persistent]
         for journal in journals:
-            journal.check_trusted()
-            journal.records()
+            journal.checked_records()
         done: list[tuple[str, str]] = []
         for journal in journals:
             done += journal.revert()
@@ -742,6 +767,16 @@ class Journals:
 
     def pending(self) -> bool:
         return self.tuning.pending() or self.persistent.pending()
+
+
+def _target(path: str, target: str) -> dict:
+    """The "target" field of a set record: the file a link on `path` led to, when it did."""
+    return {} if target == path else {"target": target}
+
+
+def _temp_device_path(device_path: str) -> str:
+    folder, name = posixpath.split(device_path)
+    return posixpath.join(folder, temp_name(name))
 
 
 def _plain_path(path: object) -> bool:

@@ -33,6 +33,7 @@ import stat
 from dataclasses import dataclass, field
 
 from sysconf.changes import Change
+from sysconf.confined import PathRefused
 from sysconf.cpulist import format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
 from sysconf.cpusets import CpuPlan
 from sysconf.sysroot import SysRoot
@@ -392,10 +393,12 @@ def plan_irqbalance(root: SysRoot, plan: CpuPlan) -> list[Change]:
     changes = []
     cores = format_cpulist(plan.inference)
     for path in IRQBALANCE_DEFAULTS:
-        raw = root.read_bytes(path)
-        if raw is None:
+        try:
+            text = root.files.read(path)  # inside the root: the content is written back
+        except (OSError, PathRefused):
             continue
-        text = raw.decode("utf-8", "surrogateescape")
+        if text is None:
+            continue
         new = set_banned_cpus(text, plan.inference)
         if new == text:
             continue

@@ -23,7 +23,6 @@ journal, which records them so revert removes them again.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -58,13 +57,16 @@ def affinity_dropin(cpus: CpuPlan) -> str:
             f"[Manager]\nCPUAffinity=\nCPUAffinity={format_cpulist(sorted(cpus.housekeeping))}\n")
 
 
+# The image's files are read through `root.files`, links resolved inside the image (never the
+# host's), as the journal that writes them resolves them.
+
 def _file(root: SysRoot, kind: str, path: str, new: str, reason: str) -> list[Change]:
-    old = read_current(root.path(path))
+    old = root.files.read(path)
     return [] if old == new else [Change(kind, path, old, new, reason)]
 
 
 def _unit_path(root: SysRoot, unit: str) -> str | None:
-    return next((f"{d}/{unit}" for d in UNIT_DIRS if root.path(f"{d}/{unit}").is_file()), None)
+    return next((f"{d}/{unit}" for d in UNIT_DIRS if root.files.is_file(f"{d}/{unit}")), None)
 
 
 def _units(root: SysRoot, units_dir: Path) -> list[Change]:
@@ -78,8 +80,8 @@ def _units(root: SysRoot, units_dir: Path) -> list[Change]:
             target = f"/etc/systemd/system/{unit}"
             changes.append(Change("unit", target, None, read_current(source),
                                   f"{unit} is not in the image: installed from {source}"))
-        link = root.path(f"{WANTS}/{unit}")
-        current = os.readlink(link) if link.is_symlink() else None
+        link = f"{WANTS}/{unit}"
+        current = root.files.readlink(link) if root.files.is_link(link) else None
         if current != target:
             changes.append(Change("enable", f"{WANTS}/{unit}", current, target,
                                   f"enable {unit} (systemctl enable: WantedBy=multi-user."

@@ -2,6 +2,11 @@
 
 All of sysconf reads through it, the way node_exporter's collectors read through one procfs/sysfs
 object, so tests point the probes at a tree built from a real board's files.
+
+`path()` only joins: the host resolves any symlink in the result. What becomes a change (a
+file's content that apply edits and writes back) is read through `files` instead, which
+resolves every link inside the root (sysconf.confined), so an image's absolute link never
+brings a host file's content into the image.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from sysconf.confined import ConfinedRoot
 
 
 @dataclass(frozen=True)
@@ -23,6 +30,12 @@ class SysRoot:
     @property
     def is_live(self) -> bool:
         return self.root.resolve() == Path("/")
+
+    @property
+    def files(self) -> ConfinedRoot:
+        """This root's files with every symlink resolved inside it (plain paths when live):
+        what the change journal writes through and what planned changes are read from."""
+        return ConfinedRoot(self.root, live=self.is_live)
 
     def path(self, path: str) -> Path:
         """`path` is absolute as seen on the device; the result is under this root."""

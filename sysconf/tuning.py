@@ -13,10 +13,10 @@ planned only when asked for explicitly.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sysconf.changes import Change, read_current, same_value, selected_choice
+from sysconf.changes import Change, same_value, selected_choice
+from sysconf.confined import PathRefused
 from sysconf.cpulist import format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
 from sysconf.sysroot import SysRoot
 
@@ -159,10 +159,13 @@ def configured_sysctl(root: SysRoot, name: str) -> tuple[str, str] | None:
 
 
 def _read(root: SysRoot, path: str) -> str | None:
+    """Read inside the root (an image's links resolved in it, never on the host)."""
     try:
-        return read_current(root.path(path))
-    except OSError:
-        return None  # unreadable: the journal could not record it, so do not plan it
+        return root.files.read(path)
+    except (OSError, PathRefused):
+        # Unreadable: the journal could not record it, so do not plan it. A refused link
+        # under /proc or /sys: the journal refuses the whole root (apply exits 2).
+        return None
 
 
 def _workqueues(root: SysRoot, housekeeping: list[int]) -> list[Change]:
@@ -185,12 +188,17 @@ def _workqueues(root: SysRoot, housekeeping: list[int]) -> list[Change]:
 
 def _governors(root: SysRoot, inference: list[int]) -> list[Change]:
     changes = []
-    seen: set[Path] = set()
+    seen: set[str] = set()
     for cpu in inference:
         folder = f"{CPU_DIR}/cpu{cpu}/cpufreq"
         # cpuN/cpufreq links to a policy that often drives a whole cluster (all four cores of
         # a Raspberry Pi 4): one Change per policy, not per CPU.
-        policy = root.path(folder).resolve()
+        try:
+            # Inside an image root, never through the host's /sys (live: the real policy).
+            policy = (str(root.path(folder).resolve()) if root.is_live
+                      else root.files.resolve(folder))
+        except (OSError, PathRefused):
+            continue
         if policy in seen:
             continue
         seen.add(policy)
@@ -260,7 +268,7 @@ def isolation_params(plan: CpuPlan) -> dict[str, str]:
 
 def boot_config(root: SysRoot) -> str | None:
     """The boot configuration file `root` uses (device path), or None."""
-    return next((path for path in BOOT_CONFIGS if root.path(path).is_file()), None)
+    return next((path for path in BOOT_CONFIGS if root.files.is_file(path)), None)
 
 
 def plan_boot_cmdline(root: SysRoot, plan: CpuPlan, live_ok: bool = False) -> list[Change]:

@@ -31,6 +31,7 @@ from sysconf.changes import (
     temp_path,
     write_file,
 )
+from sysconf.confined import ConfinedRoot
 from sysconf.sysroot import SysRoot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -285,17 +286,17 @@ def test_a_refused_write_is_tried_again_by_the_next_apply(root: Path) -> None:
 
 
 def test_an_unreadable_file_is_skipped_not_recorded_as_absent(root: Path, monkeypatch) -> None:
-    """Recording None for a file that exists would make revert delete it."""
-    target = root / "etc/default/keyboard"
-    real = Path.read_bytes
+    """Recording None for a file that exists would make revert delete it. (Run as root, no
+    mode makes a file unreadable, so the journal's one read, ConfinedRoot.read_bytes, says so.)"""
+    real = ConfinedRoot.read_bytes
 
-    def read_bytes(self: Path) -> bytes:
-        if self == target:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real(self)
+    def read_bytes(self: ConfinedRoot, device_path: str) -> bytes | None:
+        if device_path == "/etc/default/keyboard":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self.host(device_path)))
+        return real(self, device_path)
 
     before = snapshot(root)
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(ConfinedRoot, "read_bytes", read_bytes)
     journal = Journal(SysRoot(root))
     change = Change("irqbalance", "/etc/default/keyboard", "x", "y", "test")
     result = journal.apply([change])
@@ -553,23 +554,22 @@ def test_a_missing_folder_is_created_and_revert_removes_it(root: Path) -> None:
 def test_the_mkdir_record_is_fsynced_before_the_folder_is_made(root: Path, monkeypatch) -> None:
     journal_file = root / STATE / JOURNAL_NAME
     events: list[str] = []
-    real_fsync, real_mkdir = os.fsync, Path.mkdir
+    real_fsync, real_mkdir = os.fsync, ConfinedRoot.mkdir
 
     def fsync(fd: int) -> None:
         real_fsync(fd)
         if os.readlink(f"/proc/self/fd/{fd}") == str(journal_file):
             events.append("fsync " + json.loads(journal_file.read_text().splitlines()[-1])["op"])
 
-    def mkdir(self: Path, *args, **kwargs) -> None:
-        if self.is_relative_to(root / "etc"):
+    def mkdir(self: ConfinedRoot, device_path: str, *args, **kwargs) -> None:
+        if device_path.startswith("/etc/"):  # the journal's one mkdir, through its root
             last = json.loads(journal_file.read_text().splitlines()[-1])
-            assert last == {**last, "op": "mkdir", "path": "/" + self.relative_to(root)
-                            .as_posix()}
-            events.append("mkdir " + self.name)
-        real_mkdir(self, *args, **kwargs)
+            assert last == {**last, "op": "mkdir", "path": device_path}
+            events.append("mkdir " + Path(device_path).name)
+        real_mkdir(self, device_path, *args, **kwargs)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(ConfinedRoot, "mkdir", mkdir)
     Journal(SysRoot(root)).apply([Change("systemd-conf", DROPIN, None, "x\n", "drop-in")])
     assert events[:5] == ["fsync mkdir", "mkdir systemd", "fsync mkdir", "mkdir system.conf.d",
                           "fsync set"]
