@@ -9,6 +9,8 @@ runtime, so it is cheap and safe to do before choosing one.
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import struct
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -54,16 +56,31 @@ class ModelInfo:
         return data
 
 
-def inspect_model(path: str | Path) -> ModelInfo:
-    path = Path(path)
+def read_model_file(path: Path) -> bytes:
+    """The bytes of a model file: a regular file only (`/dev/zero` would never end, and a
+    FIFO would block this thread until someone writes), errors naming the path."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait
     except FileNotFoundError:
         raise ModelError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ModelError(f"{path}: is a folder, not a model file") from None
     except OSError as exc:
         raise ModelError(f"{path}: cannot read: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise ModelError(f"{path}: is a folder, not a model file")
+        raise ModelError(f"{path}: not a regular file (a device, FIFO or socket)")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read()
+        except OSError as exc:
+            raise ModelError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def inspect_model(path: str | Path) -> ModelInfo:
+    path = Path(path)
+    data = read_model_file(path)
     if not data:
         raise ModelError(f"{path}: empty file")
     fmt = detect_format(path, data)
@@ -316,10 +333,7 @@ def signature(path: str | Path) -> tuple[list[TensorSpec], list[TensorSpec]] | N
     """A model file's inputs and outputs (names, dtypes, shapes with None for dynamic dims),
     read from the file without a runtime; None for formats read only by a runtime (IR)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ModelError(f"{path}: cannot read: {exc.strerror}") from None
+    data = read_model_file(path)
     fmt = detect_format(path, data)
     if fmt == "onnx":
         return _onnx_signature(path, data)

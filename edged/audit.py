@@ -116,7 +116,7 @@ def _context(args) -> AuditContext:
         from edged.config import ConfigError, load_config
 
         try:
-            config = load_config(args.config)
+            config = load_config(args.config, online_cpus=None)  # checked against the root
         except ConfigError as exc:
             raise _InputError(str(exc)) from None
         options["trim"] = list(config.audit.trim)

@@ -613,7 +613,7 @@ def _uses_rt_priority(args) -> bool:
         return False
     from edged.config import load_config
 
-    return any(mc.rt_priority for mc in load_config(args.config).models)
+    return any(mc.rt_priority for mc in load_config(args.config, online_cpus=None).models)
 
 
 def _placement(args):
@@ -631,7 +631,7 @@ def _placement(args):
         from edged.config import ConfigError, load_config
 
         try:
-            config = load_config(args.config)
+            config = load_config(args.config, online_cpus=None)  # checked against the root
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
     if args.inference_cpus:
@@ -900,6 +900,9 @@ def format_status(status: dict[str, Any]) -> str:
              f"{status['uptime_s']} s, config {status['config']}, reloads {status['reloads']}"]
     if status.get("last_reload_error"):
         lines.append(f"  last reload: {status['last_reload_error']}")
+    if status.get("restart_needed"):
+        lines.append(f"  changed by a reload, takes a restart: "
+                     f"{', '.join(status['restart_needed'])}")
     lines.append(f"  {'model':14} {'backend':24} {'ran as':10} {'ready':6} {'queue':>5} "
                  f"{'requests':>8} {'p50 ms<=':>9} {'p99 ms<=':>9} failovers")
     for m in status["models"]:

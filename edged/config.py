@@ -20,7 +20,7 @@ import os
 import re
 import tomllib
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 # sun_path is 108 bytes on Linux, one of them the terminating NUL; bind() fails beyond that.
 MAX_SOCKET_PATH = 107
+# Upper bounds of model settings: past these a value is a typo, and taken literally it would
+# wedge the daemon (a million threads, a delay of days) instead of failing here.
+MAX_THREADS = 256
+MAX_BATCH = 1024
+MAX_MS = 3_600_000  # one hour, for timeouts, watchdogs and periods
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 SERVER_KEYS = ("listen", "socket", "socket_mode", "state_dir", "max_body_bytes", "log_level",
@@ -172,8 +177,10 @@ class Config:
         return next((m for m in self.models if m.name == name), None)
 
 
-def load_config(path: str | Path = DEFAULT_CONFIG_PATH) -> Config:
-    """Read and validate the file; every problem raises ConfigError naming it."""
+def load_config(path: str | Path = DEFAULT_CONFIG_PATH,
+                online_cpus: Collection[int] | str | None = "live") -> Config:
+    """Read and validate the file; every problem raises ConfigError naming it. CPU lists
+    are checked against this machine's online CPUs ("live"), the ones given, or not."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
@@ -188,11 +195,24 @@ def load_config(path: str | Path = DEFAULT_CONFIG_PATH) -> Config:
         text = data.decode("utf-8-sig")  # tolerate the BOM some editors write
     except UnicodeDecodeError as exc:
         raise ConfigError(path, None, f"not UTF-8 text (byte {exc.start})") from None
-    return parse_config(text, Path(path))
+    if online_cpus == "live":
+        online_cpus = live_online_cpus()
+    return parse_config(text, Path(path), online_cpus)  # type: ignore[arg-type]
 
 
-def parse_config(text: str, source: Path) -> Config:
-    """Validate TOML text; relative paths resolve against `source`'s folder."""
+def live_online_cpus() -> set[int] | None:
+    """This machine's online CPUs (sysfs), or None where that cannot be read."""
+    try:
+        return set(parse_cpulist(Path("/sys/devices/system/cpu/online").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = None
+                 ) -> Config:
+    """Validate TOML text; relative paths resolve against `source`'s folder. `online_cpus`:
+    the CPUs the config's `cpus` lists must name (None: not checked here, e.g. a config
+    for an image, whose board's CPUs the caller checks)."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -202,7 +222,7 @@ def parse_config(text: str, source: Path) -> Config:
         if where:
             msg = f"{where.group(1)}: {msg[: where.start()]}"
         raise ConfigError(source, None, msg) from None
-    v = _Validator(source)
+    v = _Validator(source, online_cpus)
     v.keys(doc, None, tuple(TOP_KEYS))
     server = v.server(v.table(doc, "server"))
     selection = v.selection(v.table(doc, "selection"))
@@ -216,8 +236,9 @@ def parse_config(text: str, source: Path) -> Config:
 class _Validator:
     """Per-type checks; each takes the dotted key it is checking so errors can name it."""
 
-    def __init__(self, source: Path):
+    def __init__(self, source: Path, online_cpus: Collection[int] | None = None):
         self.source = source
+        self.online = set(online_cpus) if online_cpus is not None else None
         # Absolute but not symlink-resolved: a model symlinked into a content-addressed
         # cache keeps its own name (and extension).
         self.absolute = Path(os.path.normpath(Path(source).absolute()))
@@ -248,10 +269,15 @@ class _Validator:
 
     # -- scalars --------------------------------------------------------------------------
 
-    def integer(self, table, key: str, prefix: str, default: int, low: int) -> int:
+    def integer(self, table, key: str, prefix: str, default: int, low: int,
+                high: int | None = None) -> int:
+        """An integer in [low, high]: every count and duration has an upper bound, so a
+        value that passes cannot wedge or kill the daemon later (threads = 1000000)."""
         value = table.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise self.fail(f"{prefix}.{key}", f"must be an integer >= {low}, "
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+                high is not None and value > high):
+            rule = f">= {low}" if high is None else f"from {low} to {high}"
+            raise self.fail(f"{prefix}.{key}", f"must be an integer {rule}, "
                                                f"got {_show(value)}")
         return value
 
@@ -392,10 +418,11 @@ class _Validator:
             max_drop = self.number(table, "max_drop", "selection", d.max_drop,
                                    lambda x: 0 <= x < 1, "a number from 0 to below 1")
         return Policy(
-            runs=self.integer(table, "runs", "selection", d.runs, 1),
-            warmup=self.integer(table, "warmup", "selection", d.warmup, 0),
+            runs=self.integer(table, "runs", "selection", d.runs, 1, 1_000_000),
+            warmup=self.integer(table, "warmup", "selection", d.warmup, 0, 100_000),
             time_budget_s=self.number(table, "time_budget_s", "selection", d.time_budget_s,
-                                      lambda x: 0 < x < math.inf, "a number of seconds > 0"),
+                                      lambda x: 0 < x <= 3600,
+                                      "a number of seconds above 0, at most 3600"),
             max_drop=round(max_drop, 12),
             max_abs=None if math.isnan(max_abs) else max_abs,
         )
@@ -431,6 +458,7 @@ class _Validator:
             raise self.fail(f"{prefix}.name", f"must be letters, digits, '_', '.' or '-' "
                                               f"(not only dots), got {name!r}")
         path = self.model_file(self.string(table, "path", prefix, None), f"{prefix}.path")
+        self.sniff(path, f"{prefix}.path")
         variants = self.variants(table, prefix, path)
         precision = self.string(table, "precision", prefix, "auto")
         if precision not in ("auto", "int8"):
@@ -439,8 +467,8 @@ class _Validator:
         shapes = self.shapes(table["shapes"], f"{prefix}.shapes") if "shapes" in table else None
         threads = None
         if "threads" in table:
-            threads = self.integer(table, "threads", prefix, 0, 1)
-        max_batch = self.integer(table, "max_batch_size", prefix, 1, 1)
+            threads = self.integer(table, "threads", prefix, 0, 1, MAX_THREADS)
+        max_batch = self.integer(table, "max_batch_size", prefix, 1, 1, MAX_BATCH)
         preferred = self.int_list(table.get("preferred_batch_sizes", []),
                                   f"{prefix}.preferred_batch_sizes", 1, max_batch)
         if len(set(preferred)) != len(preferred):
@@ -460,13 +488,14 @@ class _Validator:
             shapes=shapes,
             max_batch_size=max_batch,
             preferred_batch_sizes=tuple(sorted(preferred)),
-            max_queue_delay_us=self.integer(table, "max_queue_delay_us", prefix, 0, 0),
-            max_queue_size=self.integer(table, "max_queue_size", prefix, 64, 1),
-            timeout_ms=self.integer(table, "timeout_ms", prefix, 1000, 1),
-            watchdog_ms=self.integer(table, "watchdog_ms", prefix, 5000, 1),
+            max_queue_delay_us=self.integer(table, "max_queue_delay_us", prefix, 0, 0,
+                                            10_000_000),
+            max_queue_size=self.integer(table, "max_queue_size", prefix, 64, 1, 65_536),
+            timeout_ms=self.integer(table, "timeout_ms", prefix, 1000, 1, MAX_MS),
+            watchdog_ms=self.integer(table, "watchdog_ms", prefix, 5000, 1, MAX_MS),
             rt_priority=self.rt_priority(table, prefix),
-            period_ms=self.number(table, "period_ms", prefix, 0, lambda x: 0 < x < math.inf,
-                                  "a number of milliseconds > 0")
+            period_ms=self.number(table, "period_ms", prefix, 0, lambda x: 0 < x <= MAX_MS,
+                                  f"a number of milliseconds above 0, at most {MAX_MS}")
             if "period_ms" in table else None,
         )
 
@@ -479,6 +508,17 @@ class _Validator:
         if not os.access(path, os.R_OK):
             raise self.fail(key, f"permission denied: {path}")
         return path
+
+    def sniff(self, path: Path, key: str) -> None:
+        """The file is a model edged can read (format, and its whole structure: a
+        truncated, random or empty file fails here, naming the key, not at serving)."""
+        from backends.base import ModelError
+        from backends.model_info import inspect_model
+
+        try:
+            inspect_model(path)
+        except ModelError as exc:
+            raise self.fail(key, str(exc)) from None
 
     def variants(self, table: Mapping[str, Any], prefix: str, original: Path
                  ) -> tuple[Path, ...]:
@@ -503,6 +543,7 @@ class _Validator:
             if not isinstance(raw, str):
                 raise self.fail(key, f"must be a path, got {_show(raw)}")
             path = self.model_file(raw, key)
+            self.sniff(path, key)
             try:
                 got = signature(path)
             except ModelError as exc:
@@ -580,8 +621,9 @@ class _Validator:
 
     def telemetry(self, table: Mapping[str, Any]) -> TelemetryConfig:
         self.keys(table, "telemetry", TELEMETRY_KEYS)
-        interval = self.number(table, "interval_s", "telemetry", 10.0, lambda x: x >= 0.1,
-                               "a number of seconds >= 0.1")
+        interval = self.number(table, "interval_s", "telemetry", 10.0,
+                               lambda x: 0.1 <= x <= 86_400,
+                               "a number of seconds from 0.1 to 86400")
         mqtt = None
         if "mqtt" in table:
             mqtt = self.mqtt(self.table(table, "mqtt"))
@@ -645,12 +687,14 @@ class _Validator:
             raise self.fail(f"{prefix}.protocol", f'must be "5" or "3.1.1", got {protocol!r}')
         return MqttConfig(
             url=url, group=names["group"], device_id=names["device_id"],
-            spool_max_mb=self.number(table, "spool_max_mb", prefix, 50.0, lambda x: x > 0,
-                                     "a positive number of MiB"),
+            spool_max_mb=self.number(table, "spool_max_mb", prefix, 50.0,
+                                     lambda x: 0 < x <= 1_048_576,
+                                     "a number of MiB above 0, at most 1048576"),
             spool_max_age_days=self.number(table, "spool_max_age_days", prefix, 7.0,
-                                           lambda x: x > 0, "a positive number of days"),
+                                           lambda x: 0 < x <= 3650,
+                                           "a number of days above 0, at most 3650"),
             username=self.string(table, "username", prefix, "") or None,
-            keepalive_s=self.integer(table, "keepalive_s", prefix, 30, 1),
+            keepalive_s=self.integer(table, "keepalive_s", prefix, 30, 1, 65_535),  # MQTT's max
             protocol=protocol, **files)
 
     def rt_priority(self, table: Mapping[str, Any], prefix: str) -> int:
@@ -694,6 +738,12 @@ class _Validator:
                                  f"of integers, got {_show(value)}")
         if not cpus:
             raise self.fail(key, "empty; leave the key out to run the model unpinned")
+        missing = [c for c in cpus if self.online is not None and c not in self.online]
+        if missing:
+            from sysconf.cpulist import format_cpulist
+
+            raise self.fail(key, f"CPU {missing[0]} is not online on this machine (online: "
+                                 f"{format_cpulist(sorted(self.online))})")
         return cpus
 
     def shapes(self, value: Any, key: str) -> dict[str, tuple[int, ...]]:

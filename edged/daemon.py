@@ -85,6 +85,8 @@ class Daemon:
         self.started = time.time()
         self.reloads = 0
         self.last_reload_error: str | None = None
+        self.restart_needed: list[str] = []  # [server] keys a reload changed (need a restart)
+        self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of our Unix socket
         self.housekeeping: list[int] | None = None
         self.memory_locked: bool | None = None
         self.publisher = None
@@ -155,6 +157,7 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 1),
             "reloads": self.reloads,
             "last_reload_error": self.last_reload_error,
+            "restart_needed": [f"server.{k}" for k in self.restart_needed],
             "models": [m.status() for m in self.models.values()],
             "failed": dict(self.failed),
             "housekeeping_cpus": self.housekeeping,
@@ -178,6 +181,7 @@ class Daemon:
             self.memory_locked = lock_memory()
         try:
             sockets = bind_sockets(self.config)
+            self._socket_id = socket_identity(self.config)
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             self.notifier.notify(f"STATUS=cannot listen: {exc}")
@@ -228,7 +232,7 @@ class Daemon:
                 await asyncio.to_thread(self.telemetry.stop)
             if self.publisher is not None:
                 await asyncio.to_thread(self.publisher.stop, 10.0)
-            _remove_socket_file(self.config)
+            _remove_socket_file(self.config, self._socket_id)
         log.info("stopped")
         return EXIT_OK
 
@@ -451,6 +455,17 @@ class Daemon:
             log.error("reload: keeping the running config: %s", exc)
             self.notifier.notify("READY=1", f"STATUS={self._status_line()}; reload failed")
             return
+        # [server] is bound at start (sockets, limits, CPUs): a change there waits for a
+        # restart, says so, and the running values stay in force (stop must remove the
+        # socket this process bound, not whatever sits at a new path).
+        pending = server_changes(self.config.server, config.server)
+        if pending:
+            log.warning("reload: [server] %s changed; that takes a restart (still serving "
+                        "with the running values)", ", ".join(pending))
+        # hang_s follows the models' watchdog_ms and is read live by the watchdog.
+        config = replace(config, server=replace(self.config.server,
+                                                hang_s=config.server.hang_s))
+        self.restart_needed = pending
         old = self.models
         models, failed = await asyncio.to_thread(self.load_models, config, old)
         self.models, self.failed, self.config = models, failed, config  # the atomic swap
@@ -461,7 +476,8 @@ class Daemon:
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
         self.start_variant_jobs()
         self._event("reload", models=sorted(models), failed=failed,
-                    replaced=sorted(m.name for m in retired))
+                    replaced=sorted(m.name for m in retired),
+                    restart_needed=[f"server.{k}" for k in pending])
         if self.publisher is not None:
             self.publisher.set_birth(self._birth())
 
@@ -559,10 +575,32 @@ def bind_sockets(config: Config) -> list[socket.socket]:
     return sockets
 
 
-def _remove_socket_file(config: Config) -> None:
-    if config.server.socket is not None:
-        with contextlib.suppress(OSError):
-            config.server.socket.unlink()
+def socket_identity(config: Config) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the Unix socket just bound, so stop removes only that file."""
+    if config.server.socket is None:
+        return None
+    st = config.server.socket.lstat()
+    return st.st_dev, st.st_ino
+
+
+def _remove_socket_file(config: Config, identity: tuple[int, int] | None) -> None:
+    """Remove the socket this process created, and only while it is still that socket: a
+    file that replaced it (or anything else at the path) is left alone."""
+    path = config.server.socket
+    if path is None or identity is None:
+        return
+    with contextlib.suppress(OSError):
+        st = path.lstat()
+        if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == identity:
+            path.unlink()
+
+
+def server_changes(running, new) -> list[str]:
+    """The [server] fields that differ between two configs (they take a restart)."""
+    import dataclasses
+
+    return [f.name for f in dataclasses.fields(running)
+            if f.name != "hang_s" and getattr(running, f.name) != getattr(new, f.name)]
 
 
 def _describe(sock: socket.socket) -> str:

@@ -12,6 +12,7 @@ Trees come from three places: a .dtb file (`load_fdt`, `parse_fdt`), the kernel'
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -220,11 +221,28 @@ def parse_fdt(data: bytes, source: str = "<fdt>") -> DeviceTree:
     )
 
 
+# Real board trees are 20-200 KiB; the FDT header's totalsize is 32-bit, but nothing real
+# comes near this. A bound, so `--dtb /dev/zero` (or a huge file) cannot exhaust memory.
+MAX_DTB_BYTES = 64 * 2**20
+
+
 def load_fdt(path: str | os.PathLike[str]) -> DeviceTree:
-    """Read and parse a .dtb file; errors name the file."""
+    """Read and parse a .dtb file; errors name the file. Only a regular file of at most
+    MAX_DTB_BYTES is read (a FIFO would block, a device would never end)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO for reading would wait for a writer; for a regular
+        # file the flag changes nothing.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FdtError(f"{path}: not a regular file (a device, FIFO or socket), not "
+                               f"a .dtb")
+            if st.st_size > MAX_DTB_BYTES:
+                raise FdtError(f"{path}: {st.st_size} bytes, larger than any device tree "
+                               f"(at most {MAX_DTB_BYTES})")
+            data = f.read()
     except OSError as exc:
         raise FdtError(f"{path}: cannot read device tree: {exc.strerror or exc}") from exc
     return parse_fdt(data, source=path.name)

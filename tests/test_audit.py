@@ -290,14 +290,15 @@ def test_single_cpu_root_skips_isolation(capsys, tmp_path: Path) -> None:
 
 # -- --config -----------------------------------------------------------------------------------
 
-def _config(tmp_path: Path, text: str) -> Path:
-    (tmp_path / "m.onnx").write_bytes(b"")  # models' paths must exist
+def _config(tmp_path: Path, text: str, models_dir: Path) -> Path:
+    (tmp_path / "m.onnx").symlink_to(models_dir / "ppocr_cls.onnx")  # read by the config
     path = tmp_path / "edged.toml"
     path.write_text(text)
     return path
 
 
-def test_config_gives_trim_keep_and_inference_cores(capsys, tmp_path: Path) -> None:
+def test_config_gives_trim_keep_and_inference_cores(capsys, tmp_path: Path,
+                                                    models_dir: Path) -> None:
     from test_services import add_units
 
     root = add_units(board_root(tmp_path / "root", cpus=4))
@@ -306,7 +307,7 @@ def test_config_gives_trim_keep_and_inference_cores(capsys, tmp_path: Path) -> N
     wants.mkdir(exist_ok=True)
     os.symlink("/lib/systemd/system/poller.service", wants / "poller.service")
     config = _config(tmp_path, '[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "3"\n\n'
-                               '[audit]\ntrim = ["poller"]\nkeep = ["cups"]\n')
+                               '[audit]\ntrim = ["poller"]\nkeep = ["cups"]\n', models_dir)
     plain = audit_json(capsys, "--root", str(root), "--inference-cpus", "3", rc=None)
     report = audit_json(capsys, "--root", str(root), "--config", str(config), rc=None)
     trimmed = {f["subject"] for f in report["findings"] if f["id"] == "SVC-TRIM"}
@@ -329,8 +330,8 @@ def test_config_gives_trim_keep_and_inference_cores(capsys, tmp_path: Path) -> N
     ("[audit\n", ""),
 ])
 def test_config_errors_exit_2_naming_the_key(capsys, board: Path, tmp_path: Path,
-                                             text: str, key: str) -> None:
-    config = _config(tmp_path, text)
+                                             text: str, key: str, models_dir: Path) -> None:
+    config = _config(tmp_path, text, models_dir)
     assert main(["audit", "--root", str(board), "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"edgectl: error: {config}") and key in err

@@ -112,13 +112,14 @@ def test_image_root_takes_its_cpus_from_the_board_dtb(tmp_path: Path, dtb_corpus
     assert "isolcpus=managed_irq,domain,3" in grub["new"]
 
 
-def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path) -> None:
+def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path, models_dir: Path
+                                                       ) -> None:
     """Only a config with a SCHED_FIFO model (rt_priority) plans sched_rt_runtime_us=-1."""
     root = board_root(tmp_path / "root", cpus=4)
     runtime = root / "proc/sys/kernel/sched_rt_runtime_us"
     runtime.parent.mkdir(parents=True, exist_ok=True)
     runtime.write_text("950000\n")
-    (tmp_path / "m.onnx").write_bytes(b"")
+    (tmp_path / "m.onnx").symlink_to(models_dir / "ppocr_cls.onnx")
     config = tmp_path / "edged.toml"
     model = '[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "3"\n'
 
@@ -140,9 +141,10 @@ def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path) -> None:
 
 # -- precedence: --inference-cpus, else the isolated set, else the config's cpus ---------------
 
-def test_isolated_set_wins_over_config_cpus_with_a_note(tmp_path: Path) -> None:
+def test_isolated_set_wins_over_config_cpus_with_a_note(tmp_path: Path, models_dir: Path
+                                                        ) -> None:
     root = board_root(tmp_path / "root", cpus=4, isolated="2-3")
-    (tmp_path / "m.onnx").write_bytes(b"")
+    (tmp_path / "m.onnx").symlink_to(models_dir / "ppocr_cls.onnx")
     config = tmp_path / "edged.toml"
     config.write_text('[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "1"\n')
     plan = json.loads(edgectl("plan", "--root", str(root), "--config", str(config),

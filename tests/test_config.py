@@ -26,14 +26,15 @@ EXAMPLE = REPO / "examples" / "edged.toml"
 
 
 @pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    """A config folder with a (content-free) model file: the config only checks it exists."""
-    (tmp_path / "m.onnx").write_bytes(b"")
+def folder(tmp_path: Path, models_dir: Path) -> Path:
+    """A config folder with a model file (a real one: the config reads it)."""
+    (tmp_path / "m.onnx").symlink_to(models_dir / "ppocr_cls.onnx")
     return tmp_path
 
 
 def parse(folder: Path, text: str) -> Config:
-    return parse_config(textwrap.dedent(text), folder / "edged.toml")
+    # As on an 8-CPU device: a `cpus` list must name CPUs among these.
+    return parse_config(textwrap.dedent(text), folder / "edged.toml", online_cpus=range(8))
 
 
 def error(folder: Path, text: str) -> ConfigError:
@@ -317,9 +318,10 @@ ERRORS = [
      "must be one of debug, info, warning, error, got 'verbose'"),
     # [selection]
     ("[selection]\nthreads = 2", "selection.threads", "unknown key"),
-    ("[selection]\nruns = 0", "selection.runs", "must be an integer >= 1, got 0"),
+    ("[selection]\nruns = 0", "selection.runs", "must be an integer from 1 to 1000000, got 0"),
+    ("[selection]\nruns = 10000000", "selection.runs", "from 1 to 1000000, got 10000000"),
     ("[selection]\nruns = 1.5", "selection.runs", "got 1.5"),
-    ("[selection]\nwarmup = -1", "selection.warmup", "must be an integer >= 0"),
+    ("[selection]\nwarmup = -1", "selection.warmup", "must be an integer from 0 to"),
     ("[selection]\nwarmup = true", "selection.warmup", "got true"),
     ("[selection]\nmin_cosine = 1.5", "selection.min_cosine", "a number above 0, at most 1"),
     ("[selection]\nmax_drop = 1", "selection.max_drop", "a number from 0 to below 1, got 1"),
@@ -329,7 +331,8 @@ ERRORS = [
     ("[selection]\nmin_cosine = nan", "selection.min_cosine", "got nan"),
     ('[selection]\nmin_cosine = "0.9"', "selection.min_cosine", "got '0.9'"),
     ("[selection]\nmax_abs = -0.1", "selection.max_abs", "a number >= 0"),
-    ("[selection]\ntime_budget_s = 0", "selection.time_budget_s", "seconds > 0"),
+    ("[selection]\ntime_budget_s = 0", "selection.time_budget_s", "seconds above 0"),
+    ("[selection]\ntime_budget_s = inf", "selection.time_budget_s", "at most 3600, got inf"),
     # [[models]]
     ('[[models]]\npath = "m.onnx"', "models[0].name", "required"),
     ('[[models]]\nname = "m"', "models[0].path", "required"),
@@ -340,7 +343,8 @@ ERRORS = [
     (MODEL + MODEL, "models[1].name", "duplicate model name 'm' (also models[0])"),
     (MODEL + "nmae = 'x'", "models[0].nmae", "did you mean 'name'?"),
     (MODEL + "max_batch_szie = 4", "models[0].max_batch_szie", "did you mean 'max_batch_size'?"),
-    (MODEL + "threads = 0", "models[0].threads", "must be an integer >= 1, got 0"),
+    (MODEL + "threads = 0", "models[0].threads", "must be an integer from 1 to 256, got 0"),
+    (MODEL + "threads = 1000000", "models[0].threads", "from 1 to 256, got 1000000"),
     (MODEL + 'threads = "2"', "models[0].threads", "got '2'"),
     (MODEL + 'backend = "tensorrt"', "models[0].backend", "got 'tensorrt'"),
     (MODEL + 'backend = "openvino:"', "models[0].backend", "got 'openvino:'"),
@@ -357,17 +361,22 @@ ERRORS = [
     (MODEL + "shapes = { x = [1, 0] }", "models[0].shapes.x[1]", "must be an integer >= 1"),
     (MODEL + 'shapes = { x = "1x3" }', "models[0].shapes.x", "must be an array of integers"),
     (MODEL + "shapes = { x = [] }", "models[0].shapes.x", "at least one dimension"),
-    (MODEL + "max_batch_size = 0", "models[0].max_batch_size", "must be an integer >= 1"),
+    (MODEL + "max_batch_size = 0", "models[0].max_batch_size", "must be an integer from 1"),
     (MODEL + "preferred_batch_sizes = [2]", "models[0].preferred_batch_sizes[0]",
      "must be an integer >= 1 and <= 1, got 2"),
     (MODEL + "max_batch_size = 8\npreferred_batch_sizes = [4, 4]",
      "models[0].preferred_batch_sizes", "lists a size twice"),
     (MODEL + "preferred_batch_sizes = 4", "models[0].preferred_batch_sizes",
      "must be an array of integers"),
-    (MODEL + "max_queue_delay_us = -1", "models[0].max_queue_delay_us", ">= 0, got -1"),
-    (MODEL + "max_queue_size = 0", "models[0].max_queue_size", ">= 1, got 0"),
-    (MODEL + "timeout_ms = 0", "models[0].timeout_ms", ">= 1, got 0"),
-    (MODEL + "period_ms = 0", "models[0].period_ms", "milliseconds > 0, got 0"),
+    (MODEL + "max_queue_delay_us = -1", "models[0].max_queue_delay_us", "0 to 10000000"),
+    (MODEL + "max_queue_delay_us = 99999999999", "models[0].max_queue_delay_us",
+     "from 0 to 10000000, got 99999999999"),
+    (MODEL + "max_queue_size = 0", "models[0].max_queue_size", "from 1 to 65536, got 0"),
+    (MODEL + "timeout_ms = 0", "models[0].timeout_ms", "from 1 to 3600000, got 0"),
+    (MODEL + "watchdog_ms = 86400000", "models[0].watchdog_ms", "to 3600000, got 86400000"),
+    (MODEL + "period_ms = 0", "models[0].period_ms", "milliseconds above 0, at most 3600000"),
+    (MODEL + "period_ms = 1e308", "models[0].period_ms", "got 1e+308"),
+    (MODEL + "cpus = [4095]", "models[0].cpus", "CPU 4095 is not online on this machine"),
     (MODEL + "period_ms = -5.0", "models[0].period_ms", "got -5.0"),
     (MODEL + 'period_ms = "5"', "models[0].period_ms", "got '5'"),
     (MODEL + "period_ms = inf", "models[0].period_ms", "got inf"),
@@ -521,7 +530,41 @@ def test_telemetry_keys(folder: Path) -> None:
     ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nca_file = "nope.pem"\n', "ca_file: no such file"),
     ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nprotocol = "4"\n', 'protocol: must be "5"'),
     ("[telemetry]\ninterval_s = 0\n", "telemetry.interval_s: must be a number of seconds"),
+    ("[telemetry]\ninterval_s = inf\n", "telemetry.interval_s: must be a number of seconds"),
+    ("[telemetry]\ninterval_s = 1e308\n", "from 0.1 to 86400, got 1e+308"),
+    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nspool_max_mb = inf\n',
+     "telemetry.mqtt.spool_max_mb: must be a number of MiB above 0, at most 1048576, got inf"),
+    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nspool_max_mb = 1e308\n', "got 1e+308"),
+    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nspool_max_age_days = nan\n', "got nan"),
+    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nkeepalive_s = 100000\n',
+     "keepalive_s: must be an integer from 1 to 65535"),
     ("[telemetry]\nintervall_s = 1\n", "telemetry.intervall_s: unknown key"),
 ])
 def test_telemetry_errors(folder: Path, text: str, message: str) -> None:
     assert message in str(error(folder, text))
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "empty file"),
+    (b"\x08\x07\x12\xff" * 100, "not a valid ONNX model"),
+    (None, "not a valid ONNX model"),  # the real model, truncated
+])
+def test_model_file_is_read_at_load(folder: Path, models_dir: Path, content, problem) -> None:
+    """A truncated, random or empty model file is an error naming the key, at load (and
+    so at --check-config), not a crash at serving."""
+    bad = folder / "bad.onnx"
+    bad.write_bytes(content if content is not None else
+                    (models_dir / "ppocr_cls.onnx").read_bytes()[:3000])
+    err = error(folder, '[[models]]\nname = "m"\npath = "bad.onnx"\n')
+    assert err.key == "models[0].path" and problem in err.problem
+    assert str(bad) in err.problem
+
+
+def test_cpus_are_checked_against_the_online_set(folder: Path) -> None:
+    text = '[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "1-2"\n'
+    source = folder / "edged.toml"
+    assert parse_config(text, source, online_cpus={0, 1, 2}).models[0].cpus == (1, 2)
+    with pytest.raises(ConfigError, match=r"models\[0\]\.cpus: CPU 2 is not online on this "
+                                          r"machine \(online: 0-1\)"):
+        parse_config(text, source, online_cpus={0, 1})
+    assert parse_config(text, source).models[0].cpus == (1, 2)  # not checked: an image's

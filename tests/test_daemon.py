@@ -302,7 +302,8 @@ def test_reload_swaps_models_and_keeps_old_on_errors(models_dir: Path, tmp_path:
             status = client.status()
             assert "models[0].threads" in status["last_reload_error"]
             assert client.infer("cls", {"x": cls_input()})
-        # 2. A model whose new file is corrupt keeps its old version serving.
+        # 2. A model whose new file is corrupt: the config names it (the file is read at
+        # load), and the running version keeps serving.
         broken = tmp_path / "broken.onnx"
         broken.write_bytes((models_dir / "ppocr_cls.onnx").read_bytes()[:5000])
         config.write_text(text.replace(str(models_dir / "ppocr_cls.onnx"), str(broken)))
@@ -311,7 +312,8 @@ def test_reload_swaps_models_and_keeps_old_on_errors(models_dir: Path, tmp_path:
         d.notify.wait_for("READY=1", after=mark)
         with Client(d.address) as client:
             status = client.status()
-            assert "broken.onnx" in status["failed"]["cls"]
+            assert "models[0].path" in status["last_reload_error"]
+            assert "broken.onnx" in status["last_reload_error"]
             assert client.infer("cls", {"x": cls_input()})  # old version still serves
         # 3. Remove one model, add another: swapped in (this time via `edgectl reload`).
         config.write_text(text.replace('name = "face"', 'name = "face2"'))
@@ -755,3 +757,38 @@ threads = 1
                 sub.close()
         finally:
             assert d.stop() == 0, d.log_text()
+
+
+def test_server_changes_wait_for_a_restart_and_stop_removes_only_its_socket(
+        models_dir: Path, tmp_path: Path) -> None:
+    """A reload that moves `server.socket` keeps serving on the old one and says a restart
+    is needed; at stop the daemon removes the socket it bound, not the unrelated file that
+    now sits at the new path, and not a file that replaced its own socket."""
+    config = write_config(tmp_path, models_toml(models_dir))
+    d = Daemon(config).wait_ready()
+    unrelated = tmp_path / "precious.txt"
+    unrelated.write_text("keep me\n")
+    try:
+        text = config.read_text()
+        config.write_text(text.replace(str(tmp_path / "edged.sock"), str(unrelated)))
+        mark = len(d.notify.messages)
+        d.signal(signal.SIGHUP)
+        d.notify.wait_for("READY=1", after=mark)
+        with Client(f"unix:{tmp_path / 'edged.sock'}") as client:  # the old socket serves
+            status = client.status()
+        assert status["restart_needed"] == ["server.socket"]
+        assert status["last_reload_error"] is None
+        assert "takes a restart" in d.log_text()
+    finally:
+        assert d.stop() == 0, d.log_text()
+    assert unrelated.read_text() == "keep me\n"
+    assert not (tmp_path / "edged.sock").exists()  # its own socket is gone
+    # A file that replaced the daemon's socket while it ran is left alone too.
+    config.write_text(text)
+    d = Daemon(config).wait_ready()
+    try:
+        (tmp_path / "edged.sock").unlink()
+        (tmp_path / "edged.sock").write_text("someone else's\n")
+    finally:
+        assert d.stop() == 0, d.log_text()
+    assert (tmp_path / "edged.sock").read_text() == "someone else's\n"

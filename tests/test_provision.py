@@ -171,13 +171,13 @@ def test_root_required(capsys):
     assert main(["provision", "--root", "/", "--inference-cpus", "0"]) == 2
 
 
-def test_realtime_model_turns_rt_throttling_off_in_image(tmp_path, capsys):
+def test_realtime_model_turns_rt_throttling_off_in_image(tmp_path, capsys, models_dir):
     """A model with rt_priority in --config: provisioning writes sched_rt_runtime_us = -1 into
     sysctl.d, and the audit with the same config then passes KRN-SCHED-RT-RUNTIME."""
     root = image(tmp_path)
     config = tmp_path / "edged.toml"
     model = tmp_path / "m.onnx"
-    model.write_bytes(b"")  # the config checks the file exists; the audit never loads it
+    model.symlink_to(models_dir / "ppocr_cls.onnx")  # the config reads it; the audit does not
     config.write_text(f'[[models]]\nname = "m"\npath = "{model}"\ncpus = "3"\n'
                       'rt_priority = 10\n')
 
