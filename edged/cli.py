@@ -574,9 +574,25 @@ def format_bench(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_address(text: str, unix_only: bool = False) -> str:
+    """`unix:PATH`, `HOST:PORT` or `http://HOST:PORT` ([v6]:PORT too); anything else is a
+    usage error (exit 2), not a connection attempt that fails with exit 1."""
+    import re
+
+    if text.startswith("unix:") and len(text) > 5:
+        return text
+    match = re.fullmatch(r"(?:http://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/?", text)
+    if not unix_only and match and 0 < int(match.group(2)) <= 65535:
+        return text
+    forms = "unix:PATH" if unix_only else "unix:PATH, HOST:PORT or http://HOST:PORT"
+    raise UsageError(f"--address {text!r}: expected {forms}")
+
+
 def cmd_status(args) -> int:
     from edged.client import Client, EdgedError
 
+    if args.address:
+        check_address(args.address)
     addresses = [args.address] if args.address else [
         "unix:/run/edged/edged.sock", "127.0.0.1:8000"]
     errors = []
@@ -859,6 +875,7 @@ def cmd_revert(args) -> int:
 def cmd_reload(args) -> int:
     from edged.client import Client, EdgedError
 
+    check_address(args.address, unix_only=True)
     try:
         with Client(args.address, timeout=10) as client:
             client.reload()

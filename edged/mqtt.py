@@ -15,9 +15,13 @@ in the birth that follows it, so a dashboard can tell which death belongs to whi
 kept in `<state_dir>/mqtt-bdseq` so it keeps counting across restarts. `seq` of telemetry and
 event is the spool id: one sequence shared by both topics, persistent, gap-free, so a gap in
 the merged telemetry+event stream is a loss (the `spool_dropped` event says how many; its
-own seq follows the survivors). `seq` of state and audit only increases, per topic, while the
-daemon runs (retained topics only ever show their latest value; each registered Will takes a
-state seq too, so a birth's seq is above its Will's).
+own seq follows the survivors). `seq` of audit only increases while the daemon runs. `seq`
+of state is `bdSeq * STATE_SEQ_SPAN + n` for the n-th birth of a connection, and its Will
+(and the offline state of a clean stop) carries `(bdSeq + 1) * STATE_SEQ_SPAN - 1`: above every
+birth of its own connection, below the next connection's first birth, across restarts too
+(bdSeq persists). So ordering state messages by seq puts a death after the birth it ends.
+The Will's `ts` is when it was registered (at CONNECT): MQTT gives the broker no way to
+stamp it at the death, so the offline time is when the broker publishes it.
 
 Store-and-forward. `publish_telemetry` and `publish_event` commit the payload to the spool
 (fsync'd) in the caller's thread and return its seq; the MQTT thread sends it and deletes it
@@ -55,6 +59,7 @@ With no broker configured, `LogPublisher` writes the same payloads as JSON lines
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import select
@@ -80,12 +85,26 @@ from edged.spool import Spool, SpoolError
 log = logging.getLogger("edged.mqtt")
 TOPIC_ROOT = "edged/v1"
 KINDS = ("state", "telemetry", "event", "audit")
+# Births per connection that state seqs leave room for (a rebirth is a rare command): state
+# seq = bdSeq * STATE_SEQ_SPAN + n; deaths take the last slot. JSON keeps 2^53 exact, so
+# bdSeq may reach 2^33 connections.
+STATE_SEQ_SPAN = 1 << 20
+
+
+def death_seq(bdseq: int) -> int:
+    """The state seq of connection `bdseq`'s Will: after all its births (module doc)."""
+    return (bdseq + 1) * STATE_SEQ_SPAN - 1
 # Keys the publisher writes; a payload that brings its own would be ambiguous.
 RESERVED = frozenset({"seq", "bdSeq", "historical", "topic"})
 PROTOCOLS = ("5", "3.1.1")
 BDSEQ_FILE = "mqtt-bdseq"
 SPOOL_FILE = "telemetry-spool.sqlite"
 MAX_COMMAND_BYTES = 64 * 1024
+# cmd/audit reads the whole system (about 0.2 s of a core here): one may start per this many
+# seconds; a flood is answered with at most one command_rejected event per second (each
+# event is an fsync'd spool write), the rest only counted.
+AUDIT_MIN_INTERVAL_S = 10.0
+REJECT_EVENTS_PER_S = 1.0
 _UNSUPPORTED_PROTOCOL = 0x84  # CONNACK reason; paho maps a 3.1.1 broker's "refused: version" to it
 _QUOTA_EXCEEDED = 0x97  # PUBACK reason: try again later, unlike the other failures
 _BAD_LEVEL = frozenset("/+#\0")
@@ -292,6 +311,8 @@ class Publisher:
         self._new_items = True
         self._audit_handler: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self._command_busy = False
+        self._audit_started = -math.inf  # monotonic time of the last audit started
+        self._last_reject_event = -math.inf
         # owned by the MQTT thread
         self._client: paho.Client | None = None
         self._connected = False
@@ -509,9 +530,9 @@ class Publisher:
         client.on_message = self._on_message
         client.max_inflight_messages_set(self.window + _RESERVED_INFLIGHT)
         bd = self.bdseq
-        self._state_seq += 1
+        self._state_seq = 0  # births of this connection (state seq, module docstring)
         client.will_set(s.topic("state"), dumps({"online": False, "ts": _now(),
-                                                  "seq": self._state_seq, "bdSeq": bd}),
+                                                  "seq": death_seq(bd), "bdSeq": bd}),
                         qos=1, retain=True, properties=self._json_props())
         try:
             if s.tls:
@@ -695,7 +716,8 @@ class Publisher:
         with self._lock:
             info = dict(self._birth)
         self._state_seq += 1
-        payload = dumps({"online": True, "ts": _now(), "seq": self._state_seq,
+        payload = dumps({"online": True, "ts": _now(),
+                         "seq": self.bdseq * STATE_SEQ_SPAN + self._state_seq,
                          "bdSeq": self.bdseq, **info})
         self._publish_other(client, "state", payload, "birth")
 
@@ -778,6 +800,11 @@ class Publisher:
             reason = self._start_audit(payload or {}, ref)
         if reason is not None:
             self._counts["commands_rejected"] += 1
+            if reason.startswith("at most one audit"):
+                now = time.monotonic()
+                if now - self._last_reject_event < 1.0 / REJECT_EVENTS_PER_S:
+                    return  # a flood: counted, not answered one by one
+                self._last_reject_event = now
             log.warning("MQTT command %r rejected: %s", command, reason)
             self.publish_event("command_rejected", {"command": command, "reason": reason,
                                                     **ref})
@@ -809,7 +836,12 @@ class Publisher:
         with self._lock:
             if self._command_busy:
                 return "an audit is already running"
+            wait = self._audit_started + AUDIT_MIN_INTERVAL_S - time.monotonic()
+            if wait > 0:
+                return (f"at most one audit every {AUDIT_MIN_INTERVAL_S:g} s; the next may "
+                        f"start in {wait:.1f} s")
             self._command_busy = True
+            self._audit_started = time.monotonic()
 
         def work() -> None:
             try:
@@ -843,10 +875,9 @@ class Publisher:
             self._publish_other(client, "audit", audit, "audit")
         if new_items:  # the last telemetry goes out before the offline state (PUBACKs come
             self._fill_window(client)  # in order); whatever does not fit stays spooled
-        self._state_seq += 1
         self._publish_other(client, "state", dumps(
-            {"online": False, "ts": _now(), "seq": self._state_seq, "bdSeq": self.bdseq}),
-            "offline")
+            {"online": False, "ts": _now(), "seq": death_seq(self.bdseq),
+             "bdSeq": self.bdseq}), "offline")
         while (not self._offline_acked and self._client is not None
                and not self._drop_client and time.monotonic() < self._stop_deadline):
             self._service(0.05)

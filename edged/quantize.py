@@ -538,13 +538,10 @@ def _decide(model_path: Path, output: Path, attempts: list[Attempt], fp32_ms: di
     common = {"warnings": warnings, "method": settings.method, "max_drop": settings.max_drop,
               "samples": {"calibration": len(calibration), "evaluation": len(evaluation)},
               "fp32_ms": fp32_ms, "attempts": [a.to_dict() for a in attempts], "cpu": cpu}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(output.name + ".part")
     if winners:
         # Across targets: the lowest latency wins (auto); within one, the fastest recipe.
         pick = min(winners, key=lambda a: a.p50_ms)
-        shutil.copyfile(pick.path, partial)
-        partial.replace(output)
+        _write(pick.path, output)
         return Report(str(output), pick.target, pick.recipe.label, list(pick.recipe.fp32_nodes),
                       pick.accuracy.to_dict() if pick.accuracy else None, pick.speedup,
                       **common)
@@ -562,6 +559,17 @@ def _decide(model_path: Path, output: Path, attempts: list[Attempt], fp32_ms: di
         errors = "; ".join(f"{a.target} {a.recipe.label}: {a.error}" for a in attempts if a.error)
         reason = f"no INT8 recipe ran ({errors}); FP32 kept"
     fastest = min(fp32_ms, key=fp32_ms.get) if fp32_ms else settings.targets[0]
-    shutil.copyfile(model_path, partial)
-    partial.replace(output)
+    _write(model_path, output)
     return Report(str(output), fastest, "fp32", [], None, None, reason=reason, **common)
+
+
+def _write(source: Path, output: Path) -> None:
+    """Copy to `output` whole or not at all (via OUTPUT.part, which a failure removes)."""
+    partial = output.with_name(output.name + ".part")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, partial)
+        partial.replace(output)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise QuantizeError(f"cannot write {output}: {exc.strerror or exc}") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,11 @@ def cmd_quantize(args) -> int:
         raise UsageError("--threads must be at least 1")
     if args.output.resolve() == args.model.resolve():
         raise UsageError(f"--output {args.output} is the input model; write elsewhere")
+    if args.output.is_dir():  # said now, not after minutes of quantizing
+        raise UsageError(f"--output {args.output} is a folder; give the model file's path "
+                         f"(e.g. {args.output / (args.model.stem + '_int8.onnx')})")
+    if args.output.parent.exists() and not os.access(args.output.parent, os.W_OK):
+        raise UsageError(f"--output {args.output}: cannot write in {args.output.parent}")
     targets = ("onnxruntime", "openvino") if args.target == "auto" else (args.target,)
     try:
         calibration, evaluation, warnings = calibration_and_evaluation(

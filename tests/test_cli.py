@@ -273,3 +273,11 @@ def test_a_reader_that_goes_away_is_not_a_traceback(monkeypatch, capsys) -> None
         broken.flush()  # now /dev/null: the interpreter's last flush cannot fail
     finally:
         broken.close()
+
+
+@pytest.mark.parametrize("address", ["garbage", "http://[::1", "unix:", "host:0", "h:99999"])
+def test_malformed_address_is_bad_input(address: str, tmp_path: Path) -> None:
+    proc = edgectl("status", "--address", address, state=tmp_path, check_rc=2)
+    assert f"--address {address!r}: expected unix:PATH, HOST:PORT" in proc.stderr
+    proc = edgectl("reload", "--address", "127.0.0.1:8000", state=tmp_path, check_rc=2)
+    assert "expected unix:PATH" in proc.stderr

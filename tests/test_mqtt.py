@@ -320,6 +320,8 @@ def test_kill_9_makes_the_broker_publish_the_will_with_the_births_bdseq(
         proc.wait()
     will = messages[1].payload
     assert will["online"] is False and will["bdSeq"] == bdseq
+    # Ordered by seq, the death comes after the birth it ends (it was registered before).
+    assert will["seq"] > birth.payload["seq"]
     check("state", will)
     (retained,) = sub_once(broker.port, BASE + "state")
     assert retained == will
@@ -587,6 +589,37 @@ def test_commands_are_validated_and_answered(tmp_path: Path, broker: Broker) -> 
     assert summary["checks"] == 3 and audits == [{"id": "a1"}]
     check("audit", summary)
     assert sub_once(broker.port, BASE + "audit")[0]["failed"] == 1  # retained
+
+
+def test_audit_command_flood_is_rate_limited(tmp_path: Path, broker: Broker) -> None:
+    """cmd/audit at 20/s: one audit runs; the rest are refused, with at most one
+    command_rejected event a second (each is a spooled, fsync'd write), all counted."""
+    p = publisher(tmp_path, broker.url)
+    audits: list[dict] = []
+    p.set_audit_handler(lambda command: audits.append(command) or {"checks": 1})
+    watcher = SubProcess(broker.port, BASE + "event", tmp_path / "sub.out").ready()
+    try:
+        p.start()
+        assert p.wait_connected(10)
+        start = time.monotonic()
+        for i in range(20):
+            pub(broker.port, BASE + "cmd/audit", f'{{"id": "f{i}"}}')
+        wait(lambda: p.stats()["commands"] >= 20, what="20 commands")
+        elapsed = time.monotonic() - start
+        messages = watcher.wait_for(lambda m: any(x.payload["kind"] == "command_done"
+                                                  for x in m))
+        time.sleep(0.5)
+        messages = watcher.messages()
+    finally:
+        p.stop(5)
+        watcher.close()
+    assert len(audits) == 1
+    events = [m.payload for m in messages]
+    rejected = [e for e in events if e["kind"] == "command_rejected"]
+    assert rejected and all(e["reason"].startswith("at most one audit every 10 s")
+                            for e in rejected)
+    assert len(rejected) <= elapsed + 2  # at most one a second (plus the edges)
+    assert p.stats()["commands_rejected"] == 19
 
 
 # -- protocol versions ----------------------------------------------------------------------------

@@ -160,6 +160,19 @@ def test_cli_bad_data_exits_2_and_writes_nothing(models_dir, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_cli_output_folder_is_refused_before_any_work(models_dir, tmp_path, capsys):
+    """--output naming a folder exits 2 at once (it used to quantize for minutes, then fail
+    with a traceback and leave OUT.part behind)."""
+    np.savez(tmp_path / "ok.npz", x=np.zeros((4, 3, 48, 192), np.float32))
+    folder = tmp_path / "out"
+    folder.mkdir()
+    code = main(["quantize", str(models_dir / "ppocr_cls.onnx"), "--calibration",
+                 str(tmp_path / "ok.npz"), "--output", str(folder)])
+    assert code == 2
+    assert f"--output {folder} is a folder" in capsys.readouterr().err
+    assert list(folder.iterdir()) == [] and not list(tmp_path.glob("*.part"))
+
+
 # -- quantization ---------------------------------------------------------------------------------
 
 @pytest.mark.slow
