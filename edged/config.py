@@ -47,13 +47,15 @@ MAX_MS = 3_600_000  # one hour, for timeouts, watchdogs and periods
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 SERVER_KEYS = ("listen", "socket", "socket_mode", "state_dir", "max_body_bytes", "log_level",
-               "housekeeping_cpus", "mlockall", "max_connections", "hang_s")
+               "housekeeping_cpus", "mlockall", "max_connections", "hang_s",
+               "socket_max_connections", "header_timeout_s", "body_timeout_s",
+               "idle_timeout_s", "max_header_bytes", "max_decode_bytes")
 SELECTION_KEYS = ("runs", "warmup", "time_budget_s", "max_drop", "min_cosine", "max_abs")
 MODEL_KEYS = ("name", "path", "variants", "calibration", "precision", "backend", "threads",
               "cpus", "shapes", "max_batch_size",
               "preferred_batch_sizes", "max_queue_delay_us", "max_queue_size", "timeout_ms",
               "watchdog_ms", "rt_priority", "period_ms")
-TELEMETRY_KEYS = ("enabled", "interval_s", "mqtt")
+TELEMETRY_KEYS = ("enabled", "interval_s", "mqtt", "payload_file")
 MQTT_KEYS = ("url", "group", "device_id", "spool_max_mb", "spool_max_age_days", "ca_file",
              "cert_file", "key_file", "username", "password_file", "keepalive_s", "protocol")
 AUDIT_KEYS = ("trim", "keep")
@@ -87,9 +89,22 @@ class ServerConfig:
     # pinned to (and all of them when no model is pinned).
     housekeeping_cpus: tuple[int, ...] | None = None
     mlockall: bool = False  # lock the daemon's memory (no page faults on the inference path)
-    # Connections served at once (TCP and Unix socket together); a request on one more gets
-    # 503 from uvicorn at once, so a flood of clients cannot exhaust file descriptors/memory.
+    # TCP connections served at once; one more gets a JSON 503 at once and is closed, so a
+    # flood of clients cannot exhaust file descriptors or memory. The Unix socket has its own
+    # budget, so idle TCP connections cannot lock out edgectl and health checks.
     max_connections: int = 64
+    socket_max_connections: int = 32
+    # A connection's request line and headers: complete within header_timeout_s of its
+    # opening (or of a later request's first byte), at most max_header_bytes (431 beyond).
+    # A connection that sends nothing is closed when the time is up; a partial head gets 408.
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 64 * 1024
+    # The body within body_timeout_s of the headers (408; the request's queue slot is freed).
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 5.0  # a kept-alive connection idle this long between requests
+    # Memory that JSON tensor data of large requests may take while it is decoded, estimated
+    # before decoding, for all such requests at once: one alone over it gets 413.
+    max_decode_bytes: int = 256 * 1024 * 1024
     # A worker busy on one batch longer than this is hung: WATCHDOG=1 pings stop, so systemd
     # restarts the daemon. Longer than every model's watchdog_ms, so fail-over to another
     # backend gets its chance first. Default: 30 s, or twice the largest watchdog_ms.
@@ -155,7 +170,10 @@ class MqttConfig:
 class TelemetryConfig:
     enabled: bool = True  # false: no telemetry thread, no counter sampling, no publisher
     interval_s: float = 10.0
-    mqtt: MqttConfig | None = None  # None: telemetry goes to the log as JSON lines
+    mqtt: MqttConfig | None = None  # None: telemetry goes to the log (a summary line each)
+    # No broker: every full payload appended here as a JSON line (rotated to <file>.1 at
+    # 10 MB); None: full payloads only at log level debug.
+    payload_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -346,6 +364,14 @@ class _Validator:
         if not raw_state:
             raise self.fail("server.state_dir", "must not be empty")
         level = self.string(table, "log_level", "server", d.log_level)
+
+        def bounded(key: str, default: int, low: int, high: int) -> int:
+            return self.integer(table, key, "server", default, low, high)
+
+        def seconds(key: str, default: float) -> float:  # finite, and not a typo'd forever
+            return self.number(table, key, "server", default, lambda x: 0 < x <= 3600,
+                               "a number of seconds > 0 and at most 3600")
+
         if level.lower() not in LOG_LEVELS:
             raise self.fail("server.log_level", f"must be one of {', '.join(LOG_LEVELS)}, "
                                                 f"got {level!r}")
@@ -363,6 +389,13 @@ class _Validator:
             mlockall=self.boolean(table, "mlockall", "server", False),
             max_connections=self.integer(table, "max_connections", "server",
                                          d.max_connections, 1),
+            socket_max_connections=bounded("socket_max_connections",
+                                           d.socket_max_connections, 1, 65536),
+            header_timeout_s=seconds("header_timeout_s", d.header_timeout_s),
+            body_timeout_s=seconds("body_timeout_s", d.body_timeout_s),
+            idle_timeout_s=seconds("idle_timeout_s", d.idle_timeout_s),
+            max_header_bytes=bounded("max_header_bytes", d.max_header_bytes, 1024, 2**24),
+            max_decode_bytes=bounded("max_decode_bytes", d.max_decode_bytes, 2**20, 2**36),
         )
 
     def hang_bound(self, table: Mapping[str, Any], server: ServerConfig,
@@ -627,8 +660,22 @@ class _Validator:
         mqtt = None
         if "mqtt" in table:
             mqtt = self.mqtt(self.table(table, "mqtt"))
+        payload_file = None
+        if "payload_file" in table:
+            raw = self.string(table, "payload_file", "telemetry", None)
+            if not raw:
+                raise self.fail("telemetry.payload_file", "must not be empty")
+            if mqtt is not None:
+                raise self.fail("telemetry.payload_file", "is for telemetry without a broker; "
+                                "with [telemetry.mqtt] the payloads go to the broker")
+            payload_file = self.path(raw, "telemetry.payload_file")
+            if payload_file.is_dir():
+                raise self.fail("telemetry.payload_file", f"is a folder: {payload_file}")
+            if not payload_file.parent.is_dir():
+                raise self.fail("telemetry.payload_file",
+                                f"no such folder: {payload_file.parent}")
         return TelemetryConfig(self.boolean(table, "enabled", "telemetry", True), interval,
-                               mqtt)
+                               mqtt, payload_file)
 
     def audit(self, table: Mapping[str, Any]) -> AuditConfig:
         from sysconf.services import is_protected

@@ -195,11 +195,24 @@ class Daemon:
         self.start_telemetry()
         api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
                   self.status, lambda: self.failed, reload=self._on_hup)
-        # uvicorn answers 503 once len(connections) >= limit_concurrency, counting the new
-        # connection itself: limit = max_connections + 1 serves max_connections at once.
+        # Connection budgets (per listener), header size and time, and body time are
+        # edged.http_limits' (uvicorn has no such options); uvicorn's own limit_concurrency
+        # stays off, since it counts every listener together. WebSocket: no route uses it.
+        from edged.http_limits import HttpLimits, protocol_class
+
+        srv = self.config.server
+        api.max_decode_bytes = srv.max_decode_bytes
+        limits = HttpLimits(header_timeout_s=srv.header_timeout_s,
+                            body_timeout_s=srv.body_timeout_s,
+                            max_header_bytes=srv.max_header_bytes,
+                            connections={"tcp": srv.max_connections,
+                                         "unix": srv.socket_max_connections},
+                            drain_s=DRAIN_S)
         uv_config = uvicorn.Config(api, lifespan="off", access_log=False, log_config=None,
-                                   timeout_graceful_shutdown=int(DRAIN_S), http="auto",
-                                   limit_concurrency=self.config.server.max_connections + 1)
+                                   timeout_graceful_shutdown=int(DRAIN_S),
+                                   http=protocol_class(limits), ws="none",
+                                   timeout_keep_alive=srv.idle_timeout_s,  # type: ignore
+                                   limit_concurrency=None)
         self._server = server = _Server(uv_config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -240,31 +253,42 @@ class Daemon:
         if not self.config.telemetry.enabled:
             log.info("telemetry disabled ([telemetry] enabled = false)")
             return
-        from edged.telemetry import TelemetryLoop
+        from edged.mqtt import LogPublisher
+        from edged.telemetry import LogSink, TelemetryLoop
 
         self.publisher = open_telemetry(self.config)
         self.publisher.set_birth(self._birth())
         self.publisher.set_audit_handler(self._audit_command)
         self.publisher.start()
+        # Without a broker: a summary line per payload at INFO, the payload itself at DEBUG
+        # or in [telemetry] payload_file (birth, events and audit stay as the publisher logs
+        # them).
+        sink = LogSink(self.publisher, self.config.telemetry.payload_file) \
+            if isinstance(self.publisher, LogPublisher) else self.publisher
         self.telemetry = TelemetryLoop(
-            self.config.telemetry.interval_s, lambda: self.models, self.publisher,
+            self.config.telemetry.interval_s, lambda: self.models, sink,
             sampler=self.core_sampler())
         self.telemetry.start()
 
     def core_sampler(self):
         """Interrupt/softirq counters of the inference cores, plus their cpufreq and the
         throttle state (read from the daemon's root), so outliers can be blamed on
-        "freq_drop" and "throttle" as well as on interrupts."""
-        from edged.latency import CoreSampler, cpufreq_reader
+        "freq_drop" and "throttle" as well as on interrupts. It samples only while a model
+        has a batch in flight (and a tail of two periods after): parked, an idle daemon
+        pays nothing for it; busy, it stays within SAMPLER_CPU_BUDGET of a core (20 Hz where
+        a sample is cheap, down to 5 Hz)."""
+        from edged.latency import ACTIVITY, CoreSampler, cpufreq_reader
+        from edged.telemetry import SAMPLER_CPU_BUDGET, SAMPLER_HZ
 
         pinned = sorted({cpu for m in self.models.values() for cpu in (m.worker.cpus or ())})
         has_cpufreq = any(self.root.exists(f"/sys/devices/system/cpu/{name}/cpufreq")
                           for name in self.root.listdir("/sys/devices/system/cpu")
                           if name.startswith("cpu") and name[3:].isdecimal())
-        return CoreSampler(pinned or None, rate_hz=20, root=self.root,
+        return CoreSampler(pinned or None, rate_hz=SAMPLER_HZ, root=self.root,
                            freq=cpufreq_reader(self.root) if has_cpufreq else None,
                            throttled=throttle_reader(self.root),
-                           cpu_affinity=self.housekeeping)
+                           cpu_affinity=self.housekeeping, activity=ACTIVITY,
+                           cpu_budget=SAMPLER_CPU_BUDGET)
 
     # -- CPU plan ----------------------------------------------------------------------------
     def with_cpu_plan(self, config: Config) -> Config:

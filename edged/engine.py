@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.base import BackendError, Candidate, InputError, Session, check_feeds
-from edged.latency import LatencyRecorder, thread_involuntary_switches
+from edged.latency import LatencyRecorder, batch_begin, batch_end
 
 log = logging.getLogger("edged.engine")
 
@@ -82,8 +82,12 @@ class ModelWorker:
     def __init__(self, name: str, session: Session, batching: BatchingConfig,
                  cpus: Sequence[int] | None = None, fallbacks: Fallbacks | None = None,
                  on_failover: Callable[[str], None] | None = None,
-                 recorder: LatencyRecorder | None = None) -> None:
+                 recorder: LatencyRecorder | None = None,
+                 reference: Callable[[], Session] | None = None) -> None:
         self.name = name
+        # Loads the model on its float32 reference runtime (selection's), to tell whether an
+        # input that made the backend fail is the input's fault: only on that rare path.
+        self._reference = reference
         self.session = session
         self.batching = batching
         self.cpus = tuple(cpus) if cpus else None
@@ -145,7 +149,10 @@ class ModelWorker:
 
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        """Requests waiting: queued, and admitted with their bodies still being read or
+        decoded (they hold queue room: a stalled upload shows here, not as a silent full
+        queue)."""
+        return len(self._queue) + self.admitting
 
     # -- switching backends ------------------------------------------------------------------
     def fail_over(self, reason: str, usable: Callable[[Candidate], bool] | None = None
@@ -371,13 +378,13 @@ class ModelWorker:
             self._inflight = live
             self._busy_since = time.monotonic()
         error: Exception | None = None
-        switches = thread_involuntary_switches()
+        usage = batch_begin()  # wakes the counter sampler; the thread's CPU time so far
         try:
             outputs = self._run_with_failover(feeds)
         except Exception as exc:  # report to every caller; the worker keeps serving
             error = exc
         end = time.perf_counter()
-        switches = thread_involuntary_switches() - switches
+        switches, off_cpu, waking = batch_end(usage, end - start)  # preempted? off-CPU?
         with self._cond:
             if generation != self._generation:
                 return  # taken over after a stall: these requests were re-run elsewhere
@@ -398,7 +405,7 @@ class ModelWorker:
         if self.recorder is not None:  # after the replies: they do not wait for bookkeeping
             for item in live:
                 self.recorder.record(end - item.enqueued, start - item.enqueued, end - start,
-                                     start, end, switches)
+                                     start, end, switches, off_cpu, waking)
 
     def _run_with_failover(self, feeds) -> dict[str, np.ndarray]:
         session = self.session
@@ -408,9 +415,37 @@ class ModelWorker:
             raise
         except BackendError as exc:
             self.last_error = str(exc)
+            fault = self._input_fault(feeds, exc)
+            if fault is not None:
+                raise fault from None  # the input's fault: 400, and no switch of backend
             if not self.fail_over(str(exc), lambda c: c.key != session.candidate.key):
                 raise
             return self.session.run(feeds)  # the failed request is retried once, there
+
+    def _input_fault(self, feeds, exc: BackendError) -> InputError | None:
+        """An InputError when the reference runtime fails on these inputs too (a size the
+        model cannot compute, say 7x7 for a detector that halves five times): then the
+        input is at fault, not the backend, and failing over would move the model for good
+        because of one bad request. None when the reference runs them (or is unknown)."""
+        if self._reference is None:
+            return None
+        try:
+            reference = self._reference()
+        except Exception as load_error:  # cannot tell: treat as the backend's fault
+            log.warning("%s: reference runtime did not load to check an input: %s",
+                        self.name, load_error)
+            return None
+        try:
+            reference.run(feeds)
+        except (BackendError, InputError) as ref_exc:
+            shapes = ", ".join(f"{k}={'x'.join(map(str, np.shape(v)))}"
+                               for k, v in feeds.items())
+            return InputError(f"{self.name}: the model cannot compute inputs of shape "
+                              f"{shapes}: its reference runtime fails on them too "
+                              f"({str(ref_exc)[:200]}); the backend said: {str(exc)[:200]}")
+        finally:
+            reference.close()
+        return None
 
 
 def _name_thread(name: str) -> None:

@@ -800,7 +800,7 @@ class Publisher:
             reason = self._start_audit(payload or {}, ref)
         if reason is not None:
             self._counts["commands_rejected"] += 1
-            if reason.startswith("at most one audit"):
+            if reason.startswith(("at most one audit", "an audit is already running")):
                 now = time.monotonic()
                 if now - self._last_reject_event < 1.0 / REJECT_EVENTS_PER_S:
                     return  # a flood: counted, not answered one by one

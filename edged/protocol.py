@@ -210,21 +210,57 @@ _LAYOUTS: dict[bytes, _Layout] = {}
 
 
 FAST_JSON_BYTES = 16 * 1024
+# Documents over ORJSON_MAX_BYTES, and those from YIELDING_JSON_BYTES on that orjson refuses,
+# are parsed by the standard library with number callbacks written in Python. orjson and the
+# standard library's C scanner each hold the GIL for a whole document (57 MB: ≈0.3 s and 1 s),
+# which stalls the event loop even when the decode runs in another thread; a call back into
+# the interpreter for every number lets it switch threads every few ms. The price: three
+# 56 MB requests at once took 2.1-5.1 s instead of 1.6-1.9 s, while other clients waited at
+# most ≈0.1 s instead of 0.35 s (0.9 s with the decode on the event loop).
+YIELDING_JSON_BYTES = 1024 * 1024
+ORJSON_MAX_BYTES = 8 * 1024 * 1024
+# What tensor data sent as JSON costs while it is decoded, per value (measured with
+# tracemalloc): the parse tree holds a Python number and a list slot for each (32 bytes for
+# a float, 44 for an int beyond the small ones), then numpy's float64/int64 copy (8, made in
+# pieces and joined) and the converted tensor (up to 8). Beside it, the standard library
+# parses a str copy of the document. (orjson, used up to ORJSON_MAX_BYTES, reserves about
+# 13x the document for its value pool, but touches ≈16 bytes a value of it.)
+JSON_VALUE_BYTES = 56
+
+
+def json_decode_bytes(body: bytes | bytearray, header_length: int | None) -> int:
+    """The memory decoding the JSON part of `body` may take, estimated before decoding (so
+    a request can be refused before it costs anything): the document once, and
+    JSON_VALUE_BYTES per value, counted by its commas (there is one after every value but
+    the last of each list; keys separated by commas make it a slight over-estimate)."""
+    end = len(body) if header_length is None else min(max(header_length, 0), len(body))
+    return end + (body.count(b",", 0, end) + 1) * JSON_VALUE_BYTES
 
 
 def _loads(header: bytes) -> Any:
     """Large JSON documents (tensors sent as JSON data) go through orjson, which parses them
-    ~8x faster (a 533 kB request: 6.2 ms with `json`, 0.8 ms with orjson). Small ones, and
-    whatever orjson refuses (NaN/Infinity, which Python's json and so tritonclient write), take
-    the standard library, so errors read the same. orjson turns integers beyond 64 bits into
+    ~8x faster (a 533 kB request: 6.2 ms with `json`, 0.8 ms with orjson), up to
+    ORJSON_MAX_BYTES (see there). Small ones, and whatever orjson refuses (NaN/Infinity, which
+    Python's json and so tritonclient write), take the standard library, so errors read the
+    same. orjson turns integers beyond 64 bits into
     floats; the tensor checks below reject floats where integers are due, as they reject the
     integers themselves."""
-    if len(header) >= FAST_JSON_BYTES:
+    if FAST_JSON_BYTES <= len(header) <= ORJSON_MAX_BYTES:
         try:
             return orjson.loads(header)
         except orjson.JSONDecodeError:
             pass
+    if len(header) >= YIELDING_JSON_BYTES:
+        return json.loads(header, parse_float=_float, parse_int=_int)
     return json.loads(header)
+
+
+def _float(text: str) -> float:
+    return float(text)
+
+
+def _int(text: str) -> int:
+    return int(text)
 
 
 def _looks_binary(body: bytes, exc: Exception) -> bool:
@@ -315,7 +351,7 @@ def _json_tensor(data: Any, shape: tuple[int, ...], dtype: np.dtype, name: str) 
     if data is None:
         raise ProtocolError(f"input {name!r} has neither 'data' nor binary_data_size")
     try:
-        array = np.asarray(data)
+        array = _asarray(data)
         kind = array.dtype.kind
         if dtype.kind in "iu" and kind in "fO" and array.size:
             # numpy reads ints past INT64 mixed with smaller ones as float64 (losing digits)
@@ -356,11 +392,26 @@ def _json_tensor(data: Any, shape: tuple[int, ...], dtype: np.dtype, name: str) 
     return converted.reshape(shape)
 
 
+ASARRAY_VALUES = 64 * 1024
+
+
+def _asarray(data: Any) -> np.ndarray:
+    """np.asarray, in pieces for a long flat list (the form tritonclient sends): one call on
+    millions of values holds the GIL for ~50 ms; pieces let other threads in between. The
+    pieces' types promote as one call's would (ints and floats to float64, past-int64 ints
+    to objects), and what one call refuses, a piece or the joining refuses."""
+    if (type(data) is not list or len(data) <= ASARRAY_VALUES
+            or isinstance(data[0], list)):
+        return np.asarray(data)
+    return np.concatenate([np.asarray(data[i:i + ASARRAY_VALUES])
+                           for i in range(0, len(data), ASARRAY_VALUES)])
+
+
 def encode_response(model_name: str, request: InferRequest, outputs: Mapping[str, np.ndarray],
                     ) -> tuple[bytes, int | None]:
     """(body, header length or None). Binary outputs when asked (per output or by the
     request-wide `binary_data_output`), else JSON data."""
-    wanted = request.binary_outputs or dict.fromkeys(outputs, request.binary_default)
+    wanted = _wanted(request, outputs)
     unknown = sorted(set(wanted) - set(outputs))
     if unknown:
         raise ProtocolError(f"unknown output {unknown[0]!r}; outputs are {sorted(outputs)}")
@@ -368,6 +419,7 @@ def encode_response(model_name: str, request: InferRequest, outputs: Mapping[str
     if request.id is not None:
         doc["id"] = request.id
     chunks: list[bytes] = []
+    as_data: list[np.ndarray] = []
     for name, binary in wanted.items():
         array = np.asarray(outputs[name])  # (ascontiguousarray makes 0-d arrays 1-d)
         entry: dict[str, Any] = {"name": name, "datatype": _datatype_of_dtype(array.dtype),
@@ -378,14 +430,40 @@ def encode_response(model_name: str, request: InferRequest, outputs: Mapping[str
             chunks.append(data)
         else:
             entry["data"] = array.ravel().tolist()
+            as_data.append(array)
         doc["outputs"].append(entry)
     if not chunks:
-        return json.dumps(doc, separators=(",", ":")).encode(), None
+        return _dumps(doc, as_data), None
     # Binary outputs only carry strings and integers in the header: orjson writes the same
-    # compact JSON several times faster. (JSON data keeps `json`: NaN stays NaN, as Triton.)
-    header = (orjson.dumps(doc) if len(chunks) == len(wanted)
-              else json.dumps(doc, separators=(",", ":")).encode())
+    # compact JSON several times faster.
+    header = orjson.dumps(doc) if len(chunks) == len(wanted) else _dumps(doc, as_data)
     return header + b"".join(chunks), len(header)
+
+
+def _wanted(request: InferRequest, outputs: Mapping[str, np.ndarray]) -> dict[str, bool]:
+    return request.binary_outputs or dict.fromkeys(outputs, request.binary_default)
+
+
+def json_output_values(request: InferRequest, outputs: Mapping[str, np.ndarray]) -> int:
+    """How many values the response carries as JSON data (its encoding cost)."""
+    return sum(int(np.size(outputs[name])) for name, binary in _wanted(request, outputs).items()
+               if not binary and name in outputs)
+
+
+# JSON data of this many values or more: a 0.9 M-value output took 0.63 s in `json.dumps`,
+# 34 ms with orjson. orjson writes NaN and Infinity as null, so outputs holding them keep
+# the standard library (NaN stays NaN, as Triton writes it), with its pure-Python encoder:
+# the C one holds the GIL for the whole document, stalling the event loop even from a thread.
+FAST_JSON_VALUES = 16 * 1024
+_YIELDING_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def _dumps(doc: dict[str, Any], as_data: Sequence[np.ndarray]) -> bytes:
+    if sum(a.size for a in as_data) < FAST_JSON_VALUES:
+        return json.dumps(doc, separators=(",", ":")).encode()
+    if all(a.dtype.kind not in "fc" or bool(np.isfinite(a).all()) for a in as_data):
+        return orjson.dumps(doc)
+    return "".join(_YIELDING_ENCODER.iterencode(doc)).encode()
 
 
 def tensor_metadata(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:

@@ -93,6 +93,31 @@ class ServedModel:
     def original(self) -> ModelInfo:
         return self.selection.original or self.selection.model
 
+    def check_shapes(self, inputs: dict) -> None:
+        """Inputs at the shapes the backends were verified at, when the config fixes them
+        (`shapes`): another size may fail on one backend and not another, and a request
+        must not decide which backend a model runs on. The batch dim may vary up to
+        max_batch_size. Raises InputError (400) naming the input."""
+        if not self.policy.shapes:
+            return
+        batch = self.worker.batching.max_batch_size
+        for name, array in inputs.items():
+            want = self.selection.shapes.get(name)
+            got = tuple(getattr(array, "shape", ()))
+            if want is None:
+                continue
+            fits = len(got) == len(want) and all(
+                g == w or (i == 0 and batch > 1 and 1 <= g <= batch)
+                for i, (g, w) in enumerate(zip(got, want, strict=True)))
+            if not fits:
+                shown = "x".join(str(d) for d in want)
+                if batch > 1 and want:
+                    shown = f"Nx{'x'.join(str(d) for d in want[1:])} (N up to {batch})"
+                raise InputError(f"{self.name}: input {name!r} has shape "
+                                 f"{'x'.join(map(str, got))}; this model is served at "
+                                 f"{shown} (its configured shapes, which its backends were "
+                                 f"verified at)")
+
     @property
     def platform(self) -> str:
         return PLATFORMS.get(self.selection.model.format, self.selection.model.format)
@@ -161,6 +186,29 @@ def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts,
     return next_session
 
 
+def _reference_loader(selection: Selection, options: LoadOptions
+                      ) -> Callable[[], Session]:
+    """Loads the served file on the selection's float32 reference runtime, one thread (the
+    worker uses it to tell an input's fault from the backend's; see ModelWorker)."""
+    from dataclasses import replace as _replace
+
+    from edged.selection import reference_candidates
+
+    def load() -> Session:
+        one = _replace(options, threads=1, cache_dir=None)
+        errors = []
+        for candidate in reference_candidates(selection.model):
+            try:
+                with pinned_thread(options.cpus):
+                    return get_backend(candidate.backend).load(selection.model, candidate,
+                                                               _replace(one, shapes=None))
+            except (ModelError, BackendError, ImportError) as exc:
+                errors.append(f"{candidate.key}: {exc}")
+        raise BackendError("; ".join(errors) or "no reference runtime")
+
+    return load
+
+
 def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
                hw: HardwareFacts, state_dir: Path, config_key: tuple = (),
                on_failover: Callable[[str], None] | None = None,
@@ -187,7 +235,8 @@ def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
         session = get_backend(chosen.backend).load(selection.model, chosen, options)
     worker = ModelWorker(name, session, batching, policy.cpus,
                          _fallback_provider(name, selection, hw, options), on_failover,
-                         LatencyRecorder(name, cores=policy.cpus, period_s=period_s))
+                         LatencyRecorder(name, cores=policy.cpus, period_s=period_s),
+                         reference=_reference_loader(selection, options))
     worker.start()
     return ServedModel(name, selection, worker, config_key, policy=policy, state_dir=state_dir,
                        variants=family, evaluation=evaluation, calibration=calibration,

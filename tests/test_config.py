@@ -417,7 +417,9 @@ def test_typo_is_an_error_not_a_default(folder: Path) -> None:
     assert str(err) == (
         f"{folder / 'edged.toml'}: server.max_body_byte: unknown key; did you mean "
         f"'max_body_bytes'?; allowed: listen, socket, socket_mode, state_dir, max_body_bytes, "
-        f"log_level, housekeeping_cpus, mlockall, max_connections, hang_s")
+        f"log_level, housekeeping_cpus, mlockall, max_connections, hang_s, "
+        f"socket_max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, "
+        f"max_header_bytes, max_decode_bytes")
 
 
 def test_isolation_keys(folder: Path) -> None:

@@ -4,6 +4,9 @@ events, the offline state on a clean stop and the Will after kill -9, a 30 s bro
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
 import signal
 import time
@@ -16,6 +19,7 @@ from daemon_harness import Daemon, write_config
 from test_mqtt import check, first_seen
 
 from edged.client import Client
+from sysconf.intrusions import thread_switches
 
 pytestmark = pytest.mark.skipif(shutil.which("mosquitto_sub") is None
                                 and not Path("/usr/sbin/mosquitto").exists(),
@@ -159,3 +163,72 @@ def test_broker_down_30_s_while_the_daemon_runs_loses_nothing(tmp_path: Path,
         p["ts"] for p in by_seq.values())  # arrival order is production order
     for p in outage[:3] + outage[-3:]:
         check("telemetry" if "models" in p else "event", p)
+
+
+def _thread_named(pid: int, name: str) -> int | None:
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            if Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip() == name:
+                return int(tid)
+        except OSError:
+            continue
+    return None
+
+
+def _wakeups(pid: int, tid: int) -> int:
+    counts = thread_switches(tid, pid)
+    assert counts is not None
+    return counts.voluntary + counts.involuntary
+
+
+def test_without_a_broker_idle_sampler_sleeps_and_the_log_gets_summaries(
+        tmp_path: Path, models_dir: Path) -> None:
+    """Issue 16: an idle daemon's counter sampler does not wake up at all (its thread's
+    context switches stand still: each sample is one sleep), and without a broker the log
+    gets one summary line per payload while the payloads go to [telemetry] payload_file,
+    each valid against the schema."""
+    out = tmp_path / "telemetry.jsonl"
+    d = Daemon(write_config(tmp_path, f"""
+[telemetry]
+interval_s = 0.5
+payload_file = "{out}"
+
+[[models]]
+name = "face"
+path = "{models_dir / 'face_detection_short_range.tflite'}"
+threads = 1
+""")).wait_ready()
+    try:
+        pid = d.proc.pid
+        deadline = time.monotonic() + 10
+        while (tid := _thread_named(pid, "edged-sampler")) is None:
+            assert time.monotonic() < deadline, "no edged-sampler thread"
+            time.sleep(0.05)
+        idle = _wakeups(pid, tid)
+        time.sleep(1.5)
+        assert _wakeups(pid, tid) == idle  # three payloads made, not one sample taken
+        with Client(d.address) as client:
+            for _ in range(40):
+                client.infer("face", {"input": np.zeros((1, 128, 128, 3), np.float32)})
+                time.sleep(0.02)
+        busy = _wakeups(pid, tid)
+        assert busy - idle >= 10  # sampled while requests came (20 Hz for ~1.5 s)
+        time.sleep(0.5)  # the tail, then parked
+        settled = _wakeups(pid, tid)
+        time.sleep(1.5)
+        assert _wakeups(pid, tid) == settled
+        assert settled - busy <= 6
+    finally:
+        assert d.stop() == 0
+    log = d.log_text()
+    summaries = [line for line in log.splitlines() if "edged.telemetry: telemetry: " in line]
+    assert len(summaries) >= 5, log[-3000:]
+    assert any(re.search(r"face n=\d+ p50 [\d.]+ p99 [\d.]+ ms", line) for line in summaries)
+    assert all(len(line) < 400 for line in summaries)
+    assert '"topic":"telemetry"' not in log  # the payloads are not in the log at info
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == len(summaries)
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    assert sum(r["models"]["face"]["count"] for r in records) == 40
+    for record in records:
+        check("telemetry", record)

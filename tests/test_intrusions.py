@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import os
+import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-from roots import board_root, snapshot_live
+import pytest
+from roots import board, board_root, format_interrupts, snapshot_live
 
 from sysconf import SysRoot
-from sysconf.intrusions import interrupts_per_cpu, rates, softirqs_per_cpu, thread_switches
+from sysconf.intrusions import (
+    TaskScan,
+    TaskTime,
+    interrupt_table,
+    interrupts_per_cpu,
+    intruders,
+    rates,
+    scan_tasks,
+    softirq_table,
+    softirqs_per_cpu,
+    thread_switches,
+)
 from sysconf.irq import read_interrupts
 
 
@@ -66,3 +82,141 @@ def test_thread_switches_of_a_busy_thread() -> None:
     thread.join()
     assert counts is not None and counts.voluntary > 10
     assert thread_switches(2**30) is None
+
+
+# -- the sampler's incremental readers ---------------------------------------------------------
+
+def test_counter_tables_agree_with_the_full_parsers_live() -> None:
+    root = SysRoot()
+    irqs, soft = interrupt_table(root), softirq_table(root)
+    try:
+        for _ in range(5):  # between a full parse just before and one just after
+            low, soft_low = interrupts_per_cpu(root), softirqs_per_cpu(root)
+            assert irqs.read() and soft.read()
+            high, soft_high = interrupts_per_cpu(root), softirqs_per_cpu(root)
+            assert set(irqs.totals()) == set(low)
+            assert all(low[cpu] <= n <= high[cpu] for cpu, n in irqs.totals().items())
+            for cpu, kinds in soft.by_key().items():
+                assert set(kinds) == set(soft_low[cpu])
+                assert all(soft_low[cpu][k] <= n <= soft_high[cpu][k] for k, n in kinds.items())
+            time.sleep(0.02)
+        assert irqs.full_parses == 1 and soft.full_parses == 1  # then only changed rows
+        assert set(soft.by_key({0})) == {0}
+    finally:
+        irqs.close()
+        soft.close()
+
+
+def test_counter_table_follows_changed_rows_and_layouts(tmp_path: Path) -> None:
+    b = board(6)
+    root = SysRoot(board_root(tmp_path / "board", cpus=6))
+    path = root.path("/proc/interrupts")
+    path.chmod(0o644)
+    table = interrupt_table(root)
+    assert table.read() and table.totals() == interrupts_per_cpu(root)
+    for step in range(3):  # one device row and the timer move, as between two samples
+        b.irqs[0].counts[2] += 7 + step
+        b.irqs[5].counts[0] += 1
+        path.write_text(format_interrupts(b))
+        assert table.read() and table.totals() == interrupts_per_cpu(root)
+    assert table.full_parses == 1
+    b.irqs.pop(3)  # an IRQ freed: the rows shift
+    path.write_text(format_interrupts(b))
+    assert table.read() and table.totals() == interrupts_per_cpu(root)
+    assert table.full_parses == 2
+    last = table.totals()
+    path.unlink()
+    assert not table.read()  # unreadable: False, the last totals stay
+    assert table.totals() == last
+
+
+def test_sampler_read_cost_on_a_board_sized_table(tmp_path: Path) -> None:
+    """The RK3588-like fixture (8 CPUs, 39 rows) and the same board with 300 rows, the size
+    of a real board's /proc/interrupts: a full parse, and a re-read where 3 rows changed."""
+    for rows in (0, 300):
+        b = board(8)
+        while rows and len(b.irqs) < rows:  # more GPIO/MSI rows, as real boards have
+            extra = b.irqs[len(b.irqs) % 20]
+            b.irqs.append(type(extra)(1000 + len(b.irqs), extra.chip, extra.hwirq,
+                                      extra.trigger, f"gpio-{len(b.irqs)}",
+                                      list(extra.counts), extra.affinity, extra.effective))
+        root = SysRoot(board_root(tmp_path / f"b{rows}", cpus=8))
+        path = root.path("/proc/interrupts")
+        path.chmod(0o644)
+        path.write_text(format_interrupts(b))
+        lines = len(path.read_text().splitlines())
+        full, changed = [], []
+        for _ in range(30):
+            table = interrupt_table(root)
+            t0 = time.perf_counter()
+            table.read()
+            full.append(time.perf_counter() - t0)
+            for irq in (b.irqs[0], b.irqs[7], b.irqs[-1]):
+                irq.counts[3] += 1
+            path.write_text(format_interrupts(b))
+            t0 = time.perf_counter()
+            table.read()
+            changed.append(time.perf_counter() - t0)
+            assert table.totals() == interrupts_per_cpu(root)
+            assert table.full_parses == 1
+        print(f"\n/proc/interrupts of {lines} lines, 8 CPUs: full parse "
+              f"{statistics.median(full) * 1e6:.0f} µs, 3 rows changed "
+              f"{statistics.median(changed) * 1e6:.0f} µs (file read included)")
+        assert statistics.median(changed) < statistics.median(full) or lines < 100
+
+
+# -- who ran on a core ----------------------------------------------------------------------------
+
+def _task(tid: int, cpu: int, ticks: int, started: int = 100, comm: str = "t") -> TaskTime:
+    return TaskTime(tid, tid, comm, cpu, ticks, started)
+
+
+def test_intruders_between_two_scans() -> None:
+    before = TaskScan(0.0, 1000, {1: _task(1, 3, 50), 2: _task(2, 3, 10), 3: _task(3, 0, 5),
+                                  4: _task(4, 3, 7, started=100), 9: _task(9, 3, 0)})
+    after = TaskScan(1.0, 1100, {
+        1: _task(1, 3, 150, comm="hog"),  # 100 ticks on CPU 3
+        2: _task(2, 3, 10),  # idle
+        3: _task(3, 0, 400),  # busy, elsewhere
+        4: _task(4, 3, 9, started=1050, comm="reused"),  # a new thread with an old tid
+        5: _task(5, 3, 4, started=1010, comm="new"),  # started after the first scan
+        6: _task(6, 3, 80, started=900, comm="missed"),  # existed, not in the first scan
+        9: _task(9, 3, 30, comm="worker"),
+    })
+    found = intruders(before, after, {3}, exclude={9})
+    from sysconf.intrusions import CLOCK_TICKS
+    assert [(t["comm"], t["cpu_ms"]) for t in found] == [
+        ("hog", 100 * 1000 / CLOCK_TICKS), ("new", 4 * 1000 / CLOCK_TICKS)]
+    assert found[0] == {"comm": "hog", "pid": 1, "tid": 1, "cpu": 3,
+                        "cpu_ms": 100 * 1000 / CLOCK_TICKS}
+    assert intruders(before, after, {3}, top=1)[0]["comm"] == "hog"
+    assert intruders(before, after, {7}) == []
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin a hog")
+def test_a_pinned_busy_process_is_found_on_its_core() -> None:
+    cpu = max(os.sched_getaffinity(0))
+    hog = subprocess.Popen([sys.executable, "-c", f"""
+import os, time
+os.sched_setaffinity(0, {{{cpu}}})
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    pass
+"""])
+    try:
+        time.sleep(0.2)
+        t0 = time.perf_counter()
+        before = scan_tasks()
+        scan_s = time.perf_counter() - t0
+        time.sleep(0.5)
+        after = scan_tasks()
+    finally:
+        hog.kill()
+        hog.wait()
+    print(f"\nscan of {len(before.tasks)} threads: {scan_s * 1e3:.1f} ms")
+    assert not before.truncated and len(before.tasks) > 1
+    assert before.tasks[threading.get_native_id()].pid == os.getpid()
+    found = intruders(before, after, {cpu})
+    assert found and found[0]["pid"] == hog.pid and found[0]["cpu"] == cpu
+    assert found[0]["cpu_ms"] >= 100  # of 500 ms, even when sharing the core
+    assert scan_tasks(limit=3).truncated

@@ -16,11 +16,15 @@ from hdrh.histogram import HdrHistogram
 from edged.latency import (
     MAX_OUTLIERS,
     MAX_SAMPLER_RING,
+    Activity,
     CoreSampler,
     LatencyRecorder,
     PhaseStats,
     Sample,
     attribute,
+    attribution,
+    batch_begin,
+    batch_end,
     cpufreq_reader,
     thread_involuntary_switches,
 )
@@ -122,8 +126,9 @@ def test_outliers_are_requests_above_their_own_windows_p99() -> None:
     assert third.outlier_threshold_ms == pytest.approx(0.9, rel=1e-3)
     assert third.outlier_count == 8
     assert [s[0] for s in third.outlier_spans] == [1007.0 - i for i in range(8)]  # slowest 1st
-    start, end, switches = third.outlier_spans[1]
+    start, end, switches, off_cpu, wake = third.outlier_spans[1]
     assert (start, end - start, switches) == (1006.0, pytest.approx(0.0026), 0)
+    assert off_cpu is None and wake is None  # not measured by this caller
     assert MAX_OUTLIERS == 1000
 
 
@@ -189,7 +194,10 @@ def test_payload_has_the_telemetry_keys() -> None:
     payload = recorder.rotate().to_payload()
     phase_keys = {"count", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms",
                   "stdev_ms", "jitter_ms"}
-    assert set(payload) == phase_keys | {"queue", "compute", "outlier_count", "outliers"}
+    assert set(payload) == phase_keys | {"queue", "compute", "outlier_count", "outliers",
+                                         "outlier_preemption"}
+    assert payload["outlier_preemption"] == {"switches": 0, "off_cpu_ms": 0.0,
+                                             "wake_delay_ms": 0.0}
     assert set(payload["queue"]) == set(payload["compute"]) == phase_keys
     assert payload["count"] == 3 and payload["outliers"] == {}
     assert payload["queue"]["p50_ms"] == pytest.approx(0.2)
@@ -284,14 +292,169 @@ def test_attribution_of_each_cause() -> None:
     assert causes(0.01, 0.035) == {"irq": 1}  # bracketed by samples 0.00 and 0.04
     # A span ending just past sample 0.04 is bracketed by 0.00 and 0.06: it sees NET_RX too.
     assert causes(0.01, 0.0401) == {"irq": 1, "softirq:NET_RX": 1}
-    # Several outliers: counted per outlier, one outlier may have several causes.
+    # Several outliers: counted per outlier, one outlier may have several causes; a preempted
+    # one is not blamed on the counters as well (NET_RX moved while (0.045, 0.055) ran).
     outliers = [(0.025, 0.035, 0), (0.045, 0.055, 1), (0.065, 0.075, 0), (0.025, 0.055, 0)]
     assert attribute(outliers, cores, samples) == {
-        "irq": 2, "softirq:NET_RX": 2, "preempted": 1, "unexplained": 1}
+        "irq": 2, "softirq:NET_RX": 1, "preempted": 1, "unexplained": 1}
     # Every sampled CPU when the worker is not pinned: CPU 0 moves all the time.
     assert attribute([(0.065, 0.075, 0)], None, samples) == {"irq": 1, "softirq:NET_RX": 1}
     assert attribute([(0.065, 0.075, 0)], cores, []) == {"unsampled": 1}
 
+
+def test_preemption_comes_first_from_the_workers_own_figures() -> None:
+    """Off-CPU share and wake-up delay decide "preempted"; then the counters are not asked."""
+    samples = [_sample(0.00), _sample(0.02), _sample(0.04, irq=3), _sample(0.06, irq=3, timer=9)]
+    cores = [2]
+
+    def causes(*outlier) -> dict[str, int]:
+        return attribute([outlier], cores, samples)
+
+    # 10 ms of compute with a switch: off the CPU 4 ms (40 %) is preemption, 1 ms is not.
+    assert causes(0.041, 0.051, 1, 0.004) == {"preempted": 1}
+    assert causes(0.041, 0.051, 1, 0.001) == {"softirq:TIMER": 1}
+    assert causes(0.041, 0.051, 0, 0.009) == {"softirq:TIMER": 1}  # off-CPU, not switched out
+    # Kept from starting for 4 ms (beyond the usual) before 10 ms of compute: 29 % of it.
+    assert causes(0.041, 0.051, 0, 0.0, 0.004) == {"preempted": 1}
+    assert causes(0.041, 0.051, 0, 0.0, 0.001) == {"softirq:TIMER": 1}
+    assert causes(0.041, 0.051, 0, 0.0, None) == {"softirq:TIMER": 1}
+    found = attribution([(0.021, 0.031, 3, 0.005, 0.0), (0.041, 0.051, 0, 0.0, 0.004),
+                         (0.021, 0.031, 1, 0.0, 0.0)], cores, samples)
+    assert found.causes == {"preempted": 2, "irq": 1}
+    assert found.preempted_switches == 3
+    assert found.preempted_off_cpu_s == pytest.approx(0.005)
+    assert found.preempted_wake_s == pytest.approx(0.004)
+
+
+def test_brackets_too_far_from_the_request_are_not_used() -> None:
+    """A parked sampler's last sample is from its last busy spell: with `max_gap` it does
+    not bracket a request seconds later; the sample taken on waking for it does."""
+    old = Sample(0.0, 0.0001, {2: 0}, {2: {"TIMER": 0}})
+    woke = Sample(5.0003, 5.0004, {2: 10}, {2: {"TIMER": 0}}, woke=True)
+    after = Sample(5.02, 5.0201, {2: 11}, {2: {"TIMER": 0}})
+    late = Sample(5.5, 5.5001, {2: 11}, {2: {"TIMER": 0}})
+    outlier = (5.0, 5.01, 0)
+    assert attribute([outlier], [2], [old, woke, after], max_gap=0.15) == {"irq": 1}
+    assert attribute([outlier], [2], [old, after], max_gap=0.15) == {"unsampled": 1}
+    assert attribute([outlier], [2], [old, after]) == {"irq": 1}  # no max_gap: as before
+    not_woken = Sample(5.0003, 5.0004, {2: 10}, {2: {"TIMER": 0}})
+    assert attribute([outlier], [2], [old, not_woken, after], max_gap=0.15) == {
+        "unsampled": 1}
+    too_late = Sample(5.006, 5.0061, {2: 10}, {2: {"TIMER": 0}}, woke=True)
+    assert attribute([outlier], [2], [old, too_late, after], max_gap=0.15) == {
+        "unsampled": 1}  # began 6 ms (60 %) into the 10 ms request
+    assert attribute([outlier], [2], [old, woke, late], max_gap=0.15) == {"unsampled": 1}
+    assert attribute([(5.0, 5.01, 2)], [2], [old], max_gap=0.15) == {"preempted": 1}
+
+
+def test_record_keeps_the_wake_up_delay_kept_off_the_core() -> None:
+    recorder = LatencyRecorder("m")
+    for i in range(1000):
+        recorder.record(0.0011, 0.0001, 0.001, float(i), i + 0.001, 0, 0.0,
+                        (i - 1.0, 0, 1))
+    # Arrived at 99.990 while the worker was free since 99.0: 5 ms until it started.
+    recorder.record(0.006, 0.005, 0.001, 1000.0, 1000.001, 0, 0.0, (999.0, 0, 1))
+    # The same, but the worker slept twice on the way (the GIL, a lock): not the core.
+    recorder.record(0.0061, 0.005, 0.0011, 1001.0, 1001.0011, 0, 0.0, (1000.0, 0, 2))
+    # Behind the previous batch (free only 1 ms before it started): 1 ms, not 5.
+    recorder.record(0.0062, 0.005, 0.0012, 1002.0, 1002.0012, 0, 0.0, (1001.999, 0, 1))
+    stats = recorder.rotate(batch_delay_s=0.0)
+    assert stats.queue.p50_ms == pytest.approx(0.1)
+    wakes = {start: wake for start, _, _, _, wake in stats.outlier_spans}
+    assert wakes[1000.0] == pytest.approx(0.005 - 0.0001, abs=1e-6)  # beyond the median
+    assert wakes[1001.0] is None
+    assert wakes[1002.0] == pytest.approx(0.001 - 0.0001, abs=1e-6)
+    recorder.record(0.006, 0.005, 0.001, 2000.0, 2000.001, 0, 0.0, (1999.0, 0, 1))
+    for i in range(200):
+        recorder.record(0.0011, 0.0001, 0.001, float(i), i + 0.001)
+    [(_, _, _, _, wake)] = recorder.rotate(batch_delay_s=0.004).outlier_spans
+    assert wake == pytest.approx(0.001)  # a 4 ms batching delay is meant
+
+
+def test_sampler_parks_while_no_batch_is_in_flight() -> None:
+    activity = Activity()
+    sampler = CoreSampler([0], rate_hz=100.0, activity=activity)
+    sampler.start()
+    try:
+        time.sleep(0.3)
+        assert sampler.iterations == 0 and not sampler.samples()  # idle: no wake-up at all
+        activity.begin()
+        time.sleep(0.2)
+        busy = sampler.iterations
+        assert 10 <= busy <= 25 and sampler.samples()[0].woke
+        assert not any(s.woke for s in sampler.samples()[1:])
+        activity.end()
+        time.sleep(0.1)  # the tail: two periods
+        tail = sampler.iterations
+        assert busy < tail <= busy + 4
+        time.sleep(0.3)
+        assert sampler.iterations == tail and sampler.parks == 1
+        t0 = time.perf_counter()
+    finally:
+        sampler.stop()
+    assert time.perf_counter() - t0 < 0.5  # a parked sampler stops at once
+    # A batch that begins and ends while the sampler decides to park is not missed.
+    activity.begin()
+    activity.end()
+    assert activity.batches == 2 and activity.inflight == 0
+
+
+def test_sampler_keeps_within_its_cpu_budget() -> None:
+    """A sample costs what it costs (cold caches, the wake-up itself); with a budget the
+    sampler measures its own CPU time and slows down to spend no more, down to 5 Hz."""
+    tight = CoreSampler([0], rate_hz=100.0, activity=None, cpu_budget=1e-6)
+    ample = CoreSampler([0], rate_hz=100.0, activity=None, cpu_budget=0.5)
+    for sampler in (tight, ample):
+        sampler.start()
+    time.sleep(1.6)
+    for sampler in (tight, ample):
+        sampler.stop()
+    print(f"\nsampler thread at 100 Hz: {ample.cpu_used * 100:.3f} % of a core")
+    assert tight.period_s == pytest.approx(0.2) and tight.cpu_used > 0  # MIN_SAMPLER_HZ
+    assert tight.max_gap_s == pytest.approx(0.6) and tight.tail_s == pytest.approx(0.4)
+    assert ample.period_s == pytest.approx(0.01)
+    assert 0 < ample.cpu_used < 0.5
+    assert tight.iterations < ample.iterations
+    with pytest.raises(ValueError, match="cpu_budget"):
+        CoreSampler(cpu_budget=0)
+
+
+def test_batch_usage_measures_off_cpu_time_exactly() -> None:
+    activity = Activity()
+    usage = batch_begin(activity)
+    assert activity.inflight == 1
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.02:  # on the CPU the whole time
+        pass
+    t1 = time.perf_counter()
+    switches, off_cpu, waking = batch_end(usage, t1 - t0, activity)
+    assert activity.inflight == 0 and waking is None  # this thread's first batch
+    # Off-CPU time is measured when the batch was switched out (on a shared machine it may
+    # be): from the thread's CPU clock, exact, where getrusage would be up to a tick off.
+    assert (switches, off_cpu) == (0, None) or (switches > 0 and 0 <= off_cpu < 0.02)
+    time.sleep(0.01)  # between batches: one sleep, as waiting for work is
+    usage = batch_begin(activity)
+    t0 = time.perf_counter()
+    time.sleep(0.01)  # off the CPU inside the batch, but a voluntary switch
+    t1 = time.perf_counter()
+    switches, off_cpu, waking = batch_end(usage, t1 - t0, activity)
+    assert switches > 0 or off_cpu is None
+    assert waking is not None
+    free_at, _, voluntary = waking
+    assert t0 - 0.02 < free_at < t0 and voluntary >= 1
+    # Its cost, both ends: two getrusage calls, a thread_time (two if switched out), a lock.
+    per_batch = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            batch_end(batch_begin(activity), 0.001, activity)
+        per_batch.append((time.perf_counter() - t0) / 1000 * 1e6)
+    median = statistics.median(per_batch)
+    print(f"\nbatch_begin + batch_end: median {median:.2f} µs a batch")
+    assert median < 30  # ≈2.5 µs here; generous for a shared VM
+
+
+# -- counter readers -------------------------------------------------------------------------
 
 def test_cpufreq_reader(tmp_path: Path) -> None:
     for cpu, cur in ((0, "1200000\n"), (1, "2400000\n")):
@@ -304,25 +467,34 @@ def test_cpufreq_reader(tmp_path: Path) -> None:
 
 
 def test_live_sampler_on_this_machine() -> None:
+    """Three 100 ms "batches" 150 ms apart: the sampler, parked in between (its tail is
+    40 ms at 50 Hz), is woken by each, and every one is bracketed by samples."""
     cpus = sorted(os.sched_getaffinity(0))
-    sampler = CoreSampler(cpus, rate_hz=50.0, freq=cpufreq_reader(), throttled=lambda: False)
+    activity = Activity()
+    sampler = CoreSampler(cpus, rate_hz=50.0, freq=cpufreq_reader(), throttled=lambda: False,
+                          activity=activity)
     recorder = LatencyRecorder("m", cores=None)  # unpinned: every sampled CPU
     for _ in range(1000):  # same window: the three sleeps are its top 0.3 %
         _record_us(recorder, 1000)
     sampler.start()
     try:
         time.sleep(0.05)
+        assert sampler.iterations == 0  # nothing in flight: never woke up
         for _ in range(3):  # "requests" that sleep: 100 ms, far above the 1 ms p99
             start = time.perf_counter()
+            activity.begin()
             time.sleep(0.1)
             end = time.perf_counter()
+            activity.end()
             recorder.record(end - start, 0.0, end - start, start, end, 0)
-        time.sleep(0.1)
+            time.sleep(0.15)
     finally:
         sampler.stop()
     samples = sampler.samples()
     assert sampler.errors == 0
-    assert 10 <= len(samples) <= 40  # ~0.45 s at 50 Hz
+    assert sampler.parks == 3
+    assert sum(s.woke for s in samples) == 3
+    assert 3 * 5 <= len(samples) <= 3 * 9  # 100 ms + a 40 ms tail at 50 Hz, three times
     assert all(set(s.irqs) == set(cpus) for s in samples)
     times = [s.t for s in samples]
     assert times == sorted(times)
@@ -342,7 +514,7 @@ def test_live_sampler_on_this_machine() -> None:
 
 
 def test_sampler_starts_and_stops_cleanly() -> None:
-    sampler = CoreSampler([0], rate_hz=200.0, horizon_s=0.05)
+    sampler = CoreSampler([0], rate_hz=200.0, horizon_s=0.05, activity=None)  # free-running
     sampler.start()
     time.sleep(0.1)
     sampler.stop()
@@ -370,25 +542,36 @@ def test_sampler_ring_grows_to_cover_a_window_within_a_cap() -> None:
 def test_two_spinning_threads_on_one_cpu_preempt_each_other() -> None:
     cpu = max(os.sched_getaffinity(0))
     deltas: list[int] = []
+    during: list[int] = []  # batch_end's count: the same span, less the bookkeeping around
+    off: list[float] = []
     lock = threading.Lock()
     ready = threading.Barrier(2)
     data = b"x" * (1 << 18)
+    activity = Activity()
 
     def spin() -> None:
         os.sched_setaffinity(0, {cpu})  # this thread only
         ready.wait()
         before = thread_involuntary_switches()
-        deadline = time.perf_counter() + 0.3
+        usage = batch_begin(activity)
+        t0 = time.perf_counter()
+        deadline = t0 + 0.3
         while time.perf_counter() < deadline:
             hashlib.sha256(data).digest()  # hashes > 2 KiB release the GIL: both can run
+        switches, off_cpu, _ = batch_end(usage, time.perf_counter() - t0, activity)
         with lock:
             deltas.append(thread_involuntary_switches() - before)
+            off.append(off_cpu or 0.0)
+            during.append(switches)
 
     threads = [threading.Thread(target=spin) for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    print(f"\ninvoluntary switches over 0.3 s on CPU {cpu}: {deltas}")
+    print(f"\ninvoluntary switches over 0.3 s on CPU {cpu}: {deltas}, off the CPU "
+          f"{[round(o, 3) for o in off]} s")
     assert max(deltas) > 0
+    assert all(0 <= d <= whole for d, whole in zip(during, deltas, strict=True))
+    assert sum(off) > 0.2  # they shared the core: about half of each one's 0.3 s
     assert thread_involuntary_switches() >= 0  # the calling thread's own, not the process'

@@ -3,6 +3,7 @@ malformed request, and fuzzing (raw bytes and near-valid documents)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import tracemalloc
@@ -742,3 +743,136 @@ def test_the_header_cache_is_bounded_and_long_headers_decode() -> None:
         request = decode_request(body, length, SPECS)
         np.testing.assert_array_equal(request.inputs["x"], x)
         assert request.id == "p" * protocol.CACHED_HEADER_BYTES
+
+
+# --- large JSON: the paths a document can take decode alike (issue 16) -----------------------
+
+@contextlib.contextmanager
+def thresholds(**values: int):
+    """Set edged.protocol's size thresholds for a block (hypothesis runs many examples in one
+    test call, so not the function-scoped monkeypatch)."""
+    import edged.protocol as protocol
+
+    old = {name: getattr(protocol, name) for name in values}
+    for name, value in values.items():
+        setattr(protocol, name, value)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(protocol, name, value)
+
+
+# orjson; the standard library's C scanner; its GIL-yielding form (number callbacks).
+PARSERS = {"orjson": dict(FAST_JSON_BYTES=0, ORJSON_MAX_BYTES=2**40),
+           "stdlib": dict(ORJSON_MAX_BYTES=-1, YIELDING_JSON_BYTES=2**40),
+           "yielding": dict(ORJSON_MAX_BYTES=-1, YIELDING_JSON_BYTES=0)}
+
+
+def decode_each_way(body: bytes) -> dict[str, Any]:
+    """{parser/chunking: the decoded inputs, or the ProtocolError's message}."""
+    results: dict[str, Any] = {}
+    for parser, setting in PARSERS.items():
+        for chunk in (3, 2**40):  # np.asarray in pieces of 3 values, or in one call
+            with thresholds(**setting, ASARRAY_VALUES=chunk):
+                try:
+                    results[f"{parser}/{chunk}"] = decode_request(body, None, SPECS).inputs
+                except ProtocolError as exc:
+                    results[f"{parser}/{chunk}"] = str(exc)
+    return results
+
+
+json_values = st.one_of(
+    st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(), st.none(), st.sampled_from(["1", [1], [1.5, 2]]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(json_values, max_size=12),
+       datatype=st.sampled_from(["FP32", "FP64", "INT64", "UINT8", "UINT64", "BOOL"]))
+def test_every_json_path_decodes_alike(values, datatype):
+    """np.asarray in pieces decodes what one call does, under each parser, and the
+    GIL-yielding standard library parser what the plain one does: the same arrays, or an
+    error for both (numpy words a ragged list differently in pieces). Mixed ints and
+    floats, ints past 64 bits, booleans among numbers, nulls, strings, nested lists. (orjson
+    reading ints past 64 bits as floats is its own, older difference.)"""
+    body = json.dumps({"inputs": [{"name": "x", "shape": [len(values)], "datatype": datatype,
+                                   "data": values}]}).encode()
+    results = decode_each_way(body)
+    whole = 2**40
+    pairs = [(f"{p}/3", f"{p}/{whole}") for p in PARSERS]
+    pairs.append((f"yielding/{whole}", f"stdlib/{whole}"))
+    for way, reference in pairs:
+        got, want = results[way], results[reference]
+        assert isinstance(got, str) == isinstance(want, str), (way, got, want)
+        if isinstance(got, str):
+            assert got.startswith("input 'x': ") and want.startswith("input 'x': ")
+        else:
+            assert_same(got["x"], want["x"])
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP16", "INT64", "BOOL", "UINT64"])
+def test_large_json_decodes_alike_on_every_path(datatype):
+    array = sample(datatype, (3, 40, 700), seed=2)  # 84 000 values, flat and nested
+    for data in (array.ravel().tolist(), array.tolist()):
+        body = json.dumps({"inputs": [{"name": "x", "shape": list(array.shape),
+                                       "datatype": datatype, "data": data}]}).encode()
+        with thresholds(ASARRAY_VALUES=1000):
+            for way, result in decode_each_way(body).items():
+                assert not isinstance(result, str), (way, result)
+                assert_same(result["x"], array)
+
+
+@pytest.mark.parametrize(("values", "datatype"), [
+    (np.random.default_rng(1).random(200_000).tolist(), "FP32"),
+    (np.random.default_rng(1).random((2, 100, 1000)).tolist(), "FP32"),
+    (list(range(1000, 201_000)), "INT64"),
+    ([2**64 - 1] * 100_000, "UINT64"),
+    ([True, False] * 100_000, "BOOL"),
+    ([0] * 300_000, "FP32"),
+], ids=["floats", "nested", "ints", "big-ints", "bools", "zeros"])
+def test_decode_estimate_covers_the_decode(values, datatype):
+    """json_decode_bytes, which the API checks against [server] max_decode_bytes before
+    decoding, is at least what decoding takes (the standard library's path, which documents
+    over 8 MiB take)."""
+    from edged.protocol import json_decode_bytes
+
+    shape = list(np.shape(values))
+    body = json.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": datatype,
+                                   "data": values}]}).encode()
+    del values
+    with thresholds(**PARSERS["yielding"]):
+        tracemalloc.start()
+        try:
+            request = decode_request(body, None, SPECS)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert request.inputs["x"].shape == tuple(shape)
+    estimate = json_decode_bytes(body, None)
+    assert peak <= estimate < 6 * peak, (peak, estimate)  # bools: 4.3x (singletons)
+
+
+@pytest.mark.parametrize("special", [None, np.nan, np.inf])
+def test_large_json_outputs_encode_like_small_ones(special):
+    """Over FAST_JSON_VALUES, JSON data is written by orjson when every value is finite,
+    and otherwise by the standard library's pure-Python encoder (NaN stays NaN): the same
+    document either way."""
+    from edged.protocol import FAST_JSON_VALUES
+
+    out = np.random.default_rng(3).random((1, 1, 300, 300)).astype(np.float32)
+    assert out.size > FAST_JSON_VALUES
+    if special is not None:
+        out[0, 0, 5, 5] = special
+    outputs = {"y": out, "n": np.arange(FAST_JSON_VALUES, dtype=np.int64)}
+    request = InferRequest("id-ü", {})
+    fast, length = encode_response("m", request, outputs)
+    with thresholds(FAST_JSON_VALUES=2**40):
+        slow, _ = encode_response("m", request, outputs)
+    assert length is None
+    assert json.loads(fast) == json.loads(slow) or special is not None
+    if special is not None:
+        assert (b"NaN" if np.isnan(special) else b"Infinity") in fast
+    result = parse_response(fast, None)
+    assert_same(result.as_numpy("y"), out)
+    assert_same(result.as_numpy("n"), outputs["n"])

@@ -261,8 +261,14 @@ def test_ready_while_a_failed_reload_keeps_the_old_version(models_dir: Path,
     d = Daemon(config).wait_ready()
     try:
         assert get(d, "/v2/health/ready")[0] == 200
+        # Well-formed (config load reads and checks model files) but unloadable: an operator
+        # no runtime has.
+        import onnx
+
+        model = onnx.load(models_dir / "ppocr_cls.onnx")
+        model.graph.node[0].op_type = "NoSuchOperator"
         broken = tmp_path / "broken.onnx"
-        broken.write_bytes((models_dir / "ppocr_cls.onnx").read_bytes()[:5000])
+        onnx.save(model, broken)
         # cls fails to reload: its old version serves, so the server is ready.
         config.write_text(config.read_text().replace(str(models_dir / "ppocr_cls.onnx"),
                                                      str(broken)))
@@ -285,3 +291,52 @@ path = "{broken}"
         assert get(d, "/v2/health/ready") == (503, b'{"ready":false}')
     finally:
         assert d.stop() == 0
+
+
+def test_a_size_the_model_cannot_compute_is_400_and_moves_nothing(models_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """1x3x7x7 on the detector: onnxruntime cannot compute it (the model halves its input
+    five times). That is the input's fault, not the backend's: 400 with a clear message, no
+    fail-over, no backend_switch, and the next good request runs where it ran. With
+    configured shapes, another size is refused at admission (the backends were verified at
+    that shape)."""
+    config = write_config(tmp_path, f"""
+[[models]]
+name = "free"
+path = "{models_dir / 'ppocrv4_det.onnx'}"
+backend = "onnxruntime"
+threads = 1
+shapes = {{ x = [1, 3, 64, 64] }}
+
+[[models]]
+name = "fixed"
+path = "{models_dir / 'ppocrv4_det.onnx'}"
+backend = "onnxruntime"
+threads = 1
+shapes = {{ x = [1, 3, 64, 64] }}
+""")
+    # "free": the same model with its config shapes dropped after selection, as a model
+    # whose config names none (its backend keeps the graph's dynamic dims).
+    text = config.read_text()
+    head, sep, tail = text.partition('name = "fixed"')
+    config.write_text(head.replace("shapes = { x = [1, 3, 64, 64] }\n", "", 1) + sep + tail)
+    d = Daemon(config).wait_ready()
+    try:
+        conn = http.client.HTTPConnection(d.address, timeout=60)
+        tiny = np.zeros((1, 3, 7, 7), np.float32)
+        code, body = post(conn, "free", binary_request(tiny))
+        assert code == 400, body
+        message = json.loads(body)["error"]
+        assert "cannot compute inputs of shape x=1x3x7x7" in message
+        assert "reference runtime fails on them too" in message
+        code, body = post(conn, "free", binary_request(np.zeros((1, 3, 64, 64), np.float32)))
+        assert code == 200, body
+        code, body = post(conn, "fixed", binary_request(np.zeros((1, 3, 96, 96), np.float32)))
+        assert code == 400
+        assert "is served at 1x3x64x64" in json.loads(body)["error"]
+        status = json.loads(get(d, "/edged/status")[1])
+        for model in status["models"]:
+            assert model["failovers"] == 0 and model["backend"] == "onnxruntime", model
+        assert "failing over" not in d.log_text().lower()
+    finally:
+        assert d.stop() == 0, d.log_text()
