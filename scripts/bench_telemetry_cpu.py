@@ -126,7 +126,7 @@ def measure(daemons: dict[str, Daemon], seconds: float, reverse: bool
 def sampler_costs() -> dict[str, object]:
     """µs per CoreSampler sample, live and on board fixtures (3 IRQ rows changing between
     samples, as between two samples 50 ms apart), against the previous full parse."""
-    from roots import board, board_root, format_interrupts
+    from roots import board_root, format_interrupts, grown_board
 
     from edged.latency import CoreSampler
     from sysconf import SysRoot
@@ -151,13 +151,7 @@ def sampler_costs() -> dict[str, object]:
                                                      softirqs_per_cpu(live)))}}
     with tempfile.TemporaryDirectory() as tmp:
         for rows in (0, 300):
-            b = board(8)
-            while rows and len(b.irqs) < rows:  # more GPIO/MSI rows, as real boards have
-                extra = b.irqs[len(b.irqs) % 20]
-                b.irqs.append(type(extra)(1000 + len(b.irqs), extra.chip, extra.hwirq,
-                                          extra.trigger, f"gpio-{len(b.irqs)}",
-                                          list(extra.counts), extra.affinity,
-                                          extra.effective))
+            b = grown_board(8, rows)
             root = SysRoot(board_root(Path(tmp) / f"rk{rows}", cpus=8))
             path = root.path("/proc/interrupts")
             path.chmod(0o644)

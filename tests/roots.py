@@ -119,6 +119,18 @@ def board(cpus: int = 4, arm: bool = True, seed: int = 1) -> Board:
     return _arm_board(cpus, rng) if arm else _x86_board(cpus, rng)
 
 
+def grown_board(cpus: int, rows: int) -> Board:
+    """`board(cpus)` with more GPIO/MSI rows, up to `rows`, as real boards have (an RK3588's
+    /proc/interrupts has hundreds): for the sampler's read cost."""
+    b = board(cpus)
+    while len(b.irqs) < rows:
+        extra = b.irqs[len(b.irqs) % 20]
+        b.irqs.append(type(extra)(1000 + len(b.irqs), extra.chip, extra.hwirq, extra.trigger,
+                                  f"gpio-{len(b.irqs)}", list(extra.counts), extra.affinity,
+                                  extra.effective))
+    return b
+
+
 def _all(cpus: int) -> str:
     return format_cpulist(range(cpus))
 

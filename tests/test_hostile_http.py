@@ -187,10 +187,10 @@ def test_idle_connections_lock_nobody_out(daemon: Daemon) -> None:
     try:
         time.sleep(0.2)  # accepted by the daemon
         status, body, took = exchange(daemon, GET_LIVE)
-        assert status == 503 and took < 0.5, (status, body)
+        assert status == 503 and took < 2.0, (status, body)  # before: never
         assert "[server] max_connections" in json.loads(body)["error"]
         status, body, took = exchange(daemon, GET_LIVE, unix=True)
-        assert (status, body) == (200, b'{"live":true}') and took < 0.5
+        assert (status, body) == (200, b'{"live":true}') and took < 2.0
         deadline = opened + HEADER_TIMEOUT_S + 3.0
         while True:
             status, body, _ = exchange(daemon, GET_LIVE)
@@ -303,7 +303,7 @@ def test_huge_header_gets_431_at_once(daemon: Daemon) -> None:
     print(f"431 after {took * 1e3:.0f} ms; other client max {max(other.latencies) * 1e3:.1f} "
           f"ms over {len(other.latencies)}")
     assert took < 1.0
-    assert max(other.latencies) < 0.25
+    assert max(other.latencies) < 1.0  # before: up to 10 s (loose: a shared CI VM)
     # A normal-sized head on the same listener is still served.
     assert exchange(daemon, GET_LIVE)[0] == 200
 
@@ -343,8 +343,8 @@ def test_large_json_is_decoded_off_the_event_loop(daemon: Daemon) -> None:
           f"ms over {len(live.latencies)}, small inference max "
           f"{max(small.latencies) * 1e3:.0f} ms over {len(small.latencies)}")
     # Measured: 0.1 s / 0.13 s here; 0.93 s / 1.9 s with the decode on the event loop.
-    assert max(live.latencies) < 0.3
-    assert max(small.latencies) < 0.6
+    assert max(live.latencies) < 0.6  # before: 0.93 s (loose: a shared CI VM)
+    assert max(small.latencies) < 1.2  # before: 1.9 s
 
 
 def test_json_over_the_decode_budget_is_413_before_decoding(daemon: Daemon) -> None:
