@@ -134,6 +134,7 @@ def test_u8s8_saturation_is_named_where_the_cpu_lacks_vnni(hw, models_dir: Path,
     assert result.selected is not None  # the original always stands
 
 
+@pytest.mark.isa
 def test_original_passes_against_itself_on_nearly_constant_outputs(hw, models_dir: Path,
                                                                    tmp_path: Path) -> None:
     """PP-OCRv4 det at 64x64: one generated input gives a text map of ~1e-7 everywhere,
