@@ -106,7 +106,8 @@ def load_data(original: Path, spec: CalibrationSpec,
     CalibrationError names the data."""
     from backends.model_info import detect_format
 
-    fmt = detect_format(original, original.read_bytes()[:64])
+    with open(original, "rb") as f:  # the format is told by the first bytes and the name
+        fmt = detect_format(original, f.read(64))
     if fmt != "onnx":
         raise CalibrationError(f"{original}: calibration makes INT8 variants of ONNX models; "
                                f"give a {fmt} model's variants as files instead")

@@ -300,26 +300,15 @@ def test_a_size_the_model_cannot_compute_is_400_and_moves_nothing(models_dir: Pa
     fail-over, no backend_switch, and the next good request runs where it ran. With
     configured shapes, another size is refused at admission (the backends were verified at
     that shape)."""
-    config = write_config(tmp_path, f"""
+    # "free" names no shapes: its backend keeps the graph's dynamic dims.
+    config = write_config(tmp_path, "".join(f"""
 [[models]]
-name = "free"
+name = "{name}"
 path = "{models_dir / 'ppocrv4_det.onnx'}"
 backend = "onnxruntime"
 threads = 1
-shapes = {{ x = [1, 3, 64, 64] }}
-
-[[models]]
-name = "fixed"
-path = "{models_dir / 'ppocrv4_det.onnx'}"
-backend = "onnxruntime"
-threads = 1
-shapes = {{ x = [1, 3, 64, 64] }}
-""")
-    # "free": the same model with its config shapes dropped after selection, as a model
-    # whose config names none (its backend keeps the graph's dynamic dims).
-    text = config.read_text()
-    head, sep, tail = text.partition('name = "fixed"')
-    config.write_text(head.replace("shapes = { x = [1, 3, 64, 64] }\n", "", 1) + sep + tail)
+{shapes}
+""" for name, shapes in (("free", ""), ("fixed", "shapes = { x = [1, 3, 64, 64] }"))))
     d = Daemon(config).wait_ready()
     try:
         conn = http.client.HTTPConnection(d.address, timeout=60)
