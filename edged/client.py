@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.protocol import DATATYPES, datatype_of
+from edged.serving.protocol import DATATYPES, datatype_of
 
 DEFAULT_ADDRESS = "unix:/run/edged/edged.sock"
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edged.calibration import CalibrationError, Preprocess
-from edged.selection import Policy
-from edged.variants import CalibrationSpec
+from edged.quantize.calibration import CalibrationError, Preprocess
+from edged.quantize.variants import CalibrationSpec
+from edged.selection.select import Policy
 from sysconf.cpulist import MAX_CPUS, parse_cpulist
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
@@ -118,7 +118,7 @@ class ModelConfig:
     # Prebuilt versions of it (INT8 QDQ ONNX, full-integer TFLite...), each checked at load
     # to take and give the same inputs and outputs; selection picks among all of them.
     variants: tuple[Path, ...] = ()
-    # Data to make INT8 variants from on the device, in the background (edged.variants).
+    # Data to make INT8 variants from on the device, in the background (edged.quantize.variants).
     calibration: CalibrationSpec | None = None
     precision: str = "auto"  # "int8": serve an INT8 variant only
     backend: str = "auto"  # or "backend[:device[:precision]]", backend name canonical
@@ -613,7 +613,7 @@ class _Validator:
         pre: dict[str, Any] = {}
         try:
             if "resize" in value:
-                from edged.calibration import parse_size
+                from edged.quantize.calibration import parse_size
 
                 pre["size"] = parse_size(self.string(value, "resize", key, None))
             for name in ("mean", "std"):
@@ -644,7 +644,7 @@ class _Validator:
         """The data read as the daemon will read it, against the inputs in the file."""
         from backends.base import ModelError
         from backends.model_info import signature
-        from edged.variants import load_data
+        from edged.quantize.variants import load_data
 
         try:
             io = signature(original)

@@ -27,10 +27,10 @@ from typing import Any
 
 from edged import __version__
 from edged.config import DEFAULT_CONFIG_PATH, Config, ConfigError, ModelConfig, load_config
-from edged.engine import BatchingConfig
-from edged.metrics import ServingMetrics
 from edged.sdnotify import Notifier, watchdog_interval_s
-from edged.serving import ServedModel, load_model
+from edged.serving.engine import BatchingConfig
+from edged.serving.metrics import ServingMetrics
+from edged.serving.models import ServedModel, load_model
 from sysconf.cpusets import CpuPlan
 from sysconf.sysroot import SysRoot
 
@@ -170,7 +170,7 @@ class Daemon:
     async def run(self) -> int:
         import uvicorn
 
-        from edged.api import Api
+        from edged.serving.api import Api
 
         self.housekeeping = pin_housekeeping(self.config)
         if self.cpu_plan is not None and self.cpu_plan.source == "models":
@@ -187,7 +187,7 @@ class Daemon:
             self.notifier.notify(f"STATUS=cannot listen: {exc}")
             self._stop_workers(self.models.values())
             return EXIT_FAILED
-        from edged.metrics import IntrusionCollector
+        from edged.serving.metrics import IntrusionCollector
 
         self.metrics.registry.register(IntrusionCollector(
             lambda: {cpu for m in self.models.values() for cpu in (m.worker.cpus or ())},
@@ -196,9 +196,9 @@ class Daemon:
         api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
                   self.status, lambda: self.failed, reload=self._on_hup)
         # Connection budgets (per listener), header size and time, and body time are
-        # edged.http_limits' (uvicorn has no such options); uvicorn's own limit_concurrency
+        # edged.serving.http_limits' (uvicorn has no such options); uvicorn's own limit_concurrency
         # stays off, since it counts every listener together. WebSocket: no route uses it.
-        from edged.http_limits import HttpLimits, protocol_class
+        from edged.serving.http_limits import HttpLimits, protocol_class
 
         srv = self.config.server
         api.max_decode_bytes = srv.max_decode_bytes
@@ -253,8 +253,8 @@ class Daemon:
         if not self.config.telemetry.enabled:
             log.info("telemetry disabled ([telemetry] enabled = false)")
             return
-        from edged.mqtt import LogPublisher
-        from edged.telemetry import LogSink, TelemetryLoop
+        from edged.telemetry.loop import LogSink, TelemetryLoop
+        from edged.telemetry.mqtt import LogPublisher
 
         self.publisher = open_telemetry(self.config)
         self.publisher.set_birth(self._birth())
@@ -277,8 +277,8 @@ class Daemon:
         has a batch in flight (and a tail of two periods after): parked, an idle daemon
         pays nothing for it; busy, it stays within SAMPLER_CPU_BUDGET of a core (20 Hz where
         a sample is cheap, down to 5 Hz)."""
-        from edged.latency import ACTIVITY, CoreSampler, cpufreq_reader
-        from edged.telemetry import SAMPLER_CPU_BUDGET, SAMPLER_HZ
+        from edged.telemetry.latency import ACTIVITY, CoreSampler, cpufreq_reader
+        from edged.telemetry.loop import SAMPLER_CPU_BUDGET, SAMPLER_HZ
 
         pinned = sorted({cpu for m in self.models.values() for cpu in (m.worker.cpus or ())})
         has_cpufreq = any(self.root.exists(f"/sys/devices/system/cpu/{name}/cpufreq")
@@ -350,7 +350,7 @@ class Daemon:
         # Cores the daemon decided itself (no model sets cpus) are what the audit decides
         # on its own too; passing them would make them look configured to its checks.
         decided = self.cpu_plan is not None and self.cpu_plan.source != "models"
-        from edged.audit import audit_summary
+        from edged.cli.audit import audit_summary
 
         return audit_summary(self.config, self.root, with_model_cpus=not decided)
 
@@ -508,9 +508,9 @@ class Daemon:
     # -- INT8 variants made in the background ---------------------------------------------
     def start_variant_jobs(self) -> None:
         """One background job per served model whose calibration data has no variants made
-        yet (see edged.variant_job). Called after READY: readiness never waits for them."""
-        from edged.variant_job import VariantJob
-        from edged.variants import background_command
+        yet (see edged.quantize.job). Called after READY: readiness never waits for them."""
+        from edged.quantize.job import VariantJob
+        from edged.quantize.variants import background_command
 
         for name, served in self.models.items():
             if not served.variants_pending or served.job is not None:
@@ -526,7 +526,7 @@ class Daemon:
     def _variants_made(self, served: ServedModel, report: dict[str, Any]) -> str:
         """The job's decision (stored under the served policy's key) swapped in, in the
         job's thread, if the model is still the one served."""
-        from edged.selection import family_of, load_cached
+        from edged.selection.select import family_of, load_cached
 
         if self.models.get(served.name) is not served:
             return "the model was reloaded meanwhile; its new version decides anew"
@@ -635,7 +635,7 @@ def _describe(sock: socket.socket) -> str:
 def mqtt_settings(config: Config):
     """The publisher's settings from [telemetry.mqtt]; its own checks become config errors
     naming the key."""
-    from edged.mqtt import MqttSettings, SettingsError, device_id_from
+    from edged.telemetry.mqtt import MqttSettings, SettingsError, device_id_from
 
     mqtt = config.telemetry.mqtt
     if mqtt is None:
@@ -654,8 +654,8 @@ def open_telemetry(config: Config):
     """The MQTT publisher (with its spool) when a broker is configured, else JSON lines to
     the log. An unusable spool file is reported and telemetry falls back to the log, so
     inference keeps serving."""
-    from edged.mqtt import LogPublisher, open_publisher
-    from edged.spool import SpoolError
+    from edged.telemetry.mqtt import LogPublisher, open_publisher
+    from edged.telemetry.spool import SpoolError
 
     mqtt = config.telemetry.mqtt
     try:

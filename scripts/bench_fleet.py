@@ -8,7 +8,7 @@ cost of a redraw and of a Prometheus scrape with the whole fleet in it.
 Processes: mosquitto (its own config: loopback, unlimited queue so a monitor that falls
 behind shows up as lag rather than as broker drops, errors-only log), P publisher processes
 (each one paho client, MQTT 5, QoS 1, publishing on behalf of its share of the devices, on
-the devices' own topics), and the monitor: `edged.fleet.Fleet` + `Monitor` + `run_live`, the
+the devices' own topics), and the monitor: `edged.fleet.monitor.Fleet` + `Monitor` + `run_live`, the
 code `edgectl fleet` runs, redrawing the full table every second (to /dev/null: not a
 terminal, so every row is formatted), with thresholds that some simulated devices breach (the
 alert lines go to a file) and `--prometheus` served and scraped every 5 s by this script. The
@@ -177,7 +177,7 @@ def run_publisher(args: argparse.Namespace) -> int:
 # -- monitor role -----------------------------------------------------------------------------
 
 def run_monitor(args: argparse.Namespace) -> int:
-    from edged.fleet import (
+    from edged.fleet.monitor import (
         Fleet,
         FleetCollector,
         Monitor,

@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.base import Candidate, TensorSpec
-from edged.engine import BatchingConfig, ModelWorker
+from edged.serving.engine import BatchingConfig, ModelWorker
 
 
 class NoopSession:

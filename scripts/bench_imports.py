@@ -3,7 +3,7 @@
 
 Cases (each `sys.executable -c ...`, repeated `--reps` times round-robin, medians):
   0 baseline   the bare interpreter (`pass`), for reference
-  a cli        `import edged.cli, backends`: no inference runtime may be imported
+  a cli        `import edged.cli.main, backends`: no inference runtime may be imported
   b litert     load the .tflite model with the LiteRT backend and run it once; openvino and
                onnxruntime must not be in sys.modules afterwards
   c ort        load an ONNX model with onnxruntime and run it once; openvino not imported
@@ -54,12 +54,12 @@ print("@@" + _j.dumps({{
 CASES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # name -> (description, code, modules that must NOT be imported afterwards)
     "baseline": ("bare interpreter (pass)", "pass", ()),
-    "cli": ("import edged.cli, backends", "import edged.cli, backends",
+    "cli": ("import edged.cli.main, backends", "import edged.cli.main, backends",
             ("openvino", "onnxruntime", "ai_edge_litert", "tflite_runtime")),
     "litert": ("load + run .tflite with litert", """
 from backends import Candidate, LoadOptions, get_backend
 from backends.model_info import inspect_model
-from edged.inputs import make_inputs, resolve_shapes
+from edged.selection.inputs import make_inputs, resolve_shapes
 info = inspect_model({tflite!r})
 s = get_backend("litert").load(info, Candidate("litert", "XNNPACK", "model"),
                                LoadOptions(threads={threads}))
@@ -68,7 +68,7 @@ s.run(make_inputs(s.inputs, resolve_shapes(s.inputs, None, info.name)))
     "ort": ("load + run .onnx with onnxruntime", """
 from backends import Candidate, LoadOptions, get_backend
 from backends.model_info import inspect_model
-from edged.inputs import make_inputs, resolve_shapes
+from edged.selection.inputs import make_inputs, resolve_shapes
 info = inspect_model({onnx!r})
 c = Candidate("onnxruntime", "CPU", "model", options={{"provider": "CPUExecutionProvider"}})
 s = get_backend("onnxruntime").load(info, c, LoadOptions(threads={threads}))
@@ -78,7 +78,7 @@ s.run(make_inputs(s.inputs, resolve_shapes(s.inputs, {shapes!r}, info.name)))
     "ov_run": ("load + run .onnx with openvino", """
 from backends import Candidate, LoadOptions, get_backend
 from backends.model_info import inspect_model
-from edged.inputs import make_inputs, resolve_shapes
+from edged.selection.inputs import make_inputs, resolve_shapes
 info = inspect_model({onnx!r})
 s = get_backend("openvino").load(info, Candidate("openvino", "CPU", "fp32"),
                                  LoadOptions(threads={threads}, shapes={shapes!r}))
@@ -87,7 +87,7 @@ s.run(make_inputs(s.inputs, resolve_shapes(s.inputs, {shapes!r}, info.name)))
     "cli_pinned": ("edgectl bench --backend litert:XNNPACK", """
 import contextlib, io, os, shutil, tempfile
 os.environ["EDGED_STATE_DIR"] = _state = tempfile.mkdtemp(prefix="edged-bench-imports-")
-from edged.cli import main
+from edged.cli.main import main
 with contextlib.redirect_stdout(io.StringIO()):
     assert main(["bench", {tflite!r}, "--backend", "litert:XNNPACK", "--runs", "1",
                  "--warmup", "0", "--threads", "{threads}"]) == 0
@@ -96,8 +96,8 @@ shutil.rmtree(_state)
     "cached": ("cached select + load_candidate + run", """
 from pathlib import Path
 from backends import LoadOptions, get_backend
-from edged.inputs import make_inputs
-from edged.selection import Policy, select
+from edged.selection.inputs import make_inputs
+from edged.selection.select import Policy, select
 from sysconf.hardware import probe
 hw = probe()
 sel = select({tflite!r}, hw, Policy(backend="litert", threads={threads}), Path({state!r}))
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     # The decision case (j) reads: made once here, in its own process (that one measures,
     # so it imports whatever the selection needs for its reference).
     subprocess.run([sys.executable, "-c", "from pathlib import Path\n"
-                    "from edged.selection import Policy, select\n"
+                    "from edged.selection.select import Policy, select\n"
                     "from sysconf.hardware import probe\n"
                     f"select({str(tflite)!r}, probe(), Policy(backend='litert', "
                     f"threads={args.threads}), Path({str(state)!r}))"],

@@ -3,10 +3,10 @@
 
 For every available candidate (onnxruntime:CPU, openvino:CPU:fp32, openvino:CPU:bf16, ...)
 both the fp32 and the INT8 QDQ model are loaded, and all sessions are timed in one
-`edged.bench.benchmark` call per round, so a noisy neighbour's bursts land on every session
-alike. Figures are medians over rounds of per-round figures; the speedup is fp32/int8 of the
+`edged.selection.bench.benchmark` call per round, so a noisy neighbour's bursts land on every
+session alike. Figures are medians over rounds of per-round figures; the speedup is fp32/int8 of the
 same round (above 1: INT8 is faster). Accuracy: the INT8 model's output against the fp32
-model's output on the same text-like images, by cosine (`edged.selection.compare`), and the
+model's output on the same text-like images, by cosine (`edged.selection.select.compare`), and the
 IoU of the binarised text maps at 0.3 (the DB post-processing threshold of PP-OCR).
 
 Run from a checkout: `.venv/bin/python scripts/bench_int8.py [--size 640 --size 320] [--json]`.
@@ -34,10 +34,10 @@ import numpy as np  # noqa: E402
 from backends import LoadOptions, get_backend  # noqa: E402
 from backends.base import BackendError, Candidate, InputError, ModelError, Session  # noqa: E402
 from backends.model_info import ModelInfo, inspect_model  # noqa: E402
-from edged.accuracy import compare  # noqa: E402
-from edged.bench import LatencyStats, benchmark  # noqa: E402
-from edged.inputs import make_inputs, resolve_shapes  # noqa: E402
-from edged.selection import all_candidates, matches, runtime_versions  # noqa: E402
+from edged.selection.accuracy import compare  # noqa: E402
+from edged.selection.bench import LatencyStats, benchmark  # noqa: E402
+from edged.selection.inputs import make_inputs, resolve_shapes  # noqa: E402
+from edged.selection.select import all_candidates, matches, runtime_versions  # noqa: E402
 from sysconf.hardware import HardwareFacts, probe  # noqa: E402
 
 FP32_MODEL = "ppocrv4_det.onnx"

@@ -2,7 +2,7 @@
 """Does pinning inference to a core (and SCHED_FIFO) cut the latency tail under load?
 
 The PP-OCR direction classifier (`ppocr_cls.onnx`, `x` 1×3×48×192 fp32, onnxruntime CPU, one
-intra-op thread) is run through a real `edged.engine.ModelWorker` at a fixed rate (200 Hz by
+intra-op thread) is run through a real `edged.serving.engine.ModelWorker` at a fixed rate (200 Hz by
 default). A scheduler thread submits each request at an absolute time (t0 + i × period,
 `time.perf_counter`) and the latency of a request is its completion time minus its
 *scheduled* time, so a late wake-up, a queue behind a slow run, or a skipped slot all count
@@ -71,8 +71,8 @@ import numpy as np  # noqa: E402
 
 from backends import Candidate, LoadOptions, get_backend  # noqa: E402
 from backends.model_info import inspect_model  # noqa: E402
-from edged.engine import BatchingConfig, EngineError, ModelWorker, Timing  # noqa: E402
-from edged.inputs import make_inputs, parse_shape_args, resolve_shapes  # noqa: E402
+from edged.selection.inputs import make_inputs, parse_shape_args, resolve_shapes  # noqa: E402
+from edged.serving.engine import BatchingConfig, EngineError, ModelWorker, Timing  # noqa: E402
 from sysconf.intrusions import (  # noqa: E402
     interrupts_per_cpu,
     rates,

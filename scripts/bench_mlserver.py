@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # bench_serving: the real daemon, its
 
 import numpy as np  # noqa: E402
 
-from edged.bench import LatencyStats  # noqa: E402
+from edged.selection.bench import LatencyStats  # noqa: E402
 
 MLSERVER_VERSION = "1.7.1"
 DEFAULT_VENV = Path.home() / ".cache" / "edged" / "mlserver-venv"

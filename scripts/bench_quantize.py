@@ -3,9 +3,10 @@
 
 For each model (the PP-OCRv4 text detector and the PP-OCR direction classifier) a
 calibration set and a separate evaluation set (another seed) of rendered text images are
-written as PNG files to a temporary folder and read back with `edged.calibration.load_samples`
-(the path `edgectl quantize --calibration DIR --eval DIR` takes). Then, for each target
-backend on its own, `edged.quantize.quantize_model` runs with `Settings(targets=(target,))`:
+written as PNG files to a temporary folder and read back with
+`edged.quantize.calibration.load_samples` (the path `edgectl quantize --calibration DIR
+--eval DIR` takes). Then, for each target backend on its own,
+`edged.quantize.quantizer.quantize_model` runs with `Settings(targets=(target,))`:
 every recipe is quantized, gated on accuracy against the FP32 outputs (with mixed-precision
 retries), and the passing ones are timed against FP32 in one interleaved benchmark on that
 backend. Printed per model and backend: FP32 p50, the recipe picked (or FP32 kept, and why),
@@ -33,16 +34,16 @@ from fetch_test_data import models_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
-from edged.calibration import (  # noqa: E402
+from edged.quantize.calibration import (  # noqa: E402
     CalibrationError,
     Preprocess,
     load_samples,
     narrowness_warnings,
     parse_size,
 )
-from edged.inputs import rendered_text_lines, rendered_text_pages  # noqa: E402
-from edged.quantize import TARGETS, Settings, input_specs, quantize_model  # noqa: E402
-from edged.selection import runtime_versions  # noqa: E402
+from edged.quantize.quantizer import TARGETS, Settings, input_specs, quantize_model  # noqa: E402
+from edged.selection.inputs import rendered_text_lines, rendered_text_pages  # noqa: E402
+from edged.selection.select import runtime_versions  # noqa: E402
 from sysconf.hardware import probe  # noqa: E402
 
 # name -> file, image generator, preprocessing (what `edgectl quantize` would be given)

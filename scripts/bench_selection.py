@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Is the (variant, backend) `edged.selection.select` picks within 10 % of the best p99 here,
+"""Is the (variant, backend) `edged.selection.select.select` picks within 10 % of the best p99 here,
 and how accurate is it against the FP32 original?
 
 Per model family (the FP32 original and its INT8 variant from the test data; the face
@@ -8,11 +8,11 @@ Policy with shapes), to show how stable the pick is; right after each, a second 
 the same state dir shows the cache hit (its wall time, and that it ran no benchmark). Then,
 in the same process, every (variant, candidate) `select` tried -- the ones it rejected for
 accuracy too, as `edgectl bench --backend all` would time them -- is loaded as `select`
-loads it and timed with many more runs (`--runs`, interleaved in one `edged.bench.benchmark`
-call per confirmation round). The pick's p99 is compared with the best p99 of all of them
-(and with the best that passed the accuracy gate) in the same round; the median of the
-per-round ratios is reported, with the rejection reason beside each rejected one, and the
-pick's accuracy score against the original. The detector runs at every `--det-size`.
+loads it and timed with many more runs (`--runs`, interleaved in one
+`edged.selection.bench.benchmark` call per confirmation round). The pick's p99 is compared with the
+best p99 of all of them (and with the best that passed the accuracy gate) in the same round; the
+median of the per-round ratios is reported, with the rejection reason beside each rejected one, and
+the pick's accuracy score against the original. The detector runs at every `--det-size`.
 
 Run from a checkout: `.venv/bin/python scripts/bench_selection.py [--json]`.
 """
@@ -35,13 +35,13 @@ from fetch_test_data import models_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
-import edged.selection as selection_mod  # noqa: E402
+import edged.selection.select as selection_mod  # noqa: E402
 from backends import LoadOptions, get_backend  # noqa: E402
 from backends.base import BackendError, ModelError  # noqa: E402
 from backends.model_info import inspect_model  # noqa: E402
-from edged.bench import benchmark, pinned_thread  # noqa: E402
-from edged.inputs import make_inputs  # noqa: E402
-from edged.selection import Policy, SelectionError, all_candidates, runtime_versions  # noqa: E402
+from edged.selection.bench import benchmark, pinned_thread  # noqa: E402
+from edged.selection.inputs import make_inputs  # noqa: E402
+from edged.selection.select import Policy, SelectionError, all_candidates, runtime_versions  # noqa: E402
 from sysconf.hardware import HardwareFacts, probe  # noqa: E402
 
 WITHIN = 0.10  # the pick should be within 10 % of the best p99
@@ -66,7 +66,7 @@ def label(selection, ev) -> str:
 
 
 class BenchmarkCounter:
-    """Counts the benchmark calls `select` makes (wraps edged.selection.benchmark), so the
+    """Counts the benchmark calls `select` makes (wraps edged.selection.select.benchmark), so the
     cache hit is shown to skip measuring, not just assumed from its speed."""
 
     def __init__(self) -> None:

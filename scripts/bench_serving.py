@@ -56,10 +56,10 @@ import numpy as np  # noqa: E402
 
 from backends import LoadOptions, get_backend  # noqa: E402
 from backends.model_info import inspect_model  # noqa: E402
-from edged.bench import LatencyStats  # noqa: E402
 from edged.client import Client  # noqa: E402
-from edged.inputs import make_inputs, parse_shape_args, resolve_shapes  # noqa: E402
-from edged.protocol import DATATYPES, datatype_of  # noqa: E402
+from edged.selection.bench import LatencyStats  # noqa: E402
+from edged.selection.inputs import make_inputs, parse_shape_args, resolve_shapes  # noqa: E402
+from edged.serving.protocol import DATATYPES, datatype_of  # noqa: E402
 
 BACKEND = "onnxruntime"
 THREADS = 1

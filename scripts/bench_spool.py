@@ -7,7 +7,7 @@ replay them the way the MQTT thread does after a reconnect, `pending(limit=500)`
 telemetry thread waits), appends into a full spool (each drops the oldest first), the file
 size against the payload bytes, the time to reopen the full spool (quick_check and the totals
 scan; warm page cache), and, for comparison, the same replay with every ack fsync'd too
-(what the spool does not do; see edged/spool.py).
+(what the spool does not do; see edged/telemetry/spool.py).
 
 Then the replay over MQTT, end to end (the issue's target: >= 1,000 msg/s): a real
 `Publisher` spools --mqtt-items telemetry payloads while no broker listens on its port; then
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # broker.py: the tests' Mosquitto fixture, for the replay over MQTT
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from edged.spool import Spool
+from edged.telemetry.spool import Spool
 
 TOPIC = "edged/v1/bench/device/telemetry"
 
@@ -129,7 +129,7 @@ def mqtt_round(folder: Path, args: argparse.Namespace) -> dict:
     """Spool N with the broker down, bring the broker up, time the replay to mosquitto_sub."""
     from broker import MOSQUITTO_SUB, Broker, pub
 
-    from edged.mqtt import MqttSettings, Publisher
+    from edged.telemetry.mqtt import MqttSettings, Publisher
 
     broker = Broker(folder / "broker")  # port chosen, not started: nobody listens there
     publisher = Publisher(MqttSettings(url=broker.url, group="bench", device_id="device"),

@@ -128,7 +128,7 @@ def sampler_costs() -> dict[str, object]:
     samples, as between two samples 50 ms apart), against the previous full parse."""
     from roots import board_root, format_interrupts, grown_board
 
-    from edged.latency import CoreSampler
+    from edged.telemetry.latency import CoreSampler
     from sysconf import SysRoot
     from sysconf.intrusions import interrupts_per_cpu, softirqs_per_cpu
 

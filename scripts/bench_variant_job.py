@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from daemon_harness import Daemon, write_config  # noqa: E402
 
 from edged.client import Client  # noqa: E402
-from edged.inputs import rendered_text_lines, text_like_images  # noqa: E402
+from edged.selection.inputs import rendered_text_lines, text_like_images  # noqa: E402
 from sysconf.hardware import probe  # noqa: E402
 
 

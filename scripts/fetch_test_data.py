@@ -326,7 +326,7 @@ def _calibration_images(shape: tuple[int, ...], count: int, seed: int):
     calibrate ranges they never see), as float32 NCHW batches of one in [0, 1]."""
     import numpy as np
 
-    from edged.inputs import text_like_images
+    from edged.selection.inputs import text_like_images
 
     _, channels, height, width = shape
     for grey in text_like_images(height, width, count, seed):
@@ -370,7 +370,7 @@ def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str,
         quantize_static,
     )
 
-    from edged.quantize import prepare
+    from edged.quantize.quantizer import prepare
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         # Opset 13 (per-channel QDQ needs it) and shape inference, as edgectl quantize does.

@@ -1,4 +1,4 @@
-"""edged.accuracy: the rule selection and quantize both gate on."""
+"""edged.selection.accuracy: the rule selection and quantize both gate on."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from edged.accuracy import accuracy, compare, constant_outputs
+from edged.selection.accuracy import accuracy, compare, constant_outputs
 
 
 def test_one_bad_sample_is_not_averaged_away() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from roots import board_root
 
-from edged.audit import main
+from edged.cli.audit import main
 from sysconf.cpulist import parse_cpulist
 
 REPO = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def test_board_irq_findings_are_fixable_and_apply_clears_them(capsys, board: Pat
     assert any(f["id"] == "IRQ-UNMOVABLE" and f["status"] == "warn" for f in before["findings"])
     assert all(not f["fixable"] for f in before["findings"] if f["id"] == "IRQ-UNMOVABLE")
 
-    proc = subprocess.run([sys.executable, "-m", "edged.cli", "apply", "--root", str(board),
+    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "apply", "--root", str(board),
                            "--inference-cpus", "3", "--json"], capture_output=True, text=True,
                           cwd=REPO, timeout=120,
                           env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"})
@@ -264,7 +264,7 @@ def test_no_thermal_zones_is_one_skip(capsys, board: Path) -> None:
 
 
 def test_module_entry_point(board: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "edged.audit", "audit", "--root", str(board),
+    proc = subprocess.run([sys.executable, "-m", "edged.cli.audit", "audit", "--root", str(board),
                            "--inference-cpus", "3", "--format", "json"],
                           capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -272,7 +272,7 @@ def test_module_entry_point(board: Path) -> None:
 
 
 def test_text_colour_only_when_asked() -> None:
-    from edged.audit import render_text
+    from edged.cli.audit import render_text
     from sysconf.findings import Finding
 
     findings = [Finding("KRN-X", "warn", "warn", "x"), Finding("KRN-Y", "warn", "pass", "y")]

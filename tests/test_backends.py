@@ -15,8 +15,8 @@ import pytest
 from backends import LoadOptions, get_backend
 from backends.base import Candidate, InputError
 from backends.model_info import inspect_model
-from edged.accuracy import compare
-from edged.inputs import make_inputs
+from edged.selection.accuracy import compare
+from edged.selection.inputs import make_inputs
 from sysconf.hardware import probe
 
 CLS_SHAPE = {"x": (1, 3, 48, 192)}
@@ -77,7 +77,7 @@ def test_litert_pool_runs_on_the_worker_cpus(hw, models_dir: Path) -> None:
     """LiteRT has no affinity setting: XNNPACK's pool threads inherit the CPU set of the
     thread that creates them. Loaded and run as the model worker does (pinned to its CPU),
     every thread it starts is on that CPU, not on the housekeeping cores."""
-    from edged.bench import pinned_thread
+    from edged.selection.bench import pinned_thread
 
     target = max(os.sched_getaffinity(0))
     full = _task_affinities()[threading.get_native_id()]
@@ -216,7 +216,7 @@ def test_loading_litert_does_not_import_openvino(models_dir: Path) -> None:
         from backends import LoadOptions, get_backend
         from backends.base import Candidate
         from backends.model_info import inspect_model
-        from edged.inputs import make_inputs
+        from edged.selection.inputs import make_inputs
         model = inspect_model({str(models_dir / "face_detection_short_range.tflite")!r})
         s = get_backend("litert").load(model, Candidate("litert", "XNNPACK", "model"),
                                        LoadOptions(threads=1))
@@ -261,8 +261,8 @@ def test_openvino_threads_stay_on_the_cpu_set(models_dir: Path) -> None:
         from backends import LoadOptions, get_backend
         from backends.base import Candidate
         from backends.model_info import inspect_model
-        from edged.bench import pinned_thread
-        from edged.inputs import make_inputs
+        from edged.selection.bench import pinned_thread
+        from edged.selection.inputs import make_inputs
 
         def tasks():
             out = {{}}

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def edgectl(*args: str, state: Path, check_rc: int | None = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "EDGED_STATE_DIR": str(state)}
-    proc = subprocess.run([*python_argv(), "-m", "edged.cli", *args], capture_output=True,
+    proc = subprocess.run([*python_argv(), "-m", "edged.cli.main", *args], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=600)
     if check_rc is not None:
         assert proc.returncode == check_rc, proc.stderr
@@ -60,7 +60,7 @@ def test_backends_with_variants_and_calibration(models_dir: Path, tmp_path: Path
     """The family through the CLI: the given U8S8 variant and the INT8 variants made here
     from rendered text lines (held-out part: the evaluation set), each row against the
     original; on x86 without VNNI the U8S8 row names the cause."""
-    from edged.inputs import rendered_text_lines
+    from edged.selection.inputs import rendered_text_lines
 
     data = tmp_path / "calib"
     data.mkdir()
@@ -132,7 +132,7 @@ def test_pinned_bench_imports_only_its_runtime(models_dir: Path, tmp_path: Path)
     onnxruntime ends up in sys.modules (checked in the process that ran the command)."""
     code = textwrap.dedent(f"""
         import sys
-        from edged.cli import main
+        from edged.cli.main import main
         rc = main(["bench", {str(models_dir / "face_detection_short_range.tflite")!r},
                    "--backend", "litert:XNNPACK", "--runs", "5", "--warmup", "1", "--json"])
         runtimes = ("openvino", "onnxruntime", "ai_edge_litert", "tflite_runtime")
@@ -166,7 +166,7 @@ def test_bench_failed_candidate_keeps_every_key(models_dir: Path, tmp_path: Path
     own) keeps every stat key, null, plus "error"; the others are measured as usual."""
     from backends import get_backend
     from backends.base import BackendError
-    from edged.cli import main
+    from edged.cli.main import main
 
     def broken_load(model, candidate, options):
         raise BackendError(f"{model.name}: openvino cannot compile it for {candidate.device}")
@@ -260,7 +260,7 @@ def test_a_reader_that_goes_away_is_not_a_traceback(monkeypatch, capsys) -> None
     shell shows for SIGPIPE), nothing on stderr, and stdout no longer fails at exit."""
     import os
 
-    from edged.cli import main
+    from edged.cli.main import main
 
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before anything is written

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def edgectl(*args: str, rc: int = 0) -> subprocess.CompletedProcess:
     assert "--root" in args or args[0] == "plan", "tests must never apply to the live system"
-    proc = subprocess.run([sys.executable, "-m", "edged.cli", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", *args], capture_output=True,
                           text=True, cwd=REPO, timeout=120,
                           env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"})
     assert proc.returncode == rc, proc.stderr
@@ -166,7 +166,7 @@ def test_isolated_set_wins_over_config_cpus_with_a_note(tmp_path: Path, models_d
 def _nothing_may_run(monkeypatch) -> None:
     """Make sure a refused live apply/revert cannot plan or write anything, even if the check
     under test were broken (this machine's own /proc must never be written)."""
-    from edged import cli
+    from edged.cli import main as cli
     from sysconf.changes import Journal
 
     def forbidden(*args, **kwargs):
@@ -180,7 +180,7 @@ def _nothing_may_run(monkeypatch) -> None:
 
 @pytest.mark.parametrize("command", ["apply", "revert"])
 def test_live_apply_and_revert_without_root_exit_1(monkeypatch, capsys, command: str) -> None:
-    from edged import cli
+    from edged.cli import main as cli
 
     _nothing_may_run(monkeypatch)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -196,7 +196,7 @@ def test_every_change_refused_for_permission_exits_1(tmp_path: Path, monkeypatch
     that is not success."""
     import errno
 
-    from edged import cli
+    from edged.cli import main as cli
     from sysconf.changes import Journals
 
     root = board_root(tmp_path / "root", cpus=4)
@@ -233,7 +233,7 @@ def test_a_journal_another_user_can_write_is_refused(tmp_path: Path) -> None:
 
 
 def test_live_journal_is_not_the_daemon_state_dir(monkeypatch) -> None:
-    from edged import cli
+    from edged.cli import main as cli
     from sysconf import SysRoot
 
     monkeypatch.delenv("EDGED_TUNE_STATE_DIR", raising=False)

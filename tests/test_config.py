@@ -19,7 +19,7 @@ from edged.config import (
     load_config,
     parse_config,
 )
-from edged.selection import Policy
+from edged.selection.select import Policy
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "edged.toml"

@@ -52,7 +52,7 @@ def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
 
 
 def cls_input(seed: int = 0) -> np.ndarray:
-    from edged.inputs import text_like_images
+    from edged.selection.inputs import text_like_images
 
     grey = next(text_like_images(48, 192, 1, seed))
     return np.repeat(grey[None, None], 3, axis=1).astype(np.float32) * 2 - 1
@@ -320,7 +320,7 @@ def test_reload_swaps_models_and_keeps_old_on_errors(models_dir: Path, tmp_path:
         mark = len(d.notify.messages)
         with Client(d.address) as client, pytest.raises(EdgedError, match="403"):
             client.reload()  # not over TCP
-        proc = subprocess.run([sys.executable, "-m", "edged.cli", "reload", "--address",
+        proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "reload", "--address",
                                f"unix:{tmp_path / 'edged.sock'}"], capture_output=True,
                               text=True, cwd=REPO)
         assert proc.returncode == 0, proc.stderr
@@ -385,7 +385,7 @@ def test_edgectl_status(daemon: Daemon) -> None:
     with Client(daemon.address) as client:
         client.infer("face", {"input": np.zeros((1, 128, 128, 3), np.float32)})
     sock = daemon.config.parent / "edged.sock"
-    proc = subprocess.run([sys.executable, "-m", "edged.cli", "status", "--address",
+    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "status", "--address",
                            f"unix:{sock}", "--json"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
@@ -393,10 +393,10 @@ def test_edgectl_status(daemon: Daemon) -> None:
     assert face["ready"] and face["backend"] in ("litert", "openvino")
     assert status["latency_ms"]["face"]["requests"] >= 1
     assert status["latency_ms"]["face"]["p99_ms_le"] >= status["latency_ms"]["face"]["p50_ms_le"]
-    text = subprocess.run([sys.executable, "-m", "edged.cli", "status", "--address",
+    text = subprocess.run([sys.executable, "-m", "edged.cli.main", "status", "--address",
                            daemon.address], capture_output=True, text=True, cwd=REPO).stdout
     assert "face" in text and "infer-face" in text
-    gone = subprocess.run([sys.executable, "-m", "edged.cli", "status", "--address",
+    gone = subprocess.run([sys.executable, "-m", "edged.cli.main", "status", "--address",
                            "unix:/nonexistent.sock"], capture_output=True, text=True, cwd=REPO)
     assert gone.returncode == 1 and "no edged answers" in gone.stderr
 
@@ -672,7 +672,7 @@ def test_core_sampler_reads_cpufreq_and_throttle_from_the_root(
     causes freq_drop and throttle can be recorded."""
     import time
 
-    from edged.latency import attribute
+    from edged.telemetry.latency import attribute
 
     root = _sampler_root(tmp_path / "root", cur_khz, cooling, firmware)
     d = _in_process(tmp_path, "", root=root)
@@ -722,11 +722,11 @@ threads = 1
         d = Daemon(config).wait_ready()
         try:
             [first] = sub_once(broker.port, f"{base}/audit", wait_s=30)  # retained
-            proc = subprocess.run([sys.executable, "-m", "edged.cli", "audit", "--format",
+            proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "audit", "--format",
                                    "json", "--config", str(config)], capture_output=True,
                                   text=True, cwd=REPO)
             report = json.loads(proc.stdout)
-            from edged.audit import level
+            from edged.cli.audit import level
             from sysconf.findings import Evidence, Finding
 
             def rank(f: dict) -> int:

@@ -221,7 +221,7 @@ threads = 1
     finally:
         assert d.stop() == 0
     log = d.log_text()
-    summaries = [line for line in log.splitlines() if "edged.telemetry: telemetry: " in line]
+    summaries = [line for line in log.splitlines() if "edged.telemetry.loop: telemetry: " in line]
     assert len(summaries) >= 5, log[-3000:]
     assert any(re.search(r"face n=\d+ p50 [\d.]+ p99 [\d.]+ ms", line) for line in summaries)
     assert all(len(line) < 400 for line in summaries)

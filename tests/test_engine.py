@@ -18,7 +18,7 @@ import pytest
 from backends import LoadOptions, get_backend
 from backends.base import BackendError, Candidate
 from backends.model_info import inspect_model
-from edged.engine import BatchingConfig, DeadlineExceeded, ModelWorker, QueueFull
+from edged.serving.engine import BatchingConfig, DeadlineExceeded, ModelWorker, QueueFull
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +267,7 @@ def test_stalled_backend_is_taken_over(cls_model) -> None:
 
 
 def test_worker_records_latency_for_telemetry(cls_model) -> None:
-    from edged.latency import LatencyRecorder
+    from edged.telemetry.latency import LatencyRecorder
 
     recorder = LatencyRecorder("cls")
     worker = ModelWorker("cls", ort_session(cls_model), BatchingConfig(), recorder=recorder)
@@ -335,7 +335,7 @@ def test_rt_priority_refused_falls_back_and_serves(cls_model, monkeypatch, caplo
         raise error
 
     monkeypatch.setattr(os, "sched_setscheduler", refuse)
-    caplog.set_level(logging.WARNING, logger="edged.engine")
+    caplog.set_level(logging.WARNING, logger="edged.serving.engine")
     worker = ModelWorker("cls", ort_session(cls_model), BatchingConfig(rt_priority=50))
     worker.start()
     try:

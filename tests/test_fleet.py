@@ -2,7 +2,7 @@
 (the daemon's wire format: retained birth, the Will, spooled telemetry with ts/seq/bdSeq) fed
 with windows from `LatencyRecorder` and thermals from `ThermalState`, the objects the daemon's
 telemetry loop uses; malformed messages and the shared-subscription split use a plain paho
-client. The monitor runs as its own process (`python -m edged.fleet`, what `edgectl fleet`
+client. The monitor runs as its own process (`python -m edged.fleet.monitor`, what `edgectl fleet`
 calls), so exit codes, stdout and stderr are the real ones."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 from broker import Broker, free_port, pub
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from edged.fleet import (
+from edged.fleet.monitor import (
     Fleet,
     FleetError,
     Thresholds,
@@ -34,9 +34,9 @@ from edged.fleet import (
     load_thresholds,
     subscriptions,
 )
-from edged.latency import LatencyRecorder
-from edged.mqtt import MqttSettings, Publisher, dumps
-from edged.spool import Spool
+from edged.telemetry.latency import LatencyRecorder
+from edged.telemetry.mqtt import MqttSettings, Publisher, dumps
+from edged.telemetry.spool import Spool
 from sysconf.thermal import ThermalState, ThermalZone, Trip
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,7 +129,7 @@ def devices(tmp_path: Path, broker: Broker):
 class MonitorProc:
     def __init__(self, *args: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "edged.fleet", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "edged.fleet.monitor", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=REPO, env=env)
         self.err: list[str] = []
@@ -366,8 +366,8 @@ def test_offline_from_the_retained_state_is_a_breach(broker, devices) -> None:
 CHILD = r"""
 import sys, time
 from pathlib import Path
-from edged.mqtt import MqttSettings, Publisher
-from edged.spool import Spool
+from edged.telemetry.mqtt import MqttSettings, Publisher
+from edged.telemetry.spool import Spool
 url, state = sys.argv[1], Path(sys.argv[2])
 p = Publisher(MqttSettings(url=url, group="g", device_id="doomed", keepalive_s=2),
               Spool(state / "spool.sqlite"), state)

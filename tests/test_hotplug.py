@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from backends.base import Candidate
-from edged.engine import BatchingConfig
 from edged.hotplug import AcceleratorMonitor
-from edged.selection import Policy
-from edged.serving import load_model
+from edged.selection.select import Policy
+from edged.serving.engine import BatchingConfig
+from edged.serving.models import load_model
 from sysconf import SysRoot
 from sysconf.hardware import probe
 
@@ -151,7 +151,7 @@ def test_daemon_hardware_change_reselects_and_fails_over(
     import sysconf.hardware
     from edged.config import load_config
     from edged.daemon import Daemon
-    from edged.mqtt import LogPublisher
+    from edged.telemetry.mqtt import LogPublisher
 
     config = tmp_path / "edged.toml"
     config.write_text(f"""

@@ -58,7 +58,7 @@ def _special_files(folder: str, names: list[str]) -> list[str]:
 
 def edgectl(*args: str, rc: int | None = 0) -> subprocess.CompletedProcess:
     assert "--root" in args, "this test never touches the live system"
-    proc = subprocess.run([sys.executable, "-m", "edged.cli", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", *args], capture_output=True,
                           text=True, cwd=REPO, timeout=300)
     if rc is not None:
         assert proc.returncode == rc, proc.stderr

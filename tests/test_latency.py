@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hdrh.histogram import HdrHistogram
 
-from edged.latency import (
+from edged.telemetry.latency import (
     MAX_OUTLIERS,
     MAX_SAMPLER_RING,
     Activity,

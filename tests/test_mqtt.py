@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from broker import Broker, Certs, Message, SubProcess, make_certs, pub, sub_once
 
-from edged.mqtt import (
+from edged.telemetry.mqtt import (
     LogPublisher,
     MqttSettings,
     Publisher,
@@ -30,7 +30,7 @@ from edged.mqtt import (
     device_id_from,
     open_publisher,
 )
-from edged.spool import Spool
+from edged.telemetry.spool import Spool
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMAS = REPO / "docs" / "schema"
@@ -90,8 +90,8 @@ def certs(tmp_path_factory) -> Certs:
 CHILD = r"""
 import sys, time
 from pathlib import Path
-from edged.mqtt import MqttSettings, Publisher
-from edged.spool import Spool
+from edged.telemetry.mqtt import MqttSettings, Publisher
+from edged.telemetry.spool import Spool
 url, state, count = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 p = Publisher(MqttSettings(url=url, group="g", device_id="d", keepalive_s=2),
               Spool(state / "spool.sqlite"), state, reconnect_min_s=0.2, reconnect_max_s=1)
@@ -714,7 +714,7 @@ def test_falls_back_to_311_when_the_broker_refuses_mqtt5(tmp_path: Path,
 
 def test_log_publisher_writes_json_lines(tmp_path: Path,
                                          caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="edged.telemetry")
+    caplog.set_level(logging.INFO, logger="edged.telemetry.loop")
     p = open_publisher(None, tmp_path)
     assert isinstance(p, LogPublisher)
     p.set_birth(BIRTH)
@@ -725,7 +725,7 @@ def test_log_publisher_writes_json_lines(tmp_path: Path,
     p.publish_event("reload", {"model": "m"})
     p.publish_audit({"checks": 1})
     assert p.stop() is True
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "edged.telemetry"]
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "edged.telemetry.loop"]
     assert [(x["topic"], x["seq"]) for x in lines] == [
         ("state", 1), ("telemetry", 1), ("telemetry", 2), ("event", 1), ("audit", 1),
         ("state", 2)]

@@ -1,4 +1,4 @@
-"""edged.protocol against the bytes an unmodified tritonclient sends and parses, every
+"""edged.serving.protocol against the bytes an unmodified tritonclient sends and parses, every
 malformed request, and fuzzing (raw bytes and near-valid documents)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hypothesis.extra import numpy as hnp
 from tritonclient.http._utils import _get_inference_request
 
 from backends.base import TensorSpec
-from edged.protocol import (
+from edged.serving.protocol import (
     DATATYPES,
     InferRequest,
     ProtocolError,
@@ -687,7 +687,7 @@ def test_fuzz_valid_json_requests_decode(data):
 def test_large_json_tensors_take_the_fast_parser_and_keep_nan() -> None:
     """Over FAST_JSON_BYTES the header goes through orjson; NaN (which orjson refuses and
     Python's json, hence tritonclient, writes) falls back to the standard library."""
-    from edged.protocol import FAST_JSON_BYTES
+    from edged.serving.protocol import FAST_JSON_BYTES
 
     values = np.linspace(-1, 1, 20000, dtype=np.float32)
     values[7] = np.nan
@@ -729,7 +729,7 @@ def test_a_remembered_header_with_the_wrong_binary_size_gets_the_full_check() ->
 
 
 def test_the_header_cache_is_bounded_and_long_headers_decode() -> None:
-    from edged import protocol
+    from edged.serving import protocol
 
     for timeout in range(1, protocol.CACHED_HEADERS + 40):
         body, length = _binary(np.zeros((1, 4), np.float32), timeout=timeout)
@@ -749,9 +749,9 @@ def test_the_header_cache_is_bounded_and_long_headers_decode() -> None:
 
 @contextlib.contextmanager
 def thresholds(**values: int):
-    """Set edged.protocol's size thresholds for a block (hypothesis runs many examples in one
-    test call, so not the function-scoped monkeypatch)."""
-    import edged.protocol as protocol
+    """Set edged.serving.protocol's size thresholds for a block (hypothesis runs many examples in
+    one test call, so not the function-scoped monkeypatch)."""
+    import edged.serving.protocol as protocol
 
     old = {name: getattr(protocol, name) for name in values}
     for name, value in values.items():
@@ -835,7 +835,7 @@ def test_decode_estimate_covers_the_decode(values, datatype):
     """json_decode_bytes, which the API checks against [server] max_decode_bytes before
     decoding, is at least what decoding takes (the standard library's path, which documents
     over 8 MiB take)."""
-    from edged.protocol import json_decode_bytes
+    from edged.serving.protocol import json_decode_bytes
 
     shape = list(np.shape(values))
     body = json.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": datatype,
@@ -858,7 +858,7 @@ def test_large_json_outputs_encode_like_small_ones(special):
     """Over FAST_JSON_VALUES, JSON data is written by orjson when every value is finite,
     and otherwise by the standard library's pure-Python encoder (NaN stays NaN): the same
     document either way."""
-    from edged.protocol import FAST_JSON_VALUES
+    from edged.serving.protocol import FAST_JSON_VALUES
 
     out = np.random.default_rng(3).random((1, 1, 300, 300)).astype(np.float32)
     assert out.size > FAST_JSON_VALUES

@@ -10,7 +10,7 @@ from pathlib import Path
 from roots import board_root, tree_state
 from test_services import EXPECTED_TRIM, add_units
 
-from edged.cli import main
+from edged.cli.main import main
 from sysconf.cpusets import CpuPlan
 from sysconf.provision import (
     AFFINITY_DROPIN,

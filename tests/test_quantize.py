@@ -14,16 +14,16 @@ import pytest
 
 from backends.base import TensorSpec
 from backends.model_info import inspect_model
-from edged.calibration import (
+from edged.cli.main import main
+from edged.cli.quantize import format_report
+from edged.quantize.calibration import (
     CalibrationError,
     Preprocess,
     Samples,
     load_samples,
     narrowness_warnings,
 )
-from edged.cli import main
-from edged.inputs import rendered_text_lines, rendered_text_pages
-from edged.quantize import (
+from edged.quantize.quantizer import (
     Accuracy,
     Attempt,
     Recipe,
@@ -32,7 +32,7 @@ from edged.quantize import (
     input_specs,
     quantize_model,
 )
-from edged.quantize_cli import format_report
+from edged.selection.inputs import rendered_text_lines, rendered_text_pages
 
 CLS_SPEC = [TensorSpec("x", "float32", (None, 3, None, None))]
 CLS_PRE = ["--resize", "48x192", "--mean", "0.5", "--std", "0.5"]

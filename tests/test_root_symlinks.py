@@ -20,7 +20,7 @@ import pytest
 from roots import board_root, tree_state
 from test_provision import GRUB, PROVISION, image
 
-from edged.cli import main
+from edged.cli.main import main
 from sysconf.changes import JOURNAL_NAME, Change, Journal, Journals
 from sysconf.confined import ConfinedRoot, PathRefused
 from sysconf.sysroot import SysRoot

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import edged.selection as selection_mod
+import edged.selection.select as selection_mod
 from backends.base import InputError, ModelError
-from edged.selection import Policy, SelectionError, select
+from edged.selection.select import Policy, SelectionError, select
 from sysconf.hardware import probe
 
 FAST = {"runs": 12, "warmup": 2, "time_budget_s": 2.0, "threads": 1}
@@ -257,7 +257,7 @@ def test_cached_decision_imports_only_its_runtime(hw, models_dir: Path, tmp_path
     code = textwrap.dedent(f"""
         import sys
         from backends import LoadOptions, get_backend
-        from edged.selection import Policy, select
+        from edged.selection.select import Policy, select
         from sysconf.hardware import probe
         hw = probe()
         sel = select({str(model)!r}, hw, Policy(**{policy!r}), Path({str(tmp_path)!r}))
@@ -305,9 +305,9 @@ def test_failover_loads_on_the_model_cpus(hw, models_dir: Path, tmp_path: Path) 
         import json, os
         from pathlib import Path
         from backends import LoadOptions
-        from edged.bench import pinned_thread
-        from edged.selection import Policy, select
-        from edged.serving import _fallback_provider
+        from edged.selection.bench import pinned_thread
+        from edged.selection.select import Policy, select
+        from edged.serving.models import _fallback_provider
         from sysconf.hardware import probe
 
         def tasks():

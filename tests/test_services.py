@@ -457,7 +457,7 @@ def test_config_audit_errors_name_the_key(tmp_path: Path, text: str, key: str) -
 
 def edgectl(*args: str, rc: int | None = 0) -> subprocess.CompletedProcess:
     assert "--root" in args, "tests must never touch the live system"
-    proc = subprocess.run([sys.executable, "-m", "edged.cli", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", *args], capture_output=True,
                           text=True, cwd=REPO, timeout=120,
                           env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"})
     if rc is not None:

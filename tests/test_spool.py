@@ -1,4 +1,4 @@
-"""edged.spool: order and ids, the size and age bounds and their drop counts, restarts,
+"""edged.telemetry.spool: order and ids, the size and age bounds and their drop counts, restarts,
 kill -9 of a writing process, two threads at once, and files that are not a usable spool."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.spool import Spool, SpoolError, SpoolItem
+from edged.telemetry.spool import Spool, SpoolError, SpoolItem
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -276,7 +276,7 @@ def test_corrupt_spool_is_refused_at_open(tmp_path: Path) -> None:
 CHILD = """
 import sys
 from pathlib import Path
-from edged.spool import Spool
+from edged.telemetry.spool import Spool
 
 spool = Spool(Path(sys.argv[1]))
 i = 0

@@ -386,7 +386,7 @@ def test_tune_unit_runs_apply_and_reverts_on_stop() -> None:
 
 def test_tune_unit_stop_command_is_one_edgectl_takes(tmp_path: Path, capsys) -> None:
     """ExecStop's arguments parse and run (on an empty temporary root, never the live one)."""
-    from edged.cli import main
+    from edged.cli.main import main
 
     stop = parse_unit(TUNE.read_text())["Service"]
     argv = single(stop, "ExecStop").split()[1:]
@@ -411,7 +411,7 @@ def test_tune_unit_runs_before_irqbalance_and_restarts_it() -> None:
 def test_tune_journal_is_root_only_and_not_the_daemons() -> None:
     """The unprivileged daemon owns /var/lib/edged; root's revert must not read a journal
     there. The unit's state dir is the one edgectl uses on the live system."""
-    from edged.cli import LIVE_TUNE_STATE_DIR
+    from edged.cli.main import LIVE_TUNE_STATE_DIR
 
     svc = parse_unit(TUNE.read_text())["Service"]
     assert single(svc, "StateDirectory") == "edged-tune"

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.engine import BatchingConfig
-from edged.latency import CoreSampler
-from edged.selection import Policy
-from edged.serving import load_model
-from edged.telemetry import IntruderWatch, TelemetryLoop
+from edged.selection.select import Policy
+from edged.serving.engine import BatchingConfig
+from edged.serving.models import load_model
+from edged.telemetry.latency import CoreSampler
+from edged.telemetry.loop import IntruderWatch, TelemetryLoop
 from sysconf.hardware import probe
 
 CLS = {"x": (1, 3, 48, 192)}
@@ -271,7 +271,7 @@ class _Scans:
 
 
 def test_intruder_watch_scans_only_for_preempted_windows(monkeypatch) -> None:
-    import edged.telemetry as telemetry
+    import edged.telemetry.loop as telemetry
 
     scans = _Scans()
     monkeypatch.setattr(telemetry, "scan_tasks", scans)
@@ -314,7 +314,7 @@ def _payload() -> dict:
 
 
 def test_summary_line() -> None:
-    from edged.telemetry import summary_line
+    from edged.telemetry.loop import summary_line
 
     assert summary_line(_payload()) == (
         "face n=500 p50 1.62 p99 5.9 ms, outliers 5: preempted 4, irq 1 "
@@ -325,7 +325,7 @@ def test_summary_line() -> None:
 def test_log_sink_summary_at_info_payload_at_debug_and_in_a_file(tmp_path: Path) -> None:
     import logging
 
-    from edged.telemetry import LogSink
+    from edged.telemetry.loop import LogSink
 
     records: list[logging.LogRecord] = []
 
@@ -333,7 +333,7 @@ def test_log_sink_summary_at_info_payload_at_debug_and_in_a_file(tmp_path: Path)
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record)
 
-    logger = logging.getLogger("edged.telemetry.test-sink")
+    logger = logging.getLogger("edged.telemetry.loop.test-sink")
     logger.propagate = False
     logger.addHandler(Keep())
     publisher = Collect()

@@ -1,5 +1,5 @@
-"""INT8 variants made on the device: `edged.variants` (cached, per CPU backend) and the real
-daemon making them in the background from a model's calibration data while it serves the
+"""INT8 variants made on the device: `edged.quantize.variants` (cached, per CPU backend) and the
+real daemon making them in the background from a model's calibration data while it serves the
 original, then swapping in the family's pick."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from daemon_harness import Daemon, write_config
 
-from edged.calibration import CalibrationError, Preprocess
-from edged.inputs import rendered_text_lines
-from edged.variants import CalibrationSpec, cached_variants, load_data, make_variants
+from edged.quantize.calibration import CalibrationError, Preprocess
+from edged.quantize.variants import CalibrationSpec, cached_variants, load_data, make_variants
+from edged.selection.inputs import rendered_text_lines
 
 CLS_SHAPE = {"x": (1, 3, 48, 192)}
 CLS_PRE = Preprocess(mean=(0.5,), std=(0.5,))
@@ -49,7 +49,7 @@ def test_data_is_read_at_the_served_shape(models_dir: Path, cls_images: Path) ->
 @pytest.mark.isa
 def test_variants_are_made_once_per_cpu_backend_and_cached(models_dir: Path, cls_images: Path,
                                                            tmp_path: Path) -> None:
-    from edged.quantize import Settings
+    from edged.quantize.quantizer import Settings
     from sysconf.hardware import probe
 
     hw = probe()
@@ -108,7 +108,7 @@ calibration = {{ data = "{cls_images}", mean = 0.5, std = 0.5 }}
         assert cls["why"] and cls["path"] == job["pick"]
         assert "variants done in" in daemon.log_text()
         _infer_ok(daemon)
-        from edged.cli import main
+        from edged.cli.main import main
 
         assert main(["status", "--address", f"unix:{tmp_path / 'edged.sock'}"]) == 0
         text = capsys.readouterr().out

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.base import BackendError, Candidate, InputError, Session, check_feeds
-from edged.latency import LatencyRecorder, batch_begin, batch_end
+from edged.telemetry.latency import LatencyRecorder, batch_begin, batch_end
 
-log = logging.getLogger("edged.engine")
+log = logging.getLogger("edged.serving.engine")
 
 
 class EngineError(Exception):

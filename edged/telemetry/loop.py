@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from edged.latency import CoreSampler, name_thread
-from edged.serving import ServedModel
+from edged.serving.models import ServedModel
+from edged.telemetry.latency import CoreSampler, name_thread
 from sysconf import SysRoot
 from sysconf.intrusions import (
     CounterTable,
@@ -33,7 +33,7 @@ from sysconf.intrusions import (
 )
 from sysconf.thermal import CpuUseSampler, read_system, read_thermal
 
-log = logging.getLogger("edged.telemetry")
+log = logging.getLogger("edged.telemetry.loop")
 
 SAMPLER_HZ = 20  # per-CPU counter samples for outlier attribution, while a batch is in flight
 SAMPLER_CPU_BUDGET = 0.002  # ... fewer where a sample costs more than this share of a core

@@ -1,4 +1,4 @@
-"""`edgectl quantize`: the command line and the report around `edged.quantize`.
+"""`edgectl quantize`: the command line and the report around `edged.quantize.quantizer`.
 
 Exit codes: 0 an INT8 model was written; 1 no INT8 recipe passed the accuracy gate and beat
 FP32 on the target (the FP32 model is written to --output instead, and the report says why);
@@ -18,8 +18,8 @@ EXIT_INT8, EXIT_FP32_KEPT, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def add_quantize_parser(sub) -> None:
-    from edged.calibration import EVAL_SPLIT
-    from edged.quantize import DEFAULT_MAX_DROP, METHODS, TARGETS
+    from edged.quantize.calibration import EVAL_SPLIT
+    from edged.quantize.quantizer import DEFAULT_MAX_DROP, METHODS, TARGETS
 
     q = sub.add_parser(
         "quantize", help="FP32 ONNX -> INT8 QDQ: calibrated, accuracy-gated, the fastest "
@@ -67,7 +67,7 @@ def add_preprocess_arguments(parser) -> None:
 
 def preprocess_of(args):
     """The `Preprocess` the arguments of `add_preprocess_arguments` describe."""
-    from edged.calibration import Preprocess, parse_floats, parse_size
+    from edged.quantize.calibration import Preprocess, parse_floats, parse_size
 
     return Preprocess(size=parse_size(args.resize) if args.resize else None, color=args.color,
                       scale=args.scale, mean=parse_floats(args.mean, "--mean"),
@@ -77,9 +77,9 @@ def preprocess_of(args):
 
 def cmd_quantize(args) -> int:
     from backends import ModelError
-    from edged.calibration import CalibrationError, calibration_and_evaluation
-    from edged.cli import UsageError, _Progress, parse_cpus
-    from edged.quantize import QuantizeError, Settings, input_specs, quantize_model
+    from edged.cli.main import UsageError, _Progress, parse_cpus
+    from edged.quantize.calibration import CalibrationError, calibration_and_evaluation
+    from edged.quantize.quantizer import QuantizeError, Settings, input_specs, quantize_model
 
     if not 0.0 <= args.max_drop < 1.0:
         raise UsageError(f"--max-drop {args.max_drop}: must be at least 0 and below 1")

@@ -13,10 +13,9 @@ from typing import Any
 from backends import LoadOptions, get_backend
 from backends.base import BackendError, Candidate, InputError, ModelError, Session
 from backends.model_info import ModelInfo
-from edged.bench import pinned_thread
-from edged.engine import BatchingConfig, ModelWorker
-from edged.latency import LatencyRecorder
-from edged.selection import (
+from edged.quantize.variants import CalibrationSpec
+from edged.selection.bench import pinned_thread
+from edged.selection.select import (
     Evaluation,
     Policy,
     Selection,
@@ -24,10 +23,11 @@ from edged.selection import (
     backend_candidates,
     select,
 )
-from edged.variants import CalibrationSpec
+from edged.serving.engine import BatchingConfig, ModelWorker
+from edged.telemetry.latency import LatencyRecorder
 from sysconf.hardware import HardwareFacts
 
-log = logging.getLogger("edged.serving")
+log = logging.getLogger("edged.serving.models")
 
 PLATFORMS = {"onnx": "onnxruntime_onnx", "tflite": "tensorflow_lite",
              "openvino-ir": "openvino"}
@@ -47,7 +47,7 @@ class ServedModel:
     calibration: CalibrationSpec | None = None
     # Calibration given and its variants not made yet: the daemon starts `job` for them.
     variants_pending: bool = False
-    job: Any = None  # edged.variant_job.VariantJob while or after it runs
+    job: Any = None  # edged.quantize.job.VariantJob while or after it runs
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def adapt(self, hw: HardwareFacts) -> str:
@@ -192,7 +192,7 @@ def _reference_loader(selection: Selection, options: LoadOptions
     worker uses it to tell an input's fault from the backend's; see ModelWorker)."""
     from dataclasses import replace as _replace
 
-    from edged.selection import reference_candidates
+    from edged.selection.select import reference_candidates
 
     def load() -> Session:
         one = _replace(options, threads=1, cache_dir=None)
@@ -250,9 +250,9 @@ def made_variants(path: Path, calibration: CalibrationSpec, policy: Policy,
     evaluation set. Reading the data is cheap (decoding a few images); making is not, and
     is the background job's. CalibrationError (an InputError to the caller) names the
     data."""
-    from edged.calibration import CalibrationError
-    from edged.quantize import Settings
-    from edged.variants import (
+    from edged.quantize.calibration import CalibrationError
+    from edged.quantize.quantizer import Settings
+    from edged.quantize.variants import (
         cached_variants,
         evaluation_of,
         load_data,

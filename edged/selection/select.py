@@ -2,9 +2,9 @@
 best here while staying within the accuracy budget of the model's original.
 
 A model is a family: the original the user trained (FP32 ONNX, TFLite or IR) and its INT8
-variants (given, or made on the device from calibration data by `edged.variants`). Every
+variants (given, or made on the device from calibration data by `edged.quantize.variants`). Every
 available candidate of every variant loads its model, runs the evaluation inputs and is
-compared with the original's float32 CPU output (`edged.accuracy`: mean cosine, or top-1
+compared with the original's float32 CPU output (`edged.selection.accuracy`: mean cosine, or top-1
 agreement for classifiers, with max-abs against the output's range for nearly constant
 samples); the ones within `max_drop` are micro-benchmarked together, interleaved, and the
 lowest p99 wins. Near-ties (within TIE_FRACTION) go to the lower precision (less memory and
@@ -35,16 +35,16 @@ import psutil
 from backends import Candidate, LoadOptions, backend_names, canonical_name, get_backend
 from backends.base import BackendError, InputError, ModelError, Session
 from backends.model_info import ModelInfo, inspect_model, signature, signature_mismatch
-from edged.accuracy import DEFAULT_MAX_DROP, Accuracy, accuracy, constant_outputs
-from edged.bench import LatencyStats, benchmark, pinned_thread
-from edged.inputs import make_inputs, resolve_shapes
+from edged.selection.accuracy import DEFAULT_MAX_DROP, Accuracy, accuracy, constant_outputs
+from edged.selection.bench import LatencyStats, benchmark, pinned_thread
+from edged.selection.inputs import make_inputs, resolve_shapes
 from sysconf.hardware import HardwareFacts
 
 TIE_FRACTION = 0.02  # p99s this close are a tie: measurement noise on a busy device
 # Generated evaluation inputs when no data is given: one small output (a 2-class softmax)
 # makes a figure that swings with a single sample; several make it about the runtime.
 VERIFY_SAMPLES = 4
-# 3: model families, accuracy against the original (edged.accuracy), max_drop.
+# 3: model families, accuracy against the original (edged.selection.accuracy), max_drop.
 CACHE_VERSION = 3
 PRECISIONS = ("auto", "int8")  # Policy.precision: any variant, or INT8 variants only
 # What ran, lowest first: the tie-break order ("int8+bf16" is INT8 with bf16 in between).
@@ -278,7 +278,7 @@ class Evaluation:
     source: str  # for people: "12 images held out of calib/"
 
     def digest(self) -> str:
-        from edged.calibration import digest
+        from edged.quantize.calibration import digest
 
         return digest(self.feeds)
 

@@ -53,7 +53,7 @@ certificate) and a username with the password read from a file at each connect; 
 is never logged and is in no repr.
 
 With no broker configured, `LogPublisher` writes the same payloads as JSON lines to the
-`edged.telemetry` logger.
+`edged.telemetry.loop` logger.
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edged.spool import Spool, SpoolError
+from edged.telemetry.spool import Spool, SpoolError
 
-log = logging.getLogger("edged.mqtt")
+log = logging.getLogger("edged.telemetry.mqtt")
 TOPIC_ROOT = "edged/v1"
 KINDS = ("state", "telemetry", "event", "audit")
 # Births per connection that state seqs leave room for (a rebirth is a rare command): state
@@ -898,12 +898,12 @@ class Publisher:
 
 
 class LogPublisher:
-    """No broker configured: the same payloads, one JSON line each, to `edged.telemetry`
+    """No broker configured: the same payloads, one JSON line each, to `edged.telemetry.loop`
     (`{"topic": "telemetry", "ts", "seq", "bdSeq", ...}`); seq counts per topic from 1 and
     bdSeq is 0, since there is no connection."""
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
-        self.logger = logger or logging.getLogger("edged.telemetry")
+        self.logger = logger or logging.getLogger("edged.telemetry.loop")
         self._lock = threading.Lock()
         self._seq = dict.fromkeys(KINDS, 0)
         self._birth: dict[str, Any] = {}

@@ -2,14 +2,14 @@
 them for the daemon.
 
 `make_variants` quantizes the original with every recipe that suits this CPU on every CPU
-backend present (`edged.quantize.measure`: gated against the FP32 original, mixed precision
-where a recipe fails, timed against FP32) and keeps, per backend, the passing recipe that
+backend present (`edged.quantize.quantizer.measure`: gated against the FP32 original, mixed
+precision where a recipe fails, timed against FP32) and keeps, per backend, the passing recipe that
 ran fastest there — even one slower than FP32, so the selection's evidence can say by how
 much INT8 lost. They are cached under `<state>/variants/<key>/` with a manifest, the key
 being the original's sha256, the hardware fingerprint, the runtime versions, the data and
 the settings: a restart, or a second model with the same original, reuses them.
 
-The daemon runs the job as a child process (`python -m edged.variants`, see
+The daemon runs the job as a child process (`python -m edged.quantize.variants`, see
 `background_command`): on the housekeeping CPUs, at SCHED_IDLE, in its own interpreter, so
 neither the quantizer's threads nor its GIL touch the inference path. The child also runs
 the selection over the whole family, there on the housekeeping CPUs (the inference cores
@@ -17,8 +17,8 @@ stay the served model's), and stores it under the key the served model's own sel
 would have; the daemon then swaps the pick in. Its last stdout line is a JSON report with
 its duration and peak memory.
 
-Exit codes of `python -m edged.variants`: 0 done (variants made or reused, decision stored),
-1 it failed (the JSON says why), 2 bad input (data that does not fit the model).
+Exit codes of `python -m edged.quantize.variants`: 0 done (variants made or reused, decision
+stored), 1 it failed (the JSON says why), 2 bad input (data that does not fit the model).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 from backends.base import ModelError, TensorSpec
 from backends.model_info import inspect_model
-from edged.calibration import (
+from edged.quantize.calibration import (
     CalibrationError,
     Preprocess,
     Samples,
@@ -48,7 +48,7 @@ from edged.calibration import (
 
 Progress = Callable[[str, int, int], None]
 VARIANTS_VERSION = 1
-CPU_TARGETS = ("onnxruntime", "openvino")  # the backends edged.quantize can gate on
+CPU_TARGETS = ("onnxruntime", "openvino")  # the backends edged.quantize.quantizer can gate on
 
 
 @dataclass(frozen=True)
@@ -112,14 +112,14 @@ def load_data(original: Path, spec: CalibrationSpec,
         raise CalibrationError(f"{original}: calibration makes INT8 variants of ONNX models; "
                                f"give a {fmt} model's variants as files instead")
     if inputs is None:
-        from edged.quantize import input_specs
+        from edged.quantize.quantizer import input_specs
 
         inputs = input_specs(original)
     preprocess = spec.preprocess
     if shapes and len(inputs) == 1 and preprocess.size is None:
         shape = shapes.get(inputs[0].name) or shapes.get("")
         if shape is not None and len(shape) == 4:
-            from edged.calibration import image_layout
+            from edged.quantize.calibration import image_layout
 
             try:
                 layout = image_layout(inputs[0], preprocess)
@@ -156,7 +156,7 @@ def _shapes(shapes: dict[str, tuple[int, ...]]) -> str:
 
 def variants_key(original: Path, calibration: Samples, evaluation: Samples, hw,
                  settings) -> str:
-    from edged.selection import runtime_versions
+    from edged.selection.select import runtime_versions
 
     parts = {"v": VARIANTS_VERSION, "model": inspect_model(original).sha256,
              "hardware": hw.fingerprint(), "runtimes": runtime_versions(),
@@ -186,7 +186,7 @@ def make_variants(original: Path, calibration: Samples, evaluation: Samples, sta
                   hw, settings=None, warnings: Sequence[str] = (),
                   progress: Progress | None = None) -> Made:
     """The best passing INT8 recipe per CPU backend, as files (cached; see the module)."""
-    from edged.quantize import Settings, measure
+    from edged.quantize.quantizer import Settings, measure
 
     settings = settings or Settings(targets=present_targets(hw))
     key = variants_key(original, calibration, evaluation, hw, settings)
@@ -234,7 +234,7 @@ def present_targets(hw) -> tuple[str, ...]:
 
 
 def evaluation_of(samples: Samples, spec: CalibrationSpec):
-    from edged.selection import Evaluation
+    from edged.selection.select import Evaluation
 
     where = f"of {spec.eval}" if spec.eval else f"held out of {spec.data}"
     return Evaluation(samples.feeds, f"{len(samples)} samples {where}")
@@ -249,7 +249,7 @@ def background_command(original: Path, variants: Sequence[Path], spec: Calibrati
     request = {"original": str(original), "variants": [str(v) for v in variants],
                "calibration": spec.to_dict(), "state_dir": str(state_dir),
                "policy": _policy_dict(policy), "housekeeping": list(housekeeping)}
-    return [sys.executable, "-m", "edged.variants", "--request", json.dumps(request)]
+    return [sys.executable, "-m", "edged.quantize.variants", "--request", json.dumps(request)]
 
 
 def _policy_dict(policy) -> dict[str, Any]:
@@ -260,7 +260,7 @@ def _policy_dict(policy) -> dict[str, Any]:
 
 
 def _policy_of(data: dict[str, Any]):
-    from edged.selection import Policy
+    from edged.selection.select import Policy
 
     data = dict(data)
     data["shapes"] = {k: tuple(v) for k, v in (data.get("shapes") or {}).items()} or None
@@ -289,8 +289,8 @@ def become_background() -> None:
 def run_request(request: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
     """The child's work: make (or reuse) the variants, select over the family on the
     housekeeping CPUs, store the decision under the served policy's key."""
-    from edged.bench import pinned_thread
-    from edged.selection import cache_key, family_of, select, store
+    from edged.selection.bench import pinned_thread
+    from edged.selection.select import cache_key, family_of, select, store
     from sysconf.hardware import probe
 
     start = time.perf_counter()
@@ -301,7 +301,7 @@ def run_request(request: dict[str, Any], progress: Progress | None = None) -> di
     housekeeping = tuple(request.get("housekeeping") or ()) or None
     hw = probe()
     calibration, evaluation, warnings = load_data(original, spec, dict(policy.shapes or {}))
-    from edged.quantize import Settings
+    from edged.quantize.quantizer import Settings
 
     settings = Settings(targets=present_targets(hw), max_drop=policy.max_drop,
                         threads=policy.threads, cpus=housekeeping)
@@ -326,7 +326,7 @@ def run_request(request: dict[str, Any], progress: Progress | None = None) -> di
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edged.variants",
+    parser = argparse.ArgumentParser(prog="python -m edged.quantize.variants",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--request", required=True, help="the job as JSON")
     args = parser.parse_args(argv)

@@ -19,10 +19,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.base import BackendError, InputError, TensorSpec
 from edged import __version__
-from edged.engine import EngineError
-from edged.http_limits import BODY_TIMED_OUT
-from edged.metrics import ServingMetrics
-from edged.protocol import (
+from edged.serving.engine import EngineError
+from edged.serving.http_limits import BODY_TIMED_OUT
+from edged.serving.metrics import ServingMetrics
+from edged.serving.models import ServedModel
+from edged.serving.protocol import (
     InferRequest,
     ProtocolError,
     decode_request,
@@ -31,9 +32,8 @@ from edged.protocol import (
     json_output_values,
     tensor_metadata,
 )
-from edged.serving import ServedModel
 
-log = logging.getLogger("edged.api")
+log = logging.getLogger("edged.serving.api")
 
 EXTENSIONS = ["binary_tensor_data", "model_repository(metadata only)", "statistics(metrics)"]
 JSON = [(b"content-type", b"application/json")]
@@ -173,7 +173,7 @@ class Api:
         being read or decoded) or a model that is not serving is refused before a byte of the
         body is read, so a flood costs no body memory. The unread rest is uvicorn's to
         discard: after the response is complete it drops further body data and keeps the
-        connection. A body that does not arrive in time (edged.http_limits) ends the read as
+        connection. A body that does not arrive in time (edged.serving.http_limits) ends the read as
         a client gone away would, and so gives the slot back."""
         start = time.perf_counter()
         parts = [p for p in path.split("/") if p]

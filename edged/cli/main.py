@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="older spelling of 1 - --max-drop")
     backends.add_argument("--max-abs", type=float, default=None)
 
-    from edged.quantize_cli import add_preprocess_arguments
+    from edged.cli.quantize import add_preprocess_arguments
 
     add_preprocess_arguments(backends)
 
@@ -160,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="the image root (required: never the live system)")
     provision.add_argument("--json", action="store_true", help="machine-readable output")
 
-    from edged.audit import add_audit_parser
-    from edged.fleet import add_fleet_parser
-    from edged.quantize_cli import add_quantize_parser
+    from edged.cli.audit import add_audit_parser
+    from edged.cli.quantize import add_quantize_parser
+    from edged.fleet.monitor import add_fleet_parser
 
     add_audit_parser(sub)
     add_fleet_parser(sub)
@@ -198,15 +198,15 @@ def _dispatch(args) -> int:
         if args.command == "status":
             return cmd_status(args)
         if args.command == "audit":
-            from edged.audit import cmd_audit
+            from edged.cli.audit import cmd_audit
 
             return cmd_audit(args)
         if args.command == "fleet":
-            from edged.fleet import cmd_fleet
+            from edged.fleet.monitor import cmd_fleet
 
             return cmd_fleet(args)
         if args.command == "quantize":
-            from edged.quantize_cli import cmd_quantize
+            from edged.cli.quantize import cmd_quantize
 
             return cmd_quantize(args)
         if args.command == "reload":
@@ -233,8 +233,8 @@ def _dispatch(args) -> int:
 
 
 def _policy(args, **extra):
-    from edged.inputs import parse_shape_args
-    from edged.selection import Policy
+    from edged.selection.inputs import parse_shape_args
+    from edged.selection.select import Policy
 
     return Policy(threads=args.threads, cpus=parse_cpus(args.cpus),
                   shapes=parse_shape_args(args.shape) or None, **extra)
@@ -273,7 +273,7 @@ def _quiet_runtime_logs() -> None:
 
 
 def cmd_backends(args) -> int:
-    from edged.selection import SelectionError, all_candidates, runtime_versions, select
+    from edged.selection.select import SelectionError, all_candidates, runtime_versions, select
     from sysconf import SysRoot
     from sysconf.hardware import probe
 
@@ -342,10 +342,10 @@ def _made_variants(args, hw, policy, state_dir: Path, progress):
     """INT8 variants of --model made from --calibration (cached), and the evaluation set."""
     import logging
 
-    from edged.calibration import CalibrationError
-    from edged.quantize import Settings
-    from edged.quantize_cli import preprocess_of
-    from edged.variants import (
+    from edged.cli.quantize import preprocess_of
+    from edged.quantize.calibration import CalibrationError
+    from edged.quantize.quantizer import Settings
+    from edged.quantize.variants import (
         CalibrationSpec,
         evaluation_of,
         load_data,
@@ -371,7 +371,7 @@ def _made_variants(args, hw, policy, state_dir: Path, progress):
 
 
 def _max_drop(args) -> float:
-    from edged.accuracy import DEFAULT_MAX_DROP
+    from edged.selection.accuracy import DEFAULT_MAX_DROP
 
     if args.min_cosine is not None and args.max_drop is not None:
         raise UsageError("give --max-drop or --min-cosine (1 - max drop), not both")
@@ -473,9 +473,9 @@ def _num(value: float | None, digits: int) -> str:
 def cmd_bench(args) -> int:
     from backends import LoadOptions, get_backend
     from backends.model_info import inspect_model
-    from edged.bench import benchmark, pinned_thread
-    from edged.inputs import make_inputs, resolve_shapes
-    from edged.selection import SelectionError, backend_candidates, select
+    from edged.selection.bench import benchmark, pinned_thread
+    from edged.selection.inputs import make_inputs, resolve_shapes
+    from edged.selection.select import SelectionError, backend_candidates, select
     from sysconf.hardware import probe
 
     if args.runs < 1 or args.warmup < 0:

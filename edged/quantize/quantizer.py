@@ -6,9 +6,9 @@ activation ranges are calibrated once on the calibration set (cached, so every r
 every mixed-precision retry reuses them); each candidate recipe — full QDQ and Conv/MatMul
 only — is quantized (static, per-channel weights; U8S8 on CPUs with an 8-bit dot product,
 else 7-bit-weight U8S8 and U8U8, see `recipes_for`), run on the target backend over the
-evaluation set and compared with the FP32 model (`edged.accuracy`: cosine, or top-1 agreement
-for classifiers). A recipe that fails the gate is retried with its most sensitive nodes kept in
-FP32: compute nodes (Conv, MatMul, Gemm) ranked by the output error when each alone is
+evaluation set and compared with the FP32 model (`edged.selection.accuracy`: cosine, or top-1
+agreement for classifiers). A recipe that fails the gate is retried with its most sensitive nodes
+kept in FP32: compute nodes (Conv, MatMul, Gemm) ranked by the output error when each alone is
 quantized, the FP32 set doubling until the gate passes or half of them are FP32. Only
 compute nodes are ranked: on PP-OCRv4 det the full recipe's loss sits in its Add/Mul/Div
 nodes, which this does not rescue (the Conv/MatMul-only recipe then wins; see
@@ -33,9 +33,9 @@ import numpy as np
 
 from backends import BackendError, Candidate, LoadOptions, ModelError, get_backend
 from backends.model_info import inspect_model
-from edged.accuracy import DEFAULT_MAX_DROP, Accuracy, accuracy
-from edged.bench import benchmark, pinned_thread
-from edged.calibration import CalibrationError, Samples
+from edged.quantize.calibration import CalibrationError, Samples
+from edged.selection.accuracy import DEFAULT_MAX_DROP, Accuracy, accuracy
+from edged.selection.bench import benchmark, pinned_thread
 
 Progress = Callable[[str, int, int], None]
 

@@ -1,6 +1,6 @@
 """`edgectl fleet`: every device's latency tail, thermals and liveness, from the MQTT topics the
-daemons publish (edged/mqtt.py, docs/schema/), as a live table, a one-shot check with an exit
-code, and Prometheus metrics.
+daemons publish (edged/telemetry/mqtt.py, docs/schema/), as a live table, a one-shot check with an
+exit code, and Prometheus metrics.
 
 Throughput. A fleet of 1,000 devices at 1 Hz is 1,000 messages a second for one Python process,
 so the work per message is kept small and in one place: paho's network thread calls
@@ -57,7 +57,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-TOPIC_ROOT = "edged/v1"  # as edged.mqtt.TOPIC_ROOT; not imported to keep edgectl's start light
+# as edged.telemetry.mqtt.TOPIC_ROOT; not imported to keep edgectl's start light
+TOPIC_ROOT = "edged/v1"
 KINDS = ("state", "telemetry", "event")
 DEFAULT_INTERVAL_S = 10.0  # the daemon's [telemetry] interval_s default
 DEFAULT_STALE_FACTOR = 3.0
@@ -1085,7 +1086,7 @@ def run_live(monitor: Monitor, fleet: Fleet, thresholds: Thresholds, *, out: Tex
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m edged.fleet ...`: the same as `edgectl fleet ...`."""
+    """`python -m edged.fleet.monitor ...`: the same as `edgectl fleet ...`."""
     parser = argparse.ArgumentParser(prog="edgectl")
     add_fleet_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["fleet", *(sys.argv[1:] if argv is None else argv)])

@@ -1,5 +1,5 @@
 """The daemon's side of making a model's INT8 variants in the background: one child process
-(`python -m edged.variants`, see that module) watched by one thread.
+(`python -m edged.quantize.variants`, see that module) watched by one thread.
 
 The thread that starts it runs on the housekeeping CPUs, so the child inherits them; the
 child puts itself at SCHED_IDLE. Readiness never waits for it: the model already serves its
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-log = logging.getLogger("edged.variants")
+log = logging.getLogger("edged.quantize.variants")
 
 
 class VariantJob:
