@@ -7,7 +7,7 @@ DEMO_MODEL = $(DATA)/models/ppocrv4_det.onnx
 DEMO_VARIANT = $(DATA)/models/ppocrv4_det_int8.onnx
 DEMO_SHAPE = x=1x3x640x640
 
-.PHONY: run demo-bench test test-isa-avx2 data venv lint system-deps clean
+.PHONY: run demo-bench test test-fast test-isa-avx2 data venv lint system-deps clean
 
 # Debian's python3 has no venv/ensurepip without python3-venv: installed here when we are root
 # (system-deps runs later, after the venv exists).
@@ -48,6 +48,10 @@ test: data system-deps
 	$(BIN)/pytest -q
 	$(ISA_AVX2_LANE)
 
+# The unit tests alone, in under a minute: no data fetch, no daemon, broker or emulator (markers: pyproject.toml).
+test-fast: venv
+	$(BIN)/pytest -q -m "not slow and not integration and not isa and not needs_data and not timing"
+
 # The isa-avx2 lane: the tests marked `isa` once more under QEMU's user-mode x86_64 emulator
 # as a Haswell (AVX2 and FMA, no AVX-512, no VNNI), so INT8 bugs of AVX2-only x86 CPUs show
 # whatever CPU this machine has. CPUID is the emulated CPU's, /proc/cpuinfo the host's;
@@ -55,7 +59,7 @@ test: data system-deps
 # qemu-user, fetched into the test-data cache by scripts/qemu_user.py (bookworm's 7.2 crashes
 # on onnxruntime). -hle,-rtm: TCG has no TSX, and plain Haswell warns so on every start.
 # qemu-user does not follow exec: tests start their Python children through EDGED_ISA_QEMU
-# (tests/daemon_harness.py python_argv), so those run emulated too.
+# (tests/support/daemon_harness.py python_argv), so those run emulated too.
 # pytest's exit 5 (no test selected) is no failure here: the lane may have nothing to run.
 # The emulator's path is asked for in the recipe, not with $(shell), so `make -n` fetches nothing
 # and a failed fetch stops the lane with the script's message and exit code.
@@ -74,6 +78,7 @@ test-isa-avx2: data
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/mypy sysconf backends
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -8,16 +8,9 @@ from __future__ import annotations
 
 import importlib
 
-from backends.base import (
-    Backend,
-    BackendError,
-    Candidate,
-    InputError,
-    LoadOptions,
-    ModelError,
-    Session,
-    TensorSpec,
-)
+from backends.base import Backend, Candidate, LoadOptions, Session
+from backends.errors import BackendError, InputError, ModelError
+from backends.tensors import TensorSpec
 
 # name -> module holding `BACKEND`; registration is data so nothing is imported up front.
 REGISTRY = {

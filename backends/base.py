@@ -3,6 +3,8 @@
 A backend lists its candidates for this hardware (with a reason when one is unavailable),
 loads a model on one candidate with a thread count and CPU set, and gives back a `Session`
 with input/output metadata and `run`. Backends know nothing of HTTP, MQTT or config files.
+The errors (`backends.errors`) and tensor specs (`backends.tensors`) sit in modules of their
+own below this one and `backends.model_info`, so those two do not import each other.
 """
 
 from __future__ import annotations
@@ -15,31 +17,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from backends.errors import InputError
+from backends.tensors import TensorSpec, format_shape, shape_fits
+
 if TYPE_CHECKING:
     from backends.model_info import ModelInfo
     from sysconf.hardware import HardwareFacts
-
-
-class ModelError(ValueError):
-    """A model file that cannot be used; the message names the file and what is wrong."""
-
-
-class InputError(ValueError):
-    """An input of the wrong name, shape or dtype; the message names the input."""
-
-
-class BackendError(RuntimeError):
-    """The runtime failed on a model it had loaded (not the caller's fault)."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # numpy dtype name: "float32", "int8", "uint8", ...
-    shape: tuple[int | None, ...]  # None marks a dynamic dimension
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
 @dataclass(frozen=True)
@@ -124,17 +107,6 @@ def dist_version(*dists: str) -> str | None:
 
 def unavailable(backend: str, device: str, reason: str, precision: str = "model") -> Candidate:
     return Candidate(backend, device, precision, available=False, reason=reason)
-
-
-def shape_fits(spec_shape: Sequence[int | None], shape: Sequence[int]) -> bool:
-    """Same rank, and every static dim of the spec equal (None = dynamic, anything fits)."""
-    return len(spec_shape) == len(shape) and all(
-        want is None or want == got for want, got in zip(spec_shape, shape, strict=True)
-    )
-
-
-def format_shape(shape: Sequence[int | None]) -> str:
-    return "x".join("?" if d is None else str(d) for d in shape)
 
 
 def check_feeds(

@@ -20,17 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import (
-    BackendError,
-    Candidate,
-    LoadOptions,
-    ModelError,
-    TensorSpec,
-    check_feeds,
-    dist_version,
-    unavailable,
-)
+from backends.base import Candidate, LoadOptions, check_feeds, dist_version, unavailable
+from backends.errors import BackendError, ModelError
 from backends.model_info import ModelInfo
+from backends.tensors import TensorSpec
 
 NAME = "litert"
 
@@ -128,6 +121,7 @@ class LiteRtBackend:
         for device, note in (("XNNPACK", "XNNPACK CPU delegate"),
                              ("CPU", "built-in kernels, no delegate")):
             if wrong_format:
+                assert model is not None  # wrong_format says so
                 result.append(unavailable(NAME, device, f"LiteRT reads only .tflite, not "
                                                         f"{model.format}"))
             else:

@@ -17,7 +17,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from backends.base import ModelError, TensorSpec, format_shape
+from backends.errors import ModelError
+from backends.tensors import TensorSpec, format_shape
 
 QOPERATOR_OPS = {
     "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd",
@@ -186,7 +187,7 @@ def _ir_precision(path: Path, data: bytes) -> tuple[str, str]:
         raise ModelError(f"{path}: not an OpenVINO IR (no <net> with layers)")
     types = Counter(layer.get("type") for layer in layers)
     const_types = Counter(
-        (layer.find("data").get("element_type") if layer.find("data") is not None else None)
+        (node.get("element_type") if (node := layer.find("data")) is not None else None)
         for layer in layers if layer.get("type") == "Const"
     )
     if types["FakeQuantize"]:

@@ -12,17 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import (
-    BackendError,
-    Candidate,
-    LoadOptions,
-    ModelError,
-    TensorSpec,
-    check_feeds,
-    dist_version,
-    unavailable,
-)
+from backends.base import Candidate, LoadOptions, check_feeds, dist_version, unavailable
+from backends.errors import BackendError, ModelError
 from backends.model_info import ModelInfo
+from backends.tensors import TensorSpec
 
 NAME = "onnxruntime"
 # EP name -> (device label, note). EPs not listed here are offered under their own name.

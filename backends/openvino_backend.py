@@ -14,17 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import (
-    BackendError,
-    Candidate,
-    LoadOptions,
-    ModelError,
-    TensorSpec,
-    check_feeds,
-    dist_version,
-    unavailable,
-)
+from backends.base import Candidate, LoadOptions, check_feeds, dist_version, unavailable
+from backends.errors import BackendError, ModelError
 from backends.model_info import ModelInfo
+from backends.tensors import TensorSpec
 
 NAME = "openvino"
 # edged precision name -> OpenVINO INFERENCE_PRECISION_HINT

@@ -11,26 +11,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
-import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from edged import __version__
-from edged.config import DEFAULT_CONFIG_PATH, Config, ConfigError, ModelConfig, load_config
+from edged.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
+from edged.placement import lock_memory, pin_housekeeping, plan_cpus, thread_affinities
 from edged.sdnotify import Notifier, watchdog_interval_s
-from edged.serving.engine import BatchingConfig
+from edged.serving.listeners import (
+    bind_sockets,
+    describe,
+    http_server,
+    remove_socket_file,
+    socket_identity,
+)
 from edged.serving.metrics import ServingMetrics
-from edged.serving.models import ServedModel, load_model
+from edged.serving.model_set import load_models
+from edged.serving.models import ServedModel
+from edged.telemetry.from_config import open_telemetry
 from sysconf.cpusets import CpuPlan
 from sysconf.sysroot import SysRoot
 
@@ -38,32 +44,7 @@ log = logging.getLogger("edged")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 DRAIN_S = 10.0  # bound on finishing in-flight requests at shutdown or after a swap
-LOAD_TIMEOUT_S = 180.0  # systemd start-timeout extension granted per model load
 SUPERVISE_S = 0.1  # how often stalled backends are looked for
-
-
-def model_key(mc: ModelConfig) -> tuple:
-    """What a served model depends on; a reload reloads a model when this changes."""
-    def file_id(path: Path) -> tuple | None:
-        try:
-            st = path.stat()
-        except OSError:
-            return None
-        return st.st_size, st.st_mtime_ns
-
-    return (str(mc.path), file_id(mc.path),
-            tuple((str(v), file_id(v)) for v in mc.variants), mc.precision, mc.backend,
-            repr(mc.calibration),
-            mc.threads, mc.cpus,
-            tuple(sorted((mc.shapes or {}).items())), mc.max_batch_size,
-            mc.preferred_batch_sizes, mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
-            mc.watchdog_ms, mc.rt_priority, mc.period_ms)
-
-
-def batching_of(mc: ModelConfig) -> BatchingConfig:
-    return BatchingConfig(mc.max_batch_size, tuple(mc.preferred_batch_sizes),
-                          mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
-                          mc.watchdog_ms, mc.rt_priority)
 
 
 class Daemon:
@@ -74,6 +55,7 @@ class Daemon:
 
         self.root = root or SysRoot()
         self.cpu_plan: CpuPlan | None = None
+        self.housekeeping: list[int] | None = None  # the CPUs run() pins this process to
         # Before pin_housekeeping narrows this thread (reloads run on a pinned thread).
         self._allowed = set(os.sched_getaffinity(0))
         self.config = self.with_cpu_plan(config)
@@ -87,7 +69,6 @@ class Daemon:
         self.last_reload_error: str | None = None
         self.restart_needed: list[str] = []  # [server] keys a reload changed (need a restart)
         self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of our Unix socket
-        self.housekeeping: list[int] | None = None
         self.memory_locked: bool | None = None
         self.publisher = None
         self.telemetry = None
@@ -99,46 +80,10 @@ class Daemon:
     # -- models ------------------------------------------------------------------------------
     def load_models(self, config: Config, current: dict[str, ServedModel]
                     ) -> tuple[dict[str, ServedModel], dict[str, str]]:
-        """Models for `config`: unchanged ones are kept, the rest loaded. A model that fails
-        keeps its current version when it has one."""
-        models: dict[str, ServedModel] = {}
-        failed: dict[str, str] = {}
-        state_dir = config.server.state_dir
-        for mc in config.models:
-            key = model_key(mc)
-            old = current.get(mc.name)
-            if old is not None and old.config_key == key:
-                models[mc.name] = old
-                continue
-            # Selecting may benchmark every backend: ask systemd for time, model by model.
-            self.notifier.notify(f"STATUS=loading model {mc.name}",
-                                 f"EXTEND_TIMEOUT_USEC={int(LOAD_TIMEOUT_S * 1e6)}")
-            start = time.perf_counter()
-            try:
-                served = load_model(mc.name, mc.path, mc.policy(config.selection),
-                                    batching_of(mc), self.hw, state_dir, key,
-                                    on_failover=self._failover_hook(mc.name),
-                                    period_s=mc.period_s, variants=mc.variants,
-                                    calibration=mc.calibration)
-            except Exception as exc:  # any failure: this model is not served, others are
-                reason = str(exc) or exc.__class__.__name__
-                log.error("model %s: not loaded: %s", mc.name, reason)
-                failed[mc.name] = reason
-                if old is not None:
-                    models[mc.name] = old
-                continue
-            sel = served.selection.selected
-            log.info("model %s: %s on %s:%s (%s) p99 %.3f ms, %s in %.2f s", mc.name,
-                     served.selection.model.name, sel.candidate.backend, sel.candidate.device,
-                     sel.precision, sel.latency.p99_ms if sel.latency else float("nan"),
-                     "cached selection" if served.selection.from_cache else "measured",
-                     time.perf_counter() - start)
-            if served.selection.why:
-                log.info("model %s: %s", mc.name, served.selection.why)
-            for warning in served.selection.warnings:
-                log.warning("model %s: %s", mc.name, warning)
-            models[mc.name] = served
-        return models, failed
+        """Models for `config` (see edged.serving.model_set.load_models), with this daemon's
+        hardware, systemd notifier and fail-over hooks."""
+        return load_models(config, current, self.hw, self.notifier.notify,
+                           self._failover_hook)
 
     def _failover_hook(self, name: str):
         counter = self.metrics.failovers.labels(name)
@@ -168,8 +113,6 @@ class Daemon:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> int:
-        import uvicorn
-
         from edged.serving.api import Api
 
         self.housekeeping = pin_housekeeping(self.config)
@@ -195,25 +138,8 @@ class Daemon:
         self.start_telemetry()
         api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
                   self.status, lambda: self.failed, reload=self._on_hup)
-        # Connection budgets (per listener), header size and time, and body time are
-        # edged.serving.http_limits' (uvicorn has no such options); uvicorn's own limit_concurrency
-        # stays off, since it counts every listener together. WebSocket: no route uses it.
-        from edged.serving.http_limits import HttpLimits, protocol_class
-
-        srv = self.config.server
-        api.max_decode_bytes = srv.max_decode_bytes
-        limits = HttpLimits(header_timeout_s=srv.header_timeout_s,
-                            body_timeout_s=srv.body_timeout_s,
-                            max_header_bytes=srv.max_header_bytes,
-                            connections={"tcp": srv.max_connections,
-                                         "unix": srv.socket_max_connections},
-                            drain_s=DRAIN_S)
-        uv_config = uvicorn.Config(api, lifespan="off", access_log=False, log_config=None,
-                                   timeout_graceful_shutdown=int(DRAIN_S),
-                                   http=protocol_class(limits), ws="none",
-                                   timeout_keep_alive=srv.idle_timeout_s,  # type: ignore
-                                   limit_concurrency=None)
-        self._server = server = _Server(uv_config)
+        api.max_decode_bytes = self.config.server.max_decode_bytes
+        self._server = server = http_server(api, self.config.server, DRAIN_S)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop, sig)
@@ -245,7 +171,7 @@ class Daemon:
                 await asyncio.to_thread(self.telemetry.stop)
             if self.publisher is not None:
                 await asyncio.to_thread(self.publisher.stop, 10.0)
-            _remove_socket_file(self.config, self._socket_id)
+            remove_socket_file(self.config, self._socket_id)
         log.info("stopped")
         return EXIT_OK
 
@@ -254,7 +180,7 @@ class Daemon:
             log.info("telemetry disabled ([telemetry] enabled = false)")
             return
         from edged.telemetry.loop import LogSink, TelemetryLoop
-        from edged.telemetry.mqtt import LogPublisher
+        from edged.telemetry.mqtt.log_publisher import LogPublisher
 
         self.publisher = open_telemetry(self.config)
         self.publisher.set_birth(self._birth())
@@ -271,66 +197,20 @@ class Daemon:
         self.telemetry.start()
 
     def core_sampler(self):
-        """Interrupt/softirq counters of the inference cores, plus their cpufreq and the
-        throttle state (read from the daemon's root), so outliers can be blamed on
-        "freq_drop" and "throttle" as well as on interrupts. It samples only while a model
-        has a batch in flight (and a tail of two periods after): parked, an idle daemon
-        pays nothing for it; busy, it stays within SAMPLER_CPU_BUDGET of a core (20 Hz where
-        a sample is cheap, down to 5 Hz)."""
-        from edged.telemetry.latency import ACTIVITY, CoreSampler, cpufreq_reader
-        from edged.telemetry.loop import SAMPLER_CPU_BUDGET, SAMPLER_HZ
+        """The attribution sampler on the models' pinned CPUs (every CPU when none is
+        pinned), reading this daemon's root; see edged.telemetry.sampler.inference_sampler."""
+        from edged.telemetry.sampler import inference_sampler
 
         pinned = sorted({cpu for m in self.models.values() for cpu in (m.worker.cpus or ())})
-        has_cpufreq = any(self.root.exists(f"/sys/devices/system/cpu/{name}/cpufreq")
-                          for name in self.root.listdir("/sys/devices/system/cpu")
-                          if name.startswith("cpu") and name[3:].isdecimal())
-        return CoreSampler(pinned or None, rate_hz=SAMPLER_HZ, root=self.root,
-                           freq=cpufreq_reader(self.root) if has_cpufreq else None,
-                           throttled=throttle_reader(self.root),
-                           cpu_affinity=self.housekeeping, activity=ACTIVITY,
-                           cpu_budget=SAMPLER_CPU_BUDGET)
+        return inference_sampler(pinned or None, self.root, self.housekeeping)
 
     # -- CPU plan ----------------------------------------------------------------------------
     def with_cpu_plan(self, config: Config) -> Config:
-        """When no model names its CPUs, decide them as `edgectl apply` (the tune unit) does:
-        sysconf.cpusets.decide() (an isolated set, else the last core) for inference, the rest
-        for housekeeping; models without `cpus` then run on the inference cores, so the daemon
-        and the tuned system agree. A model that sets `cpus` keeps them (and then the config,
-        not decide(), says what is where). Sets `cpu_plan`."""
-        from sysconf.cpusets import decide, read_cpusets
-
-        pinned = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
-        if pinned or not config.models:
-            pinned_now = getattr(self, "housekeeping", None)  # None before run() pins
-            self.cpu_plan = None if not pinned else CpuPlan(
-                tuple(pinned), tuple(config.server.housekeeping_cpus or pinned_now or ()),
-                "models")
-            if pinned:
-                try:  # what the tune unit will do differently, said where operators look
-                    for note in decide(read_cpusets(self.root), pinned).notes:
-                        log.warning("CPU plan: %s", note)
-                except ValueError as exc:
-                    log.warning("CPU plan: the models' cpus: %s", exc)
-            return config
-        try:
-            plan = decide(read_cpusets(self.root))
-        except ValueError as exc:
-            log.warning("models stay unpinned: %s", exc)
-            self.cpu_plan = None
-            return config
-        allowed = self._allowed if self.root.is_live else set(plan.inference)
-        if not set(plan.inference) <= allowed:
-            log.warning("models stay unpinned: inference CPUs %s (%s) are outside this "
-                        "process's CPU set %s", list(plan.inference), plan.source,
-                        sorted(allowed))
-            self.cpu_plan = None
-            return config
-        if self.cpu_plan != plan:
-            log.info("CPU plan (%s): models on CPUs %s, housekeeping on %s", plan.source,
-                     plan.to_dict()["inference_list"], plan.to_dict()["housekeeping_list"])
-        self.cpu_plan = plan
-        return replace(config, models=tuple(replace(mc, cpus=plan.inference)
-                                            for mc in config.models))
+        """`config` with its models on the CPUs edged.placement.plan_cpus decides (the tune
+        unit's plan when no model names its CPUs). Sets `cpu_plan`."""
+        config, self.cpu_plan = plan_cpus(config, self.root, self._allowed, self.housekeeping,
+                                          self.cpu_plan)
+        return config
 
     def _birth(self) -> dict[str, Any]:
         return {
@@ -426,7 +306,7 @@ class Daemon:
     async def _announce_ready(self, server, sockets: list[socket.socket]) -> None:
         while not server.started:
             await asyncio.sleep(0.01)
-        where = ", ".join(_describe(s) for s in sockets)
+        where = ", ".join(describe(s) for s in sockets)
         log.info("serving %d model(s) on %s", len(self.models), where)
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
         self.start_variant_jobs()
@@ -507,35 +387,21 @@ class Daemon:
 
     # -- INT8 variants made in the background ---------------------------------------------
     def start_variant_jobs(self) -> None:
-        """One background job per served model whose calibration data has no variants made
-        yet (see edged.quantize.job). Called after READY: readiness never waits for them."""
-        from edged.quantize.job import VariantJob
-        from edged.quantize.variants import background_command
+        """The background jobs for the models whose variants are still to make (see
+        edged.quantize.job). Called after READY: readiness never waits for them."""
+        from edged.quantize.job import start_variant_jobs
 
-        for name, served in self.models.items():
-            if not served.variants_pending or served.job is not None:
-                continue
-            given = self.config.model(name).variants if self.config.model(name) else ()
-            command = background_command(served.original.path, given, served.calibration,
-                                         self.config.server.state_dir, served.policy,
-                                         self.housekeeping or sorted(self._allowed))
-            served.job = VariantJob(name, command,
-                                    lambda report, s=served: self._variants_made(s, report))
-            served.job.start()  # this thread is on the housekeeping CPUs; the child too
+        start_variant_jobs(self.models, self.config, self.housekeeping or sorted(self._allowed),
+                           self._variants_made)
 
     def _variants_made(self, served: ServedModel, report: dict[str, Any]) -> str:
         """The job's decision (stored under the served policy's key) swapped in, in the
         job's thread, if the model is still the one served."""
-        from edged.selection.select import family_of, load_cached
+        from edged.quantize.job import stored_decision
 
         if self.models.get(served.name) is not served:
             return "the model was reloaded meanwhile; its new version decides anew"
-        variants = tuple(Path(v) for v in report["variants"])
-        family = family_of(served.original.path, variants)
-        selection = load_cached(self.config.server.state_dir, family,
-                                report["selection_key"])
-        if selection is None:
-            raise RuntimeError(f"no stored decision under {report['selection_key']}")
+        selection, variants = stored_decision(served, report, self.config.server.state_dir)
         done = served.apply(selection, self.hw, variants)
         served.variants_pending = False
         log.info("model %s: %s; %s", served.name, done, selection.why)
@@ -556,221 +422,12 @@ class Daemon:
             thread.join()
 
 
-class _Server:
-    """uvicorn's Server without its own signal handling.
-
-    uvicorn installs SIGTERM/SIGINT handlers for the duration of serve() and re-raises the
-    signal afterwards, which would kill the process before our drain and exit 0; the daemon
-    handles signals itself (see Daemon.run)."""
-
-    def __new__(cls, config):
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                yield
-
-        return Server(config)
-
-
-def bind_sockets(config: Config) -> list[socket.socket]:
-    server = config.server
-    sockets = []
-    if server.listen_host is not None:
-        family = socket.AF_INET6 if ":" in server.listen_host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((server.listen_host, server.listen_port or 0))
-        sockets.append(sock)
-    if server.socket is not None:
-        path = server.socket
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(path.lstat().st_mode):
-                path.unlink()  # a stale socket from a previous run
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
-        os.chmod(path, server.socket_mode)
-        sockets.append(sock)
-    for sock in sockets:
-        sock.listen(1024)
-        sock.set_inheritable(False)
-    return sockets
-
-
-def socket_identity(config: Config) -> tuple[int, int] | None:
-    """(st_dev, st_ino) of the Unix socket just bound, so stop removes only that file."""
-    if config.server.socket is None:
-        return None
-    st = config.server.socket.lstat()
-    return st.st_dev, st.st_ino
-
-
-def _remove_socket_file(config: Config, identity: tuple[int, int] | None) -> None:
-    """Remove the socket this process created, and only while it is still that socket: a
-    file that replaced it (or anything else at the path) is left alone."""
-    path = config.server.socket
-    if path is None or identity is None:
-        return
-    with contextlib.suppress(OSError):
-        st = path.lstat()
-        if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == identity:
-            path.unlink()
-
-
 def server_changes(running, new) -> list[str]:
     """The [server] fields that differ between two configs (they take a restart)."""
     import dataclasses
 
     return [f.name for f in dataclasses.fields(running)
             if f.name != "hang_s" and getattr(running, f.name) != getattr(new, f.name)]
-
-
-def _describe(sock: socket.socket) -> str:
-    name = sock.getsockname()
-    return f"unix:{name}" if sock.family == socket.AF_UNIX else f"http://{name[0]}:{name[1]}"
-
-
-def mqtt_settings(config: Config):
-    """The publisher's settings from [telemetry.mqtt]; its own checks become config errors
-    naming the key."""
-    from edged.telemetry.mqtt import MqttSettings, SettingsError, device_id_from
-
-    mqtt = config.telemetry.mqtt
-    if mqtt is None:
-        return None
-    try:
-        return MqttSettings(
-            url=mqtt.url, group=mqtt.group, device_id=mqtt.device_id or device_id_from(),
-            ca_file=mqtt.ca_file, cert_file=mqtt.cert_file, key_file=mqtt.key_file,
-            username=mqtt.username, password_file=mqtt.password_file,
-            keepalive_s=mqtt.keepalive_s, protocol=mqtt.protocol)
-    except SettingsError as exc:
-        raise ConfigError(config.source, f"telemetry.mqtt.{exc.setting}", exc.problem) from None
-
-
-def open_telemetry(config: Config):
-    """The MQTT publisher (with its spool) when a broker is configured, else JSON lines to
-    the log. An unusable spool file is reported and telemetry falls back to the log, so
-    inference keeps serving."""
-    from edged.telemetry.mqtt import LogPublisher, open_publisher
-    from edged.telemetry.spool import SpoolError
-
-    mqtt = config.telemetry.mqtt
-    try:
-        return open_publisher(
-            mqtt_settings(config), config.server.state_dir,
-            spool_max_bytes=int((mqtt.spool_max_mb if mqtt else 50) * 2**20),
-            spool_max_age_s=(mqtt.spool_max_age_days if mqtt else 7) * 86400)
-    except SpoolError as exc:
-        log.error("telemetry spool unusable, telemetry goes to the log instead: %s", exc)
-        return LogPublisher()
-
-
-def throttle_reader(root: SysRoot) -> Callable[[], bool] | None:
-    """Is performance being cut right now: the Raspberry Pi firmware's throttle word says the
-    ARM is slowed, or a cpufreq cooling device is engaged (a thermal cap; scaling_cur_freq
-    may still equal the capped scaling_max_freq, so "freq_drop" alone would miss it).
-    Where the files are is found once; each call reads a few small files (the sampler runs it
-    at 20 Hz). None: this root has neither."""
-    from sysconf.thermal import THERMAL_DIR, THROTTLED_GLOBS, THROTTLED_PATH, Throttled
-
-    firmware = THROTTLED_PATH if root.exists(THROTTLED_PATH) else next(
-        (path for pattern in THROTTLED_GLOBS for path in root.glob(pattern)), None)
-    cooling = [f"{THERMAL_DIR}/{name}/cur_state" for name in root.listdir(THERMAL_DIR)
-               if name.startswith("cooling_device")
-               and (root.read_line(f"{THERMAL_DIR}/{name}/type") or "").startswith(
-                   ("cpufreq-", "thermal-cpufreq-", "Processor"))]
-    if firmware is None and not cooling:
-        return None
-
-    def throttled() -> bool:
-        if firmware is not None:
-            word = root.read_line(firmware) or ""
-            try:
-                if Throttled(int(word, 16)).slowing_now:
-                    return True
-            except ValueError:
-                pass  # unreadable this time: not known, not throttled
-        for path in cooling:
-            state = root.read_line(path) or ""
-            if state.lstrip("-").isdecimal() and int(state) > 0:
-                return True
-        return False
-
-    return throttled
-
-
-def pin_housekeeping(config: Config) -> list[int] | None:
-    """Put this (main) thread, and so every thread it starts later (HTTP, reload, telemetry),
-    on the housekeeping CPUs: the configured set, else the CPUs no model is pinned to. Model
-    workers and their runtimes' threads set their own CPU sets. None: nothing pinned."""
-    allowed = sorted(os.sched_getaffinity(0))
-    wanted = config.server.housekeeping_cpus
-    if wanted is None:
-        pinned = {cpu for mc in config.models for cpu in (mc.cpus or ())}
-        if not pinned:
-            return None
-        wanted = tuple(cpu for cpu in allowed if cpu not in pinned)
-    usable = [cpu for cpu in wanted if cpu in allowed]
-    if not usable:
-        log.warning("no housekeeping CPU left (models pinned to %s of %s); the API threads "
-                    "stay unpinned", sorted(set(allowed) - set(wanted)), allowed)
-        return None
-    # Threads that already exist (a BLAS pool started at import, say) keep the CPU set they
-    # were born with, so every task of the process is moved, not only this one. No model
-    # worker exists yet: they are started after this and pin themselves.
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), usable)
-        except (ProcessLookupError, PermissionError):
-            continue  # the thread ended meanwhile, or is not ours to move
-    log.info("housekeeping threads on CPUs %s", usable)
-    return usable
-
-
-def lock_memory() -> bool:
-    """mlockall(MCL_CURRENT | MCL_FUTURE): no page faults on the inference path. ctypes: the
-    standard library has no binding, and it is one call."""
-    import ctypes
-    import ctypes.util
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    mcl_current, mcl_future = 1, 2
-    if libc.mlockall(mcl_current | mcl_future) != 0:
-        err = ctypes.get_errno()
-        log.warning("mlockall failed (%s): needs CAP_IPC_LOCK and LimitMEMLOCK=infinity; "
-                    "running with unlocked memory", os.strerror(err))
-        return False
-    log.info("memory locked (mlockall)")
-    return True
-
-
-SCHED_POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
-
-
-def thread_affinities() -> list[dict[str, Any]]:
-    """Per-thread CPU sets and scheduling of this process, as the kernel reports them."""
-    rows = []
-    for tid in sorted(os.listdir("/proc/self/task"), key=int):
-        try:
-            comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-            status = Path(f"/proc/self/task/{tid}/status").read_text()
-            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
-        except OSError:
-            continue  # the thread ended while we looked
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        # stat: fields after the ")" closing comm; policy is field 41, rt_priority 40.
-        after = stat.rsplit(")", 1)[-1].split()
-        policy = SCHED_POLICIES.get(int(after[38]), after[38]) if len(after) > 38 else "?"
-        priority = int(after[37]) if len(after) > 37 else 0
-        rows.append({"tid": int(tid), "name": comm,
-                     "cpus": fields.get("Cpus_allowed_list", "?").strip(),
-                     "policy": policy if not priority else f"{policy}:{priority}",
-                     "involuntary_switches": int(fields.get("nonvoluntary_ctxt_switches",
-                                                            "0").strip())})
-    return rows
 
 
 _hup_during_start = threading.Event()
@@ -789,7 +446,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, lambda *_: _hup_during_start.set())
     try:
         config = load_config(args.config)
-        mqtt_settings(config)  # the publisher's own checks, so they fail the start too
     except ConfigError as exc:
         print(f"edged: {exc}", file=sys.stderr)
         return EXIT_CONFIG

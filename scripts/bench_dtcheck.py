@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""The device-tree check (`sysconf.dtcheck.check_tree`) over the whole fetched .dtb corpus.
+"""The device-tree check (`sysconf.audit.checks.devicetree.check_tree`) over the whole fetched
+.dtb corpus.
 
 Corpora: Debian bookworm's linux-image-6.1.0-50-arm64 boards (always) and, when fetched, the
 armhf (armmp) boards of the same release; the armhf ones are fetched here
 (`fetch_test_data.py --only dtb --with-armhf`) when their folder is missing, unless
 `--no-fetch`. Per tree: parse time (`load_fdt`, file read included) and check time, as median,
-p99 and total; per rule: findings with status warn/fail and the number of trees hit.
+p99 and total (the p99 by edged.selection.bench's rule, linear interpolation between ranks;
+this script used to take the nearest rank); per rule: findings with status warn/fail and the
+number of trees hit.
 
 For comparison the same files go through `dtc -I dtb -O dts -o /dev/null` with dtc's default
 warnings; its stderr lines "Warning (class): ..." / "ERROR (class): ..." are counted per class
@@ -18,11 +21,8 @@ Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -30,13 +30,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import benchlib
+from benchlib import log
+from fetch_test_data import KERNEL_DEB, KERNEL_DEB_ARMHF, cache_dir
+
+from sysconf.audit.checks.devicetree import RULES, check_tree
+from sysconf.fdt import FdtError, load_fdt
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a checkout
-
-from fetch_test_data import KERNEL_DEB, KERNEL_DEB_ARMHF, cache_dir  # noqa: E402
-
-from sysconf.dtcheck import RULES, check_tree  # noqa: E402
-from sysconf.fdt import FdtError, load_fdt  # noqa: E402
 
 DTC_LINE = re.compile(r"\b(Warning|ERROR) \(([\w-]+)\)")
 
@@ -52,10 +53,6 @@ DTC_RELATION: dict[str, str] = {
     "DT-CMA-NOMAP-REUSABLE": "none (dtc checks reserved-memory only for unit names / reg)",
     "DT-DMA-PIO-FALLBACK": "none (cross-node: siblings)",
 }
-
-
-def log(msg: str) -> None:
-    print(f"bench-dtcheck: {msg}", file=sys.stderr, flush=True)
 
 
 def corpora(fetch: bool) -> list[tuple[str, Path]]:
@@ -74,20 +71,11 @@ def corpora(fetch: bool) -> list[tuple[str, Path]]:
     return out
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = min(len(s) - 1, max(0, round(q * (len(s) - 1))))
-    return s[k]
-
-
 def timing(values: list[float]) -> dict[str, float]:
-    return {
-        "median_ms": statistics.median(values) * 1e3 if values else float("nan"),
-        "p99_ms": pct(values, 0.99) * 1e3,
-        "total_s": sum(values),
-    }
+    if not values:
+        return {"median_ms": float("nan"), "p99_ms": float("nan"), "total_s": 0}
+    stats = benchlib.latency_stats(values)
+    return {"median_ms": stats.p50_ms, "p99_ms": stats.p99_ms, "total_s": sum(values)}
 
 
 def run_edged(files: list[tuple[str, Path]]) -> dict[str, Any]:
@@ -209,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         files += [(f"{arch}/{p.relative_to(folder)}", p) for p in paths]
     log(f"{len(files)} files: {counts}")
     res: dict[str, Any] = {
+        **benchlib.report_header("dtcheck"),
         "corpora": counts,
         "files": len(files),
-        "python": platform.python_version(),
         "edged": run_edged(files),
     }
     dtc = shutil.which("dtc")
@@ -221,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             res["dtc"] = run_dtc(files, dtc)
     if args.json:
-        print(json.dumps(res, indent=2))
+        benchlib.write_json(res)
     else:
         print_report(res)
     return 0

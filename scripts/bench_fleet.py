@@ -8,12 +8,12 @@ cost of a redraw and of a Prometheus scrape with the whole fleet in it.
 Processes: mosquitto (its own config: loopback, unlimited queue so a monitor that falls
 behind shows up as lag rather than as broker drops, errors-only log), P publisher processes
 (each one paho client, MQTT 5, QoS 1, publishing on behalf of its share of the devices, on
-the devices' own topics), and the monitor: `edged.fleet.monitor.Fleet` + `Monitor` + `run_live`, the
-code `edgectl fleet` runs, redrawing the full table every second (to /dev/null: not a
-terminal, so every row is formatted), with thresholds that some simulated devices breach (the
-alert lines go to a file) and `--prometheus` served and scraped every 5 s by this script. The
-monitor is pinned with os.sched_setaffinity to one CPU; mosquitto and the publishers to the
-others when there are any.
+the devices' own topics), and the monitor: `Fleet` (edged.fleet.store) + `Monitor` +
+`run_live` (edged.fleet.monitor), the code `edgectl fleet` runs, redrawing the full table
+every second (to /dev/null: not a terminal, so every row is formatted), with thresholds that
+some simulated devices breach (the alert lines go to a file) and `--prometheus` served and
+scraped every 5 s by this script. The monitor is pinned with os.sched_setaffinity to one
+CPU; mosquitto and the publishers to the others when there are any.
 
 Payloads are shaped like the daemon's (docs/schema/telemetry.schema.json: one model with
 total/queue/compute phases and outliers per cause, thermal zones with trips, cpufreq,
@@ -21,7 +21,8 @@ hottest, throttling, system), about 1.2 kB, each device's spread evenly over the
 Counting window: from the first scheduled publish to the last; then the publishers stop and
 the script waits for the monitor to drain. The monitor keeps every lag sample here (not the
 last 10,000 as edgectl does), and sorts them at each redraw: a slightly heavier monitor than
-the real one.
+the real one. Lag and publish-lateness percentiles follow edged.selection.bench's rule (linear
+interpolation between ranks; this script used to take the sample at rank int(q * n)).
 
     .venv/bin/python scripts/bench_fleet.py [--devices N] [--seconds T] [--rate R]
                                             [--publishers P] [--cpu C] [--json]
@@ -43,11 +44,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+import benchlib  # also: tests/support/broker.py (mosquitto's path, free ports)
+import orjson
 
-import orjson  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 MOSQUITTO_CONF = """\
 listener {port} 127.0.0.1
@@ -164,12 +164,12 @@ def run_publisher(args: argparse.Namespace) -> int:
         time.sleep(0.01)
     client.disconnect()
     client.loop_stop()
-    behind.sort()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # before the percentile imports numpy
+    late_p99_s = benchlib.latency_stats(behind).p99_ms / 1e3 if behind else 0.0
     print(json.dumps({"published": published, "acked": acked,
                       "bytes_mean": size / max(1, published),
                       "late_publishes": len(behind),
-                      "late_p99_s": behind[int(0.99 * len(behind))] if behind else 0.0,
+                      "late_p99_s": late_p99_s,
                       "cpu_s": usage.ru_utime + usage.ru_stime}), flush=True)
     return 0
 
@@ -177,18 +177,11 @@ def run_publisher(args: argparse.Namespace) -> int:
 # -- monitor role -----------------------------------------------------------------------------
 
 def run_monitor(args: argparse.Namespace) -> int:
-    from edged.fleet.monitor import (
-        Fleet,
-        FleetCollector,
-        Monitor,
-        Thresholds,
-        fleet_rows,
-        format_table,
-        parse_broker,
-        run_live,
-        serve_prometheus,
-        summary,
-    )
+    from edged.fleet.exporter import FleetCollector, serve_prometheus
+    from edged.fleet.monitor import Monitor, parse_broker, run_live
+    from edged.fleet.report import fleet_rows, format_table, summary
+    from edged.fleet.store import Fleet
+    from edged.fleet.thresholds import Thresholds
 
     os.sched_setaffinity(0, {args.cpu})
     fleet = Fleet()
@@ -246,21 +239,13 @@ def run_monitor(args: argparse.Namespace) -> int:
     lags = list(fleet.lag)
     window = (lags[start_mark["lag_n"]:end_mark["lag_n"]] if start_mark and end_mark
               else lags)
-    window.sort()
-    lags.sort()
-
-    def q(values: list[float], p: float) -> float | None:
-        return values[min(len(values) - 1, int(p * len(values)))] if values else None
-
     result = {
         "telemetry_total": fleet.counts["telemetry"], "bad_payloads": fleet.bad,
         "devices_seen": len(rows), "table_lines": table.count("\n") + 1,
         "render_s": render_s, "handle_us": handle_us,
         "rss_bytes": rss_peak,  # peak, before the Fleet.handle micro-benchmark
-        "lag_window": {"n": len(window), "p50_s": q(window, 0.5), "p99_s": q(window, 0.99),
-                       "p999_s": q(window, 0.999), "max_s": window[-1] if window else None},
-        "lag_all": {"n": len(lags), "p50_s": q(lags, 0.5), "p99_s": q(lags, 0.99),
-                    "max_s": lags[-1] if lags else None},
+        "lag_window": lag_figures(window),
+        "lag_all": lag_figures(lags),
     }
     if start_mark and end_mark:
         wall = end_mark["wall"] - start_mark["wall"]
@@ -271,6 +256,16 @@ def run_monitor(args: argparse.Namespace) -> int:
                       cpu_us_per_msg=cpu / received * 1e6 if received else None)
     print(json.dumps(result), flush=True)
     return 0
+
+
+def lag_figures(lags: list[float]) -> dict[str, float | None]:
+    """Count, p50, p99, p99.9 and max of lag samples, in seconds (None without samples).
+    Called after the RSS and CPU figures are taken: the percentile imports numpy."""
+    if not lags:
+        return {"n": 0, "p50_s": None, "p99_s": None, "p999_s": None, "max_s": None}
+    stats = benchlib.latency_stats(lags)
+    return {"n": len(lags), "p50_s": stats.p50_ms / 1e3, "p99_s": stats.p99_ms / 1e3,
+            "p999_s": stats.p999_ms / 1e3, "max_s": max(lags)}
 
 
 # -- the orchestra ----------------------------------------------------------------------------
@@ -298,7 +293,7 @@ def _read_json(proc: subprocess.Popen[str], timeout: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from broker import MOSQUITTO, free_port, wait_port
+    from tests.support.broker import MOSQUITTO, free_port, wait_port
 
     cpus = sorted(os.sched_getaffinity(0))
     monitor_cpu = args.cpu if args.cpu is not None else cpus[-1]
@@ -439,8 +434,11 @@ def main() -> int:
         return run_monitor(args)
     if args.role == "publisher":
         return run_publisher(args)
-    result = run(args)
-    print(json.dumps(result, indent=2) if args.json else report(result))
+    result = {**benchlib.report_header("fleet"), **run(args)}
+    if args.json:
+        benchlib.write_json(result)
+    else:
+        print(report(result))
     return 0
 
 

@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
+import benchlib
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from backends.base import Candidate, TensorSpec
+from backends.base import Candidate
+from backends.tensors import TensorSpec
 from edged.serving.engine import BatchingConfig, ModelWorker
 
 
@@ -94,7 +92,8 @@ def main() -> int:
             worker.stop()
     result = {name: round(statistics.median(v), 1) for name, v in rounds.items()}
     if args.json:
-        print(json.dumps({"us_per_round_trip_median": result, "rounds": rounds}))
+        benchlib.write_json({**benchlib.report_header("handoff"),
+                             "us_per_round_trip_median": result, "rounds": rounds})
     else:
         for name, value in result.items():
             print(f"{name:14} {value:6.1f} µs per request handed to the worker and back "

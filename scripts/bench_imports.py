@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchlib
 from fetch_test_data import models_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +98,8 @@ shutil.rmtree(_state)
 from pathlib import Path
 from backends import LoadOptions, get_backend
 from edged.selection.inputs import make_inputs
-from edged.selection.select import Policy, select
+from edged.selection.policy import Policy
+from edged.selection.select import select
 from sysconf.hardware import probe
 hw = probe()
 sel = select({tflite!r}, hw, Policy(backend="litert", threads={threads}), Path({state!r}))
@@ -114,8 +116,6 @@ s.run(make_inputs(s.inputs, sel.shapes))
 LABELS = {"baseline": "0", "cli": "a", "litert": "b", "ort": "c", "openvino": "d",
           "ov_run": "h", "cli_pinned": "i", "cached": "j", "numpy": "e", "onnx": "f",
           "onnxruntime": "g"}
-
-
 
 
 def run_case(code: str) -> dict[str, Any]:
@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     # The decision case (j) reads: made once here, in its own process (that one measures,
     # so it imports whatever the selection needs for its reference).
     subprocess.run([sys.executable, "-c", "from pathlib import Path\n"
-                    "from edged.selection.select import Policy, select\n"
+                    "from edged.selection.policy import Policy\n"
+                    "from edged.selection.select import select\n"
                     "from sysconf.hardware import probe\n"
                     f"select({str(tflite)!r}, probe(), Policy(backend='litert', "
                     f"threads={args.threads}), Path({str(state)!r}))"],
@@ -168,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     codes = {name: code.format(**fmt) if "{" in code else code
              for name, (_, code, _) in CASES.items()}
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in CASES}
-    load_before = os.getloadavg()[0]
+    load_before = benchlib.loadavg()
     for _ in range(args.reps):  # round-robin: a noisy moment hits every case once
         for name in CASES:
             samples[name].append(run_case(codes[name]))
-    load_after = os.getloadavg()[0]
+    load_after = benchlib.loadavg()
     shutil.rmtree(state)
     rows = {}
     failures = []
@@ -195,13 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows.values():
         for q in ("self_ms", "wall_ms", "peak_rss_mib"):
             row[f"{q}_vs_openvino"] = round(row[q] / ref[q], 2) if ref[q] else None
-    report = {"benchmark": "lazy_imports", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "python": sys.version.split()[0], "reps": args.reps,
+    report = {**benchlib.report_header("lazy_imports"), "reps": args.reps,
               "models": {"tflite": str(tflite), "onnx": str(onnx)},
-              "loadavg_1min": [round(load_before, 2), round(load_after, 2)],
+              "loadavg_1min": [load_before, load_after],
               "cases": rows, "failures": failures}
     if args.json:
-        print(json.dumps(report, indent=2))
+        benchlib.write_json(report)
     else:
         print(f"fresh `python -c` per case, median of {args.reps}; self = from the child's first "
               f"statement to the end of the case; wall includes interpreter start-up; ratios vs "

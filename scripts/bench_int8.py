@@ -15,8 +15,6 @@ Run from a checkout: `.venv/bin/python scripts/bench_int8.py [--size 640 --size 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -24,32 +22,24 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import benchlib
+import numpy as np
+from benchlib import log
 from fetch_test_data import models_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a checkout
-
-import numpy as np  # noqa: E402
-
-from backends import LoadOptions, get_backend  # noqa: E402
-from backends.base import BackendError, Candidate, InputError, ModelError, Session  # noqa: E402
-from backends.model_info import ModelInfo, inspect_model  # noqa: E402
-from edged.selection.accuracy import compare  # noqa: E402
-from edged.selection.bench import LatencyStats, benchmark  # noqa: E402
-from edged.selection.inputs import make_inputs, resolve_shapes  # noqa: E402
-from edged.selection.select import all_candidates, matches, runtime_versions  # noqa: E402
-from sysconf.hardware import HardwareFacts, probe  # noqa: E402
+from backends import LoadOptions, get_backend
+from backends.base import Candidate, Session
+from backends.errors import BackendError, InputError, ModelError
+from backends.model_info import ModelInfo, inspect_model
+from edged.selection.accuracy import compare
+from edged.selection.bench import LatencyStats, benchmark
+from edged.selection.candidates import all_candidates, matches
+from edged.selection.inputs import make_inputs, resolve_shapes
+from sysconf.hardware import probe
 
 FP32_MODEL = "ppocrv4_det.onnx"
 INT8_MODEL = "ppocrv4_det_int8.onnx"
 DB_THRESHOLD = 0.3  # PP-OCR's det_db_thresh: pixels above it are text
-
-
-
-
-def machine(hw: HardwareFacts) -> dict[str, Any]:
-    return {"cpu_model": hw.cpu_model, "cpus": hw.cpu_count, "arch": hw.arch,
-            "isa_int8": hw.isa_int8, "runtimes": runtime_versions()}
 
 
 def median(values: list[float]) -> float:
@@ -129,7 +119,7 @@ def run_size(size: int, candidates: list[Candidate], models: dict[str, ModelInfo
     feeds = make_inputs(specs, shapes, seed=0)
     keys = list(sessions)
     per_round: list[dict[tuple[str, str], LatencyStats]] = []
-    load_before = os.getloadavg()[0]
+    load_before = benchlib.loadavg()
     for r in range(args.rounds):
         # Rotate the order each round: no session always runs right after the same one.
         order = keys[r % len(keys):] + keys[: r % len(keys)]
@@ -138,7 +128,7 @@ def run_size(size: int, candidates: list[Candidate], models: dict[str, ModelInfo
         stats = benchmark(runners, args.runs, args.warmup)
         per_round.append({k: stats[f"{k[0]}|{k[1]}"] for k in keys})
         log(f"{size}x{size}: round {r + 1}/{args.rounds} in {time.perf_counter() - t0:.1f} s")
-    load_after = os.getloadavg()[0]
+    load_after = benchlib.loadavg()
     rows = []
     for candidate in candidates:
         fp32, int8 = (candidate.key, "fp32"), (candidate.key, "int8")
@@ -168,7 +158,7 @@ def run_size(size: int, candidates: list[Candidate], models: dict[str, ModelInfo
         "runs": args.runs, "rounds": args.rounds, "warmup": args.warmup,
         "threads": args.threads, "accuracy_images": args.seeds,
         "accuracy_reference": reference,
-        "loadavg_1min": [round(load_before, 2), round(load_after, 2)],
+        "loadavg_1min": [load_before, load_after],
         "results": rows,
         "fastest_p50": {label: "|".join(k) if k else None for label, k in best.items()},
         "errors": errors,
@@ -240,9 +230,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs, --rounds and --seeds must be at least 1, --warmup at least 0")
     sizes = args.size or [640, 320]
 
-    def log(msg: str) -> None:
-        print(f"bench_int8: {msg}", file=sys.stderr, flush=True)
-
     folder = None if (args.fp32 and args.int8) else models_dir((FP32_MODEL, INT8_MODEL))
     try:
         models = {"fp32": inspect_model(args.fp32 or folder / FP32_MODEL),
@@ -257,9 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if not candidates:
         parser.error(f"--backend {args.backend}: no available candidate")
     report: dict[str, Any] = {
-        "benchmark": "int8_vs_fp32",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(hw),
+        **benchlib.report_header("int8_vs_fp32", hw, runtimes=True),
         "models": {k: {"path": str(m.path), "precision": m.precision_detail}
                    for k, m in models.items()},
         "sizes": [],
@@ -272,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         parser.error(str(exc))
     if args.json:
-        print(json.dumps(report, indent=2))
+        benchlib.write_json(report)
     return 0
 
 

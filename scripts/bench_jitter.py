@@ -28,7 +28,8 @@ switches/s. Figures are medians over rounds of per-round figures; ratios are tak
 Then cyclictest (rt-tests) on the inference CPU as the OS floor: idle at SCHED_FIFO 80, and
 with the load on the housekeeping CPU at SCHED_OTHER and at SCHED_FIFO 80 (`-m -q --laptop
 -i 1000 -a 1 -t 1 -h`; `--laptop` keeps it from holding /dev/cpu_dma_latency at 0, which the
-inference runs do not do either).
+inference runs do not do either). Its percentiles are read off cyclictest's own histogram (the
+first 1 µs bin that reaches the rank); all others follow edged.selection.bench's rule.
 
 Target (issue 4): pinned p99.9 <= 1.5 × its p50, and >= 3 × lower than unpinned under load;
 checked for (3) and (4). Nothing is written to /proc, /sys or systemd; stress-ng's files go
@@ -46,7 +47,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import os
 import re
 import shlex
@@ -62,25 +62,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import benchlib
+import numpy as np
+from benchlib import log
 from fetch_test_data import models_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a checkout
-
-import numpy as np  # noqa: E402
-
-from backends import Candidate, LoadOptions, get_backend  # noqa: E402
-from backends.model_info import inspect_model  # noqa: E402
-from edged.selection.inputs import make_inputs, parse_shape_args, resolve_shapes  # noqa: E402
-from edged.serving.engine import BatchingConfig, EngineError, ModelWorker, Timing  # noqa: E402
-from sysconf.intrusions import (  # noqa: E402
+from backends import Candidate, LoadOptions, get_backend
+from backends.model_info import inspect_model
+from edged.selection.inputs import make_inputs, parse_shape_args, resolve_shapes
+from edged.serving.engine import BatchingConfig, EngineError, ModelWorker, Timing
+from sysconf.intrusions import (
     interrupts_per_cpu,
     rates,
     softirqs_per_cpu,
     thread_switches,
 )
-from sysconf.irq import read_interrupts, read_irq_report  # noqa: E402
-from sysconf.sysroot import SysRoot  # noqa: E402
+from sysconf.irq import read_interrupts, read_irq_report
+from sysconf.sysroot import SysRoot
 
 MODEL = "ppocr_cls.onnx"
 SHAPE = "x=1x3x48x192"
@@ -114,14 +112,8 @@ SETUPS = {
 }
 
 
-def log(msg: str) -> None:
-    print(f"bench_jitter: {msg}", file=sys.stderr, flush=True)
-
-
 def median(values) -> float:
     return float(statistics.median(values))
-
-
 
 
 def load_session(path: Path, pinned: bool):
@@ -384,15 +376,14 @@ def percentiles(ms: np.ndarray) -> dict[str, float]:
     if not len(ms):
         return {"p50_ms": float("nan"), "p99_ms": float("nan"), "p999_ms": float("nan"),
                 "max_ms": float("nan"), "spread_ms": float("nan")}
-    p50, p99, p999 = np.percentile(ms, [50, 99, 99.9])
-    return {"p50_ms": round(float(p50), 4), "p99_ms": round(float(p99), 4),
-            "p999_ms": round(float(p999), 4), "max_ms": round(float(ms.max()), 4),
-            "spread_ms": round(float(p99 - p50), 4)}
+    stats = benchlib.latency_stats(ms / 1e3)
+    return {"p50_ms": stats.p50_ms, "p99_ms": stats.p99_ms, "p999_ms": stats.p999_ms,
+            "max_ms": stats.max_ms, "spread_ms": round(stats.p99_ms - stats.p50_ms, 4)}
 
 
 def worker_thread_facts(worker: ModelWorker) -> dict[str, Any]:
     """What the kernel says the worker thread got (edged's own per-thread view)."""
-    from edged.daemon import thread_affinities
+    from edged.placement import thread_affinities
 
     for row in thread_affinities():
         if row["tid"] == worker.native_id:
@@ -512,9 +503,8 @@ def machine_facts(root: SysRoot) -> dict[str, Any]:
     report = read_irq_report(root)
     on_core = [line for line in report.lines if line.numeric and INFERENCE_CPU in
                report.effective.get(line.irq, report.affinity.get(line.irq, []))]
-    return {"cpu_model": hw.cpu_model, "cpus": hw.cpu_count, "arch": hw.arch,
-            "kernel": os.uname().release, "isolated": sets.isolated,
-            "isolcpus": sets.isolcpus, "nohz_full": sets.nohz_full,
+    return {**benchlib.machine(hw), "isolated": sets.isolated, "isolcpus": sets.isolcpus,
+            "nohz_full": sets.nohz_full,
             "irqs_effective_on_inference_cpu": [f"{line.irq} {line.actions}"
                                                 for line in on_core]}
 
@@ -617,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "benchmark": "jitter", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": machine_facts(root), "model": model.name,
-        "loadavg_1min_start": round(os.getloadavg()[0], 2),
+        "loadavg_1min_start": benchlib.loadavg(),
         "submitter": (f"CPU {INFERENCE_CPU if args.submit_on == 'inference' else HOUSEKEEPING_CPU}"
                       f" in (3)/(4), unpinned in (1)/(2)"),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -683,9 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for worker in workers.values():
             worker.stop(drain_s=1.0)
-    report["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
+    report["loadavg_1min_end"] = benchlib.loadavg()
     if args.json:
-        print(json.dumps(report, indent=2))
+        benchlib.write_json(report)
     else:
         print_report(report)
     return 1 if any(not t["pass"] for t in report["summary"]["targets"]) else 0

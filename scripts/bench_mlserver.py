@@ -60,13 +60,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a checkout
-sys.path.insert(0, str(ROOT / "scripts"))  # bench_serving: the real daemon, its config
+import benchlib
+import numpy as np
+from benchlib import log
 
-import numpy as np  # noqa: E402
-
-from edged.selection.bench import LatencyStats  # noqa: E402
+from edged.selection.bench import LatencyStats
 
 MLSERVER_VERSION = "1.7.1"
 DEFAULT_VENV = Path.home() / ".cache" / "edged" / "mlserver-venv"
@@ -121,10 +119,6 @@ class OnnxModel(MLModel):
             outputs=[NumpyCodec.encode_output(name, value)
                      for name, value in zip(self._output_names, results)])
 '''
-
-
-def log(msg: str) -> None:
-    print(f"bench_mlserver: {msg}", file=sys.stderr, flush=True)
 
 
 def median(values) -> float:
@@ -473,9 +467,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     feeds = {input_name: np.random.default_rng(0).random(shape, dtype=np.float32)}
     reference = dict(zip(output_names, session.run(output_names, feeds), strict=True))
     report: dict[str, Any] = {
-        "benchmark": "mlserver",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "loadavg_1min_start": round(os.getloadavg()[0], 2),
+        **benchlib.report_header("mlserver"),
+        "loadavg_1min_start": benchlib.loadavg(),
         "model": model.name, "input": {input_name: list(shape)},
         "onnxruntime": ort.__version__, "tritonclient": version("tritonclient"),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -542,7 +535,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 with contextlib.suppress(Exception):
                     close()
     model_dir.cleanup()
-    report["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
+    report["loadavg_1min_end"] = benchlib.loadavg()
     return report
 
 
@@ -566,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_mlserver: cannot run the MLServer comparison: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(report, indent=2))
+        benchlib.write_json(report)
     else:
         print_report(report)
     return 0 if all(t["pass"] for t in report["sequential"]["targets"]) else 1

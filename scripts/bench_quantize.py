@@ -21,30 +21,25 @@ Run from a checkout: `.venv/bin/python scripts/bench_quantize.py [--models det,c
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import benchlib
+from benchlib import log
 from fetch_test_data import models_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a checkout
-
-from edged.quantize.calibration import (  # noqa: E402
-    CalibrationError,
-    Preprocess,
+from edged.quantize.calibration import (
     load_samples,
     narrowness_warnings,
     parse_size,
 )
-from edged.quantize.quantizer import TARGETS, Settings, input_specs, quantize_model  # noqa: E402
-from edged.selection.inputs import rendered_text_lines, rendered_text_pages  # noqa: E402
-from edged.selection.select import runtime_versions  # noqa: E402
-from sysconf.hardware import probe  # noqa: E402
+from edged.quantize.calibration_spec import CalibrationError, Preprocess
+from edged.quantize.defaults import TARGETS
+from edged.quantize.quantizer import Settings, input_specs, quantize_model
+from edged.selection.inputs import rendered_text_lines, rendered_text_pages
 
 # name -> file, image generator, preprocessing (what `edgectl quantize` would be given)
 MODELS: dict[str, dict[str, Any]] = {
@@ -83,8 +78,7 @@ class Progress:
     def __call__(self, phase: str, done: int, total: int) -> None:
         if phase != self.phase:
             self.phase = phase
-            print(f"bench_quantize: {self.prefix}: {phase} ({total}) "
-                  f"at {time.perf_counter() - self.start:.1f} s", file=sys.stderr, flush=True)
+            log(f"{self.prefix}: {phase} ({total}) at {time.perf_counter() - self.start:.1f} s")
 
 
 def run_one(name: str, spec: dict[str, Any], path: Path, target: str, calibration, evaluation,
@@ -179,19 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     if any(h % 32 or w % 32 for h, w in det_sizes):
         parser.error(f"--det-sizes {args.det_sizes}: the detector takes multiples of 32")
 
-    def log(msg: str) -> None:
-        print(f"bench_quantize: {msg}", file=sys.stderr, flush=True)
-
     folder = models_dir([MODELS[m]["file"] for m in models])
-    hw = probe()
     report: dict[str, Any] = {
-        "benchmark": "quantize",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu_model": hw.cpu_model, "cpus": hw.cpu_count, "arch": hw.arch,
-                    "isa_int8": hw.isa_int8, "runtimes": runtime_versions()},
+        **benchlib.report_header("quantize", runtimes=True),
         "calibration_images": args.calibration, "evaluation_images": args.eval,
         "det_sizes": [list(s) for s in det_sizes],
-        "loadavg_1min_start": round(os.getloadavg()[0], 2),
+        "loadavg_1min_start": benchlib.loadavg(),
         "results": [],
     }
     t_all = time.perf_counter()
@@ -221,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.json:
                     print(format_result(result), flush=True)
     report["wall_s"] = round(time.perf_counter() - t_all, 1)
-    report["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
+    report["loadavg_1min_end"] = benchlib.loadavg()
     if args.json:
-        print(json.dumps(report, indent=2))
+        benchlib.write_json(report)
     else:
         print(f"total wall {report['wall_s']:.1f} s; loadavg {report['loadavg_1min_start']} -> "
               f"{report['loadavg_1min_end']}")

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -30,19 +28,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchlib
+from benchlib import log
 from fetch_test_data import models_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a checkout
-
-import edged.selection.select as selection_mod  # noqa: E402
-from backends import LoadOptions, get_backend  # noqa: E402
-from backends.base import BackendError, ModelError  # noqa: E402
-from backends.model_info import inspect_model  # noqa: E402
-from edged.selection.bench import benchmark, pinned_thread  # noqa: E402
-from edged.selection.inputs import make_inputs  # noqa: E402
-from edged.selection.select import Policy, SelectionError, all_candidates, runtime_versions  # noqa: E402
-from sysconf.hardware import HardwareFacts, probe  # noqa: E402
+import edged.selection.select as selection_mod
+from backends import LoadOptions, get_backend
+from backends.errors import BackendError, ModelError
+from backends.model_info import inspect_model
+from edged.selection.bench import benchmark, pinned_thread
+from edged.selection.candidates import all_candidates
+from edged.selection.inputs import make_inputs
+from edged.selection.policy import Policy
+from edged.selection.select import SelectionError
+from sysconf.hardware import HardwareFacts, probe
 
 WITHIN = 0.10  # the pick should be within 10 % of the best p99
 
@@ -316,9 +315,6 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.rounds, args.runs, args.confirm_rounds) < 1 or args.warmup < 0:
         parser.error("--rounds, --runs and --confirm-rounds must be at least 1")
 
-    def log(msg: str) -> None:
-        print(f"bench_selection: {msg}", file=sys.stderr, flush=True)
-
     table = model_table(args.det_size or [640, 320])
     names = args.model or list(table)
     unknown = [n for n in names if n not in table]
@@ -327,18 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     folder = models_dir([f for n in names for f in (table[n][0], *table[n][1])])
     hw = probe()
     report: dict[str, Any] = {
-        "benchmark": "selection_vs_best",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu_model": hw.cpu_model, "cpus": hw.cpu_count, "arch": hw.arch,
-                    "isa_int8": hw.isa_int8, "isa": hw.isa_summary(),
-                    "runtimes": runtime_versions()},
-        "loadavg_1min_start": round(os.getloadavg()[0], 2),
+        **benchlib.report_header("selection_vs_best", hw, runtimes=True),
+        "loadavg_1min_start": benchlib.loadavg(),
         "models": [],
     }
     status = 0
     if not args.json:
-        print(f"machine: {hw.cpu_model}, {hw.cpu_count} CPUs, {hw.arch}, ISA {hw.isa_summary()}",
-              flush=True)
+        print(benchlib.machine_line(report["machine"]), flush=True)
     for name in names:
         file, variant_files, shapes = table[name]
         try:
@@ -353,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(format_block(block) if "error" not in block else f"{name}: {block['error']}",
                   flush=True)
-    report["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
+    report["loadavg_1min_end"] = benchlib.loadavg()
     if args.json:
-        print(json.dumps(report, indent=2))
+        benchlib.write_json(report)
     else:
         ok = [b for b in report["models"] if b.get("within_10pct")]
         ok_all = [b for b in report["models"] if b.get("within_10pct_of_all")]

@@ -46,20 +46,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import benchlib  # also: the tests' NotifySocket (tests/support/daemon_harness.py)
+import numpy as np
+from benchlib import log
 from fetch_test_data import models_dir
 
+from backends import LoadOptions, get_backend
+from backends.model_info import inspect_model
+from edged.client import Client
+from edged.selection.bench import LatencyStats
+from edged.selection.inputs import make_inputs, parse_shape_args, resolve_shapes
+from edged.serving.protocol import DATATYPES, datatype_of
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a checkout
-sys.path.insert(0, str(ROOT / "tests"))  # the daemon test harness (NotifySocket)
-
-import numpy as np  # noqa: E402
-
-from backends import LoadOptions, get_backend  # noqa: E402
-from backends.model_info import inspect_model  # noqa: E402
-from edged.client import Client  # noqa: E402
-from edged.selection.bench import LatencyStats  # noqa: E402
-from edged.selection.inputs import make_inputs, parse_shape_args, resolve_shapes  # noqa: E402
-from edged.serving.protocol import DATATYPES, datatype_of  # noqa: E402
 
 BACKEND = "onnxruntime"
 THREADS = 1
@@ -82,10 +81,6 @@ PATHS = {
     "edged_unix": "(d) edged Unix, edged Client",
     "edged_tcp": "(e) edged TCP, edged Client",
 }
-
-
-def log(msg: str) -> None:
-    print(f"bench_serving: {msg}", file=sys.stderr, flush=True)
 
 
 def median(values) -> float:
@@ -221,7 +216,7 @@ class BareServer:
 # -- the real daemon --------------------------------------------------------------------------
 
 def _notify_socket_class():
-    from daemon_harness import NotifySocket
+    from tests.support.daemon_harness import NotifySocket
 
     class TimedNotifySocket(NotifySocket):
         """The harness's sd_notify reader, with the arrival time of each datagram."""
@@ -269,7 +264,7 @@ max_queue_delay_us = {delay_us}
 
 
 class Edged:
-    """`python -m edged.daemon` with a sd_notify socket, as tests/daemon_harness.py runs it;
+    """`python -m edged.daemon` with a sd_notify socket, as tests/support/daemon_harness.py runs it;
     start-to-READY is timed from just before the spawn to the READY=1 datagram."""
 
     def __init__(self, folder: Path, config: Path) -> None:
@@ -680,8 +675,6 @@ def main(argv: list[str] | None = None) -> int:
            args.start_reps) < 1 or not 0 < args.idle_s <= 60:
         parser.error("counts must be at least 1 and --idle-s in (0, 60]")
 
-    from sysconf.hardware import probe
-
     model = (args.model or models_dir() / DEFAULT_MODEL).resolve()
     if not model.is_file():
         parser.error(f"no model at {model} (run scripts/fetch_test_data.py)")
@@ -692,12 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     feeds = make_inputs(session.inputs, shapes)
     reference = session.run(feeds)
     output_names = list(reference)
-    hw = probe()
     report: dict[str, Any] = {
-        "benchmark": "serving",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu_model": hw.cpu_model, "cpus": hw.cpu_count, "arch": hw.arch},
-        "loadavg_1min_start": round(os.getloadavg()[0], 2),
+        **benchlib.report_header("serving"),
+        "loadavg_1min_start": benchlib.loadavg(),
         "model": model.name, "shapes": {k: list(v) for k, v in shapes.items()},
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                  if k != "serve_bare"},
@@ -762,9 +752,9 @@ def main(argv: list[str] | None = None) -> int:
                     close()
         log("start-up: fresh state dir, then the same (cached selection)")
         report["startup"] = startup(tmp, model, shapes, args.start_reps, args.idle_s)
-    report["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
+    report["loadavg_1min_end"] = benchlib.loadavg()
     if args.json:
-        print(json.dumps(report, indent=2))
+        benchlib.write_json(report)
     else:
         print_report(report)
     failed = [t for t in report["sequential"]["targets"] if not t["pass"]]

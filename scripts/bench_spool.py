@@ -11,12 +11,14 @@ scan; warm page cache), and, for comparison, the same replay with every ack fsyn
 
 Then the replay over MQTT, end to end (the issue's target: >= 1,000 msg/s): a real
 `Publisher` spools --mqtt-items telemetry payloads while no broker listens on its port; then
-a Mosquitto broker (tests/broker.py, a free loopback port) starts, `mosquitto_sub` (QoS 1, a
-separate process: the independent client) subscribes, and the publisher is started. Timed
-from `Publisher.start()` until mosquitto_sub has printed all N (connect, birth and the whole
-replay, PUBACK-paced with the publisher's in-flight window); every seq checked present, in
-order and marked historical. The publisher is started after the broker so that its
-reconnect back-off (1-30 s by default) is not what is measured. Medians over rounds.
+a Mosquitto broker (tests/support/broker.py, a free loopback port) starts, `mosquitto_sub`
+(QoS 1, a separate process: the independent client) subscribes, and the publisher is
+started. Timed from `Publisher.start()` until mosquitto_sub has printed all N (connect, birth
+and the whole replay, PUBACK-paced with the publisher's in-flight window); every seq checked
+present, in order and marked historical. The publisher is started after the broker so that its
+reconnect back-off (1-30 s by default) is not what is measured. Medians over rounds. The
+append percentiles follow edged.selection.bench's rule (linear interpolation between ranks;
+this script used to take the sample at rank int(q * n)).
 
     .venv/bin/python scripts/bench_spool.py [--items N] [--payload BYTES] [--batch N]
                                             [--rounds R] [--dir DIR] [--json]
@@ -37,9 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-# broker.py: the tests' Mosquitto fixture, for the replay over MQTT
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import benchlib  # also: tests/support/broker.py (the tests' Mosquitto, for the MQTT replay)
 
 from edged.telemetry.spool import Spool
 
@@ -51,10 +51,6 @@ class FsyncEveryAck(Spool):
 
     def _set_sync(self, db: sqlite3.Connection, level: str) -> None:
         super()._set_sync(db, "FULL")
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def fill(spool: Spool, items: int, size: int) -> list[float]:
@@ -108,12 +104,12 @@ def one_round(folder: Path, args: argparse.Namespace) -> dict:
     assert dropped >= len(at_bound), (dropped, len(at_bound))
     bounded.close()
 
-    latencies.sort()
+    append = benchlib.latency_stats(latencies)
     return {
         "append_msg_per_s": args.items / sum(latencies),
-        "append_p50_ms": percentile(latencies, 0.50) * 1e3,
-        "append_p99_ms": percentile(latencies, 0.99) * 1e3,
-        "append_max_ms": latencies[-1] * 1e3,
+        "append_p50_ms": append.p50_ms,
+        "append_p99_ms": append.p99_ms,
+        "append_max_ms": append.max_ms,
         "append_at_bound_msg_per_s": len(at_bound) / sum(at_bound),
         "replay_msg_per_s": count / replay_s,
         "replay_s": replay_s,
@@ -127,9 +123,9 @@ def one_round(folder: Path, args: argparse.Namespace) -> dict:
 
 def mqtt_round(folder: Path, args: argparse.Namespace) -> dict:
     """Spool N with the broker down, bring the broker up, time the replay to mosquitto_sub."""
-    from broker import MOSQUITTO_SUB, Broker, pub
-
-    from edged.telemetry.mqtt import MqttSettings, Publisher
+    from edged.config import MqttSettings
+    from edged.telemetry.mqtt.publisher import Publisher
+    from tests.support.broker import MOSQUITTO_SUB, Broker, pub
 
     broker = Broker(folder / "broker")  # port chosen, not started: nobody listens there
     publisher = Publisher(MqttSettings(url=broker.url, group="bench", device_id="device"),
@@ -203,7 +199,7 @@ def main() -> int:
     if args.payload < 8:
         parser.error("--payload must be at least 8 bytes")
 
-    load_before = os.getloadavg()[0]
+    load_before = benchlib.loadavg()
     rounds = []
     for _ in range(args.rounds):
         folder = Path(tempfile.mkdtemp(prefix="bench-spool-", dir=args.dir))
@@ -214,21 +210,22 @@ def main() -> int:
             rounds.append(result)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    load_after = os.getloadavg()[0]
+    load_after = benchlib.loadavg()
     median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
     spread = {key: [min(r[key] for r in rounds), max(r[key] for r in rounds)]
               for key in rounds[0]}
     result = {
+        **benchlib.report_header("spool"),
         "items": args.items, "payload_bytes": args.payload, "batch": args.batch,
         "mqtt_items": 0 if args.no_mqtt else args.mqtt_items, "mqtt_window": args.mqtt_window,
         "rounds": args.rounds, "dir": str(args.dir or tempfile.gettempdir()),
-        "loadavg_1min": [round(load_before, 2), round(load_after, 2)],
+        "loadavg_1min": [load_before, load_after],
         "median": {k: round(v, 3) for k, v in median.items()},
         "min_max": {k: [round(v, 3) for v in mm] for k, mm in spread.items()},
         "per_round": [{k: round(v, 3) for k, v in r.items()} for r in rounds],
     }
     if args.json:
-        print(json.dumps(result, indent=2))
+        benchlib.write_json(result)
         return 0
     print(f"spool: {args.items} x {args.payload} B, pending(limit={args.batch}) + ack, "
           f"{args.rounds} rounds in {result['dir']}; loadavg {load_before:.2f} -> "

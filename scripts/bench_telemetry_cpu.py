@@ -10,7 +10,7 @@ alternates. Targets (issue 16): telemetry costs < 0.5 % of a core idle and < 0.5
 CPU time per daemon: the sum of its threads' run time in ns from /proc/<pid>/task/*/schedstat
 where that file counts (some kernels show zeros), else psutil's user + system (10 ms ticks).
 Also: the per-sample cost of the counter sampler on this machine and on the RK3588-like
-fixture root (tests/roots.py board_root, 8 CPUs), as is and grown to 300 IRQ rows.
+fixture root (tests/support/roots.py board_root, 8 CPUs), as is and grown to 300 IRQ rows.
 
     .venv/bin/python scripts/bench_telemetry_cpu.py [--seconds S] [--rounds R] [--json]
 """
@@ -18,7 +18,6 @@ fixture root (tests/roots.py board_root, 8 CPUs), as is and grown to 300 IRQ row
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,18 +26,15 @@ import threading
 import time
 from pathlib import Path
 
+import benchlib
 import numpy as np
 import psutil
+from benchlib import log
 from fetch_test_data import models_dir
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-from broker import Broker  # noqa: E402  (tests/broker.py: a real mosquitto on loopback)
-from daemon_harness import Daemon, write_config  # noqa: E402
-
-from edged.client import Client  # noqa: E402
+from edged.client import Client
+from tests.support.broker import Broker  # a real mosquitto on loopback
+from tests.support.daemon_harness import Daemon, write_config
 
 TARGET_PCT = 0.5
 
@@ -126,11 +122,10 @@ def measure(daemons: dict[str, Daemon], seconds: float, reverse: bool
 def sampler_costs() -> dict[str, object]:
     """µs per CoreSampler sample, live and on board fixtures (3 IRQ rows changing between
     samples, as between two samples 50 ms apart), against the previous full parse."""
-    from roots import board_root, format_interrupts, grown_board
-
-    from edged.telemetry.latency import CoreSampler
+    from edged.telemetry.sampler import CoreSampler
     from sysconf import SysRoot
     from sysconf.intrusions import interrupts_per_cpu, softirqs_per_cpu
+    from tests.support.roots import board_root, format_interrupts, grown_board
 
     def median_us(f, n: int = 200) -> float:
         times = []
@@ -183,9 +178,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    from sysconf.hardware import probe
-
-    isa = probe().isa_summary()
+    header = benchlib.report_header("telemetry_cpu")
     costs = sampler_costs()
     scenarios = ("idle", "load")
     per_round: dict[str, dict[str, list[float]]] = {
@@ -223,14 +216,13 @@ device_id = "cpu"
                     for k in ("on", "off"):
                         per_round[scenario][k].append(share[k])
                     threads[scenario].append(by_name)
-                    print(f"bench_telemetry_cpu: round {r + 1}/{args.rounds} {scenario}: on "
-                          f"{share['on'] * 100:.2f} %, off {share['off'] * 100:.2f} % of a "
-                          f"core", file=sys.stderr)
+                    log(f"round {r + 1}/{args.rounds} {scenario}: on "
+                        f"{share['on'] * 100:.2f} %, off {share['off'] * 100:.2f} % of a core")
         finally:
             for d in daemons.values():
                 d.stop()
     result: dict[str, object] = {
-        "isa": isa, "cpus": os.cpu_count(), "seconds": args.seconds, "rounds": args.rounds,
+        **header, "seconds": args.seconds, "rounds": args.rounds,
         "cpu_source": "schedstat (ns)" if SCHEDSTAT else "psutil (10 ms ticks)",
         "sampler_cost": costs}
     ok = True
@@ -258,9 +250,10 @@ device_id = "cpu"
         }
         ok = ok and cost < TARGET_PCT
     if args.json:
-        print(json.dumps(result, indent=2))
+        benchlib.write_json(result)
     else:
-        print(f"ISA: {isa}; {os.cpu_count()} CPUs; CPU time from {result['cpu_source']}")
+        print(f"{benchlib.machine_line(header['machine'])}; CPU time from "
+              f"{result['cpu_source']}")
         for scenario, what in (("idle", "idle (no client)"),
                                ("load", "face model at 50 Hz")):
             s = result[scenario]

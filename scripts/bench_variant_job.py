@@ -18,7 +18,6 @@ on the model's CPU) is inside the "job" window, on purpose: it is part of the co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,18 +26,14 @@ import threading
 import time
 from pathlib import Path
 
+import benchlib
 import numpy as np
+from benchlib import log
 from fetch_test_data import models_dir
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-from daemon_harness import Daemon, write_config  # noqa: E402
-
-from edged.client import Client  # noqa: E402
-from edged.selection.inputs import rendered_text_lines, text_like_images  # noqa: E402
-from sysconf.hardware import probe  # noqa: E402
+from edged.client import Client
+from edged.selection.inputs import rendered_text_lines, text_like_images
+from tests.support.daemon_harness import Daemon, write_config
 
 
 def config(folder: Path, calibration: Path | None, cpu: int) -> Path:
@@ -73,9 +68,9 @@ def client_loop(address: str, stop: threading.Event, hz: float, out: list[float]
 
 
 def percentiles(ms: list[float]) -> dict[str, float]:
-    p50, p99, p999 = np.percentile(np.asarray(ms), [50, 99, 99.9])
-    return {"n": len(ms), "p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3),
-            "p999_ms": round(float(p999), 3), "max_ms": round(max(ms), 3)}
+    stats = benchlib.latency_stats([x / 1e3 for x in ms])
+    return {"n": len(ms), "p50_ms": round(stats.p50_ms, 3), "p99_ms": round(stats.p99_ms, 3),
+            "p999_ms": round(stats.p999_ms, 3), "max_ms": round(max(ms), 3)}
 
 
 def run_phase(folder: Path, calibration: Path | None, seconds: float | None, hz: float,
@@ -119,10 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    def log(msg: str) -> None:
-        print(f"bench_variant_job: {msg}", file=sys.stderr, flush=True)
-
-    hw = probe()
     cpu = max(os.sched_getaffinity(0))
     rounds = []
     with tempfile.TemporaryDirectory(prefix="edged-bench-job-") as tmp:
@@ -144,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append(phases)
     ratio = statistics.median(r["job"]["p99_ms"] / r["no job"]["p99_ms"] for r in rounds)
     report = {
-        "benchmark": "variant_job", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu_model": hw.cpu_model, "cpus": hw.cpu_count, "isa": hw.isa_summary()},
-        "model_cpu": cpu, "hz": args.hz, "rounds": rounds,
+        **benchlib.report_header("variant_job"), "model_cpu": cpu, "hz": args.hz, "rounds": rounds,
         "median": {kind: {k: statistics.median(r[kind][k] for r in rounds)
                           for k in ("p50_ms", "p99_ms", "p999_ms")}
                    for kind in ("job", "no job")},
@@ -157,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             (r["job"]["job"]["peak_rss_bytes"] or 0) for r in rounds) / 2**20, 1),
     }
     if args.json:
-        print(json.dumps(report, indent=2))
+        benchlib.write_json(report)
     else:
-        print(f"machine: {hw.cpu_model}, {hw.cpu_count} CPUs, ISA {hw.isa_summary()}; model on "
-              f"CPU {cpu}, client at {args.hz:g} Hz over the Unix socket")
+        print(f"{benchlib.machine_line(report['machine'])}; model on CPU {cpu}, client at "
+              f"{args.hz:g} Hz over the Unix socket")
         for i, r in enumerate(rounds, 1):
             for kind in ("job", "no job"):
                 x = r[kind]

@@ -40,8 +40,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-
 
 @dataclass(frozen=True)
 class Wheel:
@@ -370,7 +368,7 @@ def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str,
         quantize_static,
     )
 
-    from edged.quantize.quantizer import prepare
+    from edged.quantize.recipes import prepare
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         # Opset 13 (per-channel QDQ needs it) and shape inference, as edgectl quantize does.

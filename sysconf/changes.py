@@ -183,7 +183,7 @@ def same_value(current: str | None, new: str) -> bool:
 
 
 def _error_name(exc: OSError) -> str:
-    name = REFUSED.get(exc.errno) or errno.errorcode.get(exc.errno or 0, "?")
+    name = REFUSED.get(exc.errno or 0) or errno.errorcode.get(exc.errno or 0, "?")
     return f"{name}: {exc.strerror or exc}"
 
 
@@ -785,7 +785,3 @@ def _plain_path(path: object) -> bool:
     if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
         return False
     return all(part not in ("..", ".") for part in path.split("/"))
-
-
-def plan_summary(changes: Sequence[Change]) -> dict:
-    return {"changes": [c.to_dict() for c in changes]}

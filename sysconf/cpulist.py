@@ -42,7 +42,8 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     """The shortest kernel-style text for `cpus` ([0,1,2,5] -> "0-2,5")."""
     ordered = sorted(set(cpus))
     ranges: list[str] = []
-    start = prev = None
+    start: int | None = None
+    prev = 0  # set with start: read only once start is
     for cpu in ordered:
         if start is None:
             start = prev = cpu

@@ -1,42 +1,25 @@
-"""Device-tree checks: cross-node facts dtc and dt-validate do not look at.
+"""Device-tree rules: cross-node facts dtc and dt-validate do not look at.
 
-Each rule reads the parsed tree (`sysconf.fdt.DeviceTree`) and yields `Finding`s with stable
-`DT-...` ids; a rule that finds nothing yields one `pass` finding at the end, so a report shows
-what was checked. Subjects are node paths; evidence paths are "<source>:<node path>".
+Each rule reads the parsed tree (`sysconf.fdt.DeviceTree`) and yields a `Hit` per problem:
+its stable `DT-...` id, the status, and the node it is about. The audit check
+`sysconf.audit.checks.devicetree` declares the ids with their severities, turns hits into
+findings and adds one `pass` for each rule that found nothing, so a report shows what was
+checked.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-from sysconf.fdt import DeviceTree, Node, read_tree_dir
-from sysconf.findings import AuditContext, Evidence, Finding, register
+from sysconf.fdt import DeviceTree, Node
 
-__all__ = ["LIVE_TREE", "RULES", "check_tree", "devicetree_check"]
+__all__ = ["CMA_MIN", "MIB", "Hit", "find_hits"]
 
-LIVE_TREE = "/sys/firmware/devicetree/base"
 MIB = 1024 * 1024
 CMA_MIN = 64 * MIB
 
-# rule id -> (severity, title used for the implicit `pass`)
-RULES: dict[str, tuple[str, str]] = {
-    "DT-DMA-DISABLED-CONTROLLER": ("fail", "no enabled device uses a disabled DMA controller"),
-    "DT-DMA-NAMES-MISMATCH": ("warn", "every `dmas` has a matching `dma-names`"),
-    "DT-PHANDLE-DANGLING": ("fail", "every phandle resolves to a node"),
-    "DT-DMA-SHARED-REQUEST": ("warn", "no DMA request line is claimed by two enabled devices"),
-    "DT-CMA-MISSING": ("warn", "a CMA pool exists for the enabled accelerators"),
-    "DT-CMA-SMALL": ("fail", f"the CMA pool is at least {CMA_MIN // MIB} MiB"),
-    "DT-CMA-NOMAP-REUSABLE": ("fail", "no reserved-memory node is both `no-map` and `reusable`"),
-    "DT-DMA-PIO-FALLBACK": ("info", "UART/SPI/I2S/SAI instances use DMA like their siblings"),
-    "DT-CMA-NOT-REUSABLE": ("warn", "the default CMA pool is `reusable`"),
-    "DT-CMA-MISALIGNED": ("warn", "default CMA pools are aligned to 4 MiB (arm64, 4K pages)"),
-    "DT-CMA-OUTSIDE-MEMORY": ("fail", "CMA `reg`/`alloc-ranges` lie inside a /memory node"),
-    "DT-RESERVED-FOR-DISABLED": ("info", "reserved memory is used by an enabled device"),
-    "DT-DMA-RANGES-BROKEN": ("warn", "no empty `dma-ranges` sits below a bus without them"),
-    "DT-CMA-OUTSIDE-DMA-WINDOW": ("fail", "CMA pools lie inside the DMA window of the "
-                                          "devices that allocate from them"),
-}
 # rmem_cma_setup() refuses a pool whose base or size is off CMA_MIN_ALIGNMENT_BYTES ("incorrect
 # alignment of CMA region"). On arm64 with 4K pages that was max(MAX_ORDER - 1, pageblock_order)
 # = order 10 = 4 MiB up to Linux 5.18; since 5.19 (commit "mm: cma: use pageblock_order as the
@@ -100,14 +83,17 @@ PIO_FAMILIES = (
 _SKIP_TOP = ("/__fixups__", "/__local_fixups__", "/__symbols__", "/aliases", "/chosen")
 
 
-def _ev(source: str, node: Node, observed: str, expected: str) -> tuple[Evidence, ...]:
-    return (Evidence(f"{source}:{node.path}", observed, expected),)
+@dataclass(frozen=True)
+class Hit:
+    """What one rule found at one node (the node is the finding's subject and evidence)."""
 
-
-def _finding(rule: str, status: str, title: str, node: Node, source: str, observed: str,
-             expected: str, remedy: str) -> Finding:
-    return Finding(rule, RULES[rule][0], status, title, _ev(source, node, observed, expected),
-                   remedy=remedy, subject=node.path)
+    rule: str  # the stable id, e.g. "DT-DMA-DISABLED-CONTROLLER"
+    status: str  # warn | fail
+    title: str
+    node: Node
+    observed: str
+    expected: str
+    remedy: str
 
 
 def _ancestors(node: Node) -> Iterator[Node]:
@@ -167,7 +153,7 @@ def _nodes(tree: DeviceTree) -> Iterator[Node]:
             yield node
 
 
-def _dma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
+def _dma_rules(tree: DeviceTree) -> Iterator[Hit]:
     claims: dict[tuple[str, tuple[int, ...]], list[Node]] = defaultdict(list)
     for node in _nodes(tree):
         if "dmas" not in node.properties or not _enabled(node):
@@ -179,11 +165,11 @@ def _dma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
                 continue
             if not provider.status_ok and provider.path not in reported:
                 reported.add(provider.path)
-                yield _finding(
+                yield Hit(
                     "DT-DMA-DISABLED-CONTROLLER", "fail",
                     f"{node.path} uses DMA controller {provider.path}, which is disabled "
                     "(the driver defers probe forever)",
-                    node, source, f"{provider.path} status = "
+                    node, f"{provider.path} status = "
                     f"{provider.prop_str('status')!r}", "status = \"okay\"",
                     f"enable {provider.path} (status = \"okay\") or delete `dmas`/`dma-names` "
                     f"from {node.path}; e.g. fdtput -t s FILE.dtb {provider.path} status okay",
@@ -194,16 +180,16 @@ def _dma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
                     users.append(node)
         names = node.prop_strings("dma-names")
         if "dma-names" not in node.properties:
-            yield _finding(
+            yield Hit(
                 "DT-DMA-NAMES-MISMATCH", "warn", f"{node.path} has `dmas` but no `dma-names`",
-                node, source, f"{len(entries)} dmas entries, no dma-names",
+                node, f"{len(entries)} dmas entries, no dma-names",
                 f"{len(entries)} dma-names", f"add dma-names (one per dmas entry) to {node.path}",
             )
         elif entries and len(names) != len(entries) and _fully_parsed(tree, node):
-            yield _finding(
+            yield Hit(
                 "DT-DMA-NAMES-MISMATCH", "warn",
                 f"{node.path} has {len(entries)} dmas entries but {len(names)} dma-names",
-                node, source, f"dma-names = {names}", f"{len(entries)} names",
+                node, f"dma-names = {names}", f"{len(entries)} names",
                 f"make dmas and dma-names of {node.path} the same length",
             )
     for (provider_path, args), users in claims.items():
@@ -211,11 +197,11 @@ def _dma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
             continue
         paths = ", ".join(u.path for u in users)
         for user in users:
-            yield _finding(
+            yield Hit(
                 "DT-DMA-SHARED-REQUEST", "warn",
                 f"DMA request {provider_path} {list(args)} is claimed by {len(users)} enabled "
                 "devices",
-                user, source, f"also used by {paths}", "one device per request line",
+                user, f"also used by {paths}", "one device per request line",
                 "disable all but one of these devices or give each its own request line",
             )
 
@@ -231,7 +217,7 @@ def _fully_parsed(tree: DeviceTree, node: Node) -> bool:
     return used == len(cells)
 
 
-def _phandle_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+def _phandle_rule(tree: DeviceTree) -> Iterator[Hit]:
     for node in _nodes(tree):
         if not _enabled(node):
             continue
@@ -242,10 +228,10 @@ def _phandle_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
                 continue
             for ph, provider, _args in _specifiers(tree, node, prop, cells_prop):
                 if provider is None:
-                    yield _finding(
+                    yield Hit(
                         "DT-PHANDLE-DANGLING", "fail",
                         f"{node.path}: {prop} refers to phandle 0x{ph:x}, which is no node",
-                        node, source, f"{prop} -> 0x{ph:x} (missing)", "an existing phandle",
+                        node, f"{prop} -> 0x{ph:x} (missing)", "an existing phandle",
                         f"fix {prop} of {node.path} (rebuild the dtb/overlay with the right "
                         "label) or disable the node",
                     )
@@ -275,17 +261,17 @@ def _is_accel(node: Node) -> bool:
     return any(k in c for c in compats for k in ACCEL_COMPATIBLES)
 
 
-def _cma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
+def _cma_rules(tree: DeviceTree) -> Iterator[Hit]:
     resmem = tree.find("/reserved-memory")
     pools = list(resmem.children) if resmem else []
     cmas = []
     for pool in pools:
         reusable = "reusable" in pool.properties
         if reusable and "no-map" in pool.properties:
-            yield _finding(
+            yield Hit(
                 "DT-CMA-NOMAP-REUSABLE", "fail",
                 f"{pool.path} is both `no-map` and `reusable` (the kernel refuses it as CMA)",
-                pool, source, "no-map; reusable;", "reusable without no-map",
+                pool, "no-map; reusable;", "reusable without no-map",
                 f"fdtput -d FILE.dtb {pool.path} no-map",
             )
         if reusable and "shared-dma-pool" in pool.prop_strings("compatible") and pool.status_ok:
@@ -296,10 +282,10 @@ def _cma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
         return
     names = ", ".join(a.path for a in accels[:4]) + (" ..." if len(accels) > 4 else "")
     if not cmas:
-        yield _finding(
+        yield Hit(
             "DT-CMA-MISSING", "warn",
             f"no CMA pool (reserved-memory shared-dma-pool, reusable) for {names}",
-            resmem or tree.root, source, "no reusable shared-dma-pool",
+            resmem or tree.root, "no reusable shared-dma-pool",
             f"a linux,cma pool of at least {CMA_MIN // MIB} MiB",
             "add /reserved-memory/linux,cma { compatible = \"shared-dma-pool\"; reusable; "
             "size = <0 0x10000000>; linux,cma-default; } or boot with cma=256M",
@@ -308,10 +294,10 @@ def _cma_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
     for pool in cmas:
         size = _reg_size(pool, resmem)
         if size is not None and size < CMA_MIN:
-            yield _finding(
+            yield Hit(
                 "DT-CMA-SMALL", "fail",
                 f"CMA pool {pool.path} is {size // MIB} MiB, too small for {names}",
-                pool, source, f"{size} bytes ({size / MIB:.1f} MiB)",
+                pool, f"{size} bytes ({size / MIB:.1f} MiB)",
                 f">= {CMA_MIN // MIB} MiB", f"raise `size` of {pool.path} to at least "
                 f"{CMA_MIN // MIB} MiB (e.g. <0 0x10000000>) or boot with cma=256M",
             )
@@ -348,23 +334,23 @@ def _default_cmas(tree: DeviceTree) -> list[Node]:
 
 def _memory(tree: DeviceTree) -> list[tuple[int, int]]:
     """RAM from the /memory nodes; sizes of 0 (filled in by the bootloader) are left out."""
-    out = []
+    out: list[tuple[int, int]] = []
     for node in tree.root.children:
         if node.prop_str("device_type") == "memory" or node.base_name == "memory":
             out.extend(r for r in _ranges(node, "reg", tree.root) if r[1])
     return out
 
 
-def _cma_extra_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
+def _cma_extra_rules(tree: DeviceTree) -> Iterator[Hit]:
     resmem = tree.find("/reserved-memory")
     memory = _memory(tree)
     for pool in _default_cmas(tree):
         if "reusable" not in pool.properties:
-            yield _finding(
+            yield Hit(
                 "DT-CMA-NOT-REUSABLE", "warn",
                 f"default CMA pool {pool.path} is not `reusable`: the kernel does not use it "
                 "as CMA (a plain carve-out, lost to the page allocator)",
-                pool, source, "no `reusable`", "reusable;",
+                pool, "no `reusable`", "reusable;",
                 f"fdtput FILE.dtb {pool.path} reusable",
             )
         checks = [(prop, _num(_cells(pool, prop))) for prop in ("size", "alignment")
@@ -374,11 +360,11 @@ def _cma_extra_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
         bad = [(what, v) for what, v in checks if v % CMA_ALIGN]
         if bad:
             shown = ", ".join(f"{what} 0x{v:x}" for what, v in bad)
-            yield _finding(
+            yield Hit(
                 "DT-CMA-MISALIGNED", "warn",
                 f"CMA pool {pool.path}: {shown} not a multiple of 4 MiB (the CMA alignment of "
                 "arm64 with 4K pages; the kernel refuses an unaligned pool)",
-                pool, source, shown, "multiples of 0x400000 (4 MiB)",
+                pool, shown, "multiples of 0x400000 (4 MiB)",
                 f"round {', '.join(w for w, _ in bad)} of {pool.path} to 4 MiB "
                 "(e.g. alignment = <0 0x400000>)",
             )
@@ -393,11 +379,11 @@ def _cma_extra_rules(tree: DeviceTree, source: str) -> Iterator[Finding]:
                     continue
                 if prop != "reg" and any(base < m + ms and m < base + size for m, ms in memory):
                     continue
-                yield _finding(
+                yield Hit(
                     "DT-CMA-OUTSIDE-MEMORY", "fail",
                     f"CMA pool {pool.path}: {prop} 0x{base:x}+0x{size:x} is outside every "
                     "/memory range (the pool cannot be set up)",
-                    pool, source, f"{prop} 0x{base:x}..0x{base + size:x}",
+                    pool, f"{prop} 0x{base:x}..0x{base + size:x}",
                     "inside " + ", ".join(f"0x{m:x}..0x{m + ms:x}" for m, ms in memory),
                     f"move {prop} of {pool.path} inside RAM or drop it and let the kernel place "
                     "the pool",
@@ -495,7 +481,7 @@ def _outside(spans: list[tuple[int, int]], window: list[tuple[int, int]]
     return left
 
 
-def _cma_window_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+def _cma_window_rule(tree: DeviceTree) -> Iterator[Hit]:
     """DT-CMA-OUTSIDE-DMA-WINDOW: a CMA pool a device cannot reach.
 
     A device allocates from the pool its `memory-region` names (a shared-dma-pool), else
@@ -532,17 +518,17 @@ def _cma_window_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
             shown = ", ".join(f"0x{b:x}..0x{b + s:x}" for b, s in spans)
             reach = ", ".join(f"0x{b:x}..0x{b + s:x}" for b, s in window) or "nothing"
             verb = "lies" if fixed and whole else "lies partly" if fixed else "may be placed"
-            yield _finding(
+            yield Hit(
                 "DT-CMA-OUTSIDE-DMA-WINDOW", "fail" if fixed and whole else "warn",
                 f"CMA pool {pool.path} {verb} outside the DMA window of {node.path} (its "
                 "buses' dma-ranges): its contiguous buffers cannot come from that pool",
-                pool, source, f"{prop} {shown}", f"inside {reach}",
+                pool, f"{prop} {shown}", f"inside {reach}",
                 f"place {pool.path} inside {reach} (alloc-ranges = <the window>, or a `reg` "
                 f"there), or give {node.path} a memory-region pool it can reach",
             )
 
 
-def _reserved_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+def _reserved_rule(tree: DeviceTree) -> Iterator[Hit]:
     resmem = tree.find("/reserved-memory")
     if resmem is None:
         return
@@ -557,17 +543,17 @@ def _reserved_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
             continue
         sizes = [s for _b, s in _ranges(region, "reg", resmem)]
         size = _num(_cells(region, "size")) if "size" in region.properties else sum(sizes)
-        yield _finding(
+        yield Hit(
             "DT-RESERVED-FOR-DISABLED", "warn",  # status; severity stays info
             f"{region.path} ({size / MIB:.1f} MiB) is reserved only for disabled device(s) "
             f"{', '.join(u.path for u in refs)}",
-            region, source, "memory-region users all disabled", "an enabled user or no region",
+            region, "memory-region users all disabled", "an enabled user or no region",
             f"disable the region too (fdtput -t s FILE.dtb {region.path} status disabled) or "
             "enable its device",
         )
 
 
-def _dma_ranges_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+def _dma_ranges_rule(tree: DeviceTree) -> Iterator[Hit]:
     """An empty `dma-ranges;` (1:1 pass-through) below a bus without `dma-ranges`.
 
     Kept simple and on the kernel's own terms: of_dma_get_range() walks up from a device's
@@ -589,11 +575,11 @@ def _dma_ranges_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
             if ranges:  # a real mapping: the kernel's walk ends here
                 break
             if ranges is None:
-                yield _finding(
+                yield Hit(
                     "DT-DMA-RANGES-BROKEN", "warn",
                     f"{node.path} has `dma-ranges;` but its parent bus {up.path} has none: the "
                     "DMA translation chain is broken (of_dma_get_range: -ENODEV)",
-                    node, source, f"{up.path}: no dma-ranges", "dma-ranges on every bus up to /",
+                    node, f"{up.path}: no dma-ranges", "dma-ranges on every bus up to /",
                     f"add `dma-ranges;` (1:1) or the real mapping to {up.path}",
                 )
                 break
@@ -610,7 +596,7 @@ def _family(node: Node) -> str | None:
     return None
 
 
-def _pio_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
+def _pio_rule(tree: DeviceTree) -> Iterator[Hit]:
     groups: dict[str, list[Node]] = defaultdict(list)
     for node in _nodes(tree):
         if _family(node) and _enabled(node):
@@ -622,38 +608,20 @@ def _pio_rule(tree: DeviceTree, source: str) -> Iterator[Finding]:
         for node in nodes:
             if "dmas" in node.properties:
                 continue
-            yield _finding(
+            yield Hit(
                 "DT-DMA-PIO-FALLBACK", "warn",  # status; severity stays info
                 f"{node.path} ({compat}) has no `dmas` while {len(with_dma)} enabled sibling(s) "
                 "do: it falls back to PIO (CPU time per byte)",
-                node, source, "no dmas", f"dmas like {with_dma[0].path}",
+                node, "no dmas", f"dmas like {with_dma[0].path}",
                 f"add dmas/dma-names to {node.path} if its DMA controller has free requests",
             )
 
 
-def check_tree(tree: DeviceTree, source: str) -> list[Finding]:
-    """All device-tree rules over one tree, plus one `pass` per rule that found nothing."""
-    found: list[Finding] = []
-    for rule in (_dma_rules, _phandle_rule, _cma_rules, _cma_extra_rules, _cma_window_rule,
-                 _reserved_rule, _dma_ranges_rule, _pio_rule):
-        found.extend(rule(tree, source))
-    fired = {f.id for f in found}
-    for rule_id, (severity, title) in RULES.items():
-        if rule_id not in fired:
-            found.append(Finding(rule_id, severity, "pass", title,
-                                 (Evidence(f"{source}:/", "nothing found", title),)))
-    return found
+# Every rule, in the order their hits are reported.
+RULE_FUNCTIONS = (_dma_rules, _phandle_rule, _cma_rules, _cma_extra_rules, _cma_window_rule,
+                  _reserved_rule, _dma_ranges_rule, _pio_rule)
 
 
-@register("devicetree", "DT")
-def devicetree_check(ctx: AuditContext) -> Iterable[Finding]:
-    trees = list(ctx.dtbs)
-    if not trees and ctx.root.path(LIVE_TREE).is_dir():
-        trees = [(LIVE_TREE, read_tree_dir(ctx.root.path(LIVE_TREE), source=LIVE_TREE))]
-    if not trees:
-        yield Finding("DT-NO-TREE", "info", "skip", "no device tree",
-                      remedy="pass --dtb FILE (or audit a system with "
-                             "/sys/firmware/devicetree/base)")
-        return
-    for source, tree in trees:
-        yield from check_tree(tree, source)
+def find_hits(tree: DeviceTree) -> list[Hit]:
+    """What every rule finds in one tree."""
+    return [hit for rule in RULE_FUNCTIONS for hit in rule(tree)]

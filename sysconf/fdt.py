@@ -317,7 +317,8 @@ def _check_block(source: str, what: str, offset: int, size: int, start: int, tot
 
 def _read_reserve_map(data: bytes, header: dict[str, int], source: str) -> list[tuple[int, int]]:
     """Memory the OS must not touch, as (address, size) pairs up to the (0, 0) terminator."""
-    offset, end, entries = header["off_mem_rsvmap"], header["totalsize"], []
+    offset, end = header["off_mem_rsvmap"], header["totalsize"]
+    entries: list[tuple[int, int]] = []
     while True:
         if offset + _RSV_ENTRY.size > end:
             raise FdtError(

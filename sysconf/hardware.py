@@ -135,7 +135,8 @@ def probe(root: SysRoot | None = None) -> HardwareFacts:
     if not cpus and dt_base:
         cpus = list(range(len(_dt_cpu_nodes(root, dt_base))))
     dmi = _read_dmi(root)
-    model = (_dt_strings(root, f"{dt_base}/model") or [None])[0] if dt_base else None
+    models = _dt_strings(root, f"{dt_base}/model") if dt_base else []
+    model = models[0] if models else None
     if model is None and dmi:
         model = " ".join(v for k, v in dmi.items() if k in ("sys_vendor", "product_name")) or None
     return HardwareFacts(
@@ -199,7 +200,7 @@ def _arch(root: SysRoot, cpuinfo: list[dict[str, str]], compatible: list[str]) -
 
 
 def _cpu_model(cpuinfo: list[dict[str, str]]) -> str:
-    names = [b.get("model name") for b in cpuinfo if b.get("model name")]
+    names = [b["model name"] for b in cpuinfo if b.get("model name")]
     if names:
         return names[0]
     cores = sorted({_arm_core_name(b) for b in cpuinfo if "CPU part" in b})
@@ -268,7 +269,7 @@ def _runtime_features() -> dict[str, bool] | None:
     where it is not there. numpy reads it at import to pick its own SIMD kernels; no public
     API exposes it besides `numpy.show_runtime()`, which prints."""
     try:
-        from numpy._core import _multiarray_umath as umath
+        from numpy._core import _multiarray_umath as umath  # type: ignore[attr-defined]
     except ImportError:
         try:
             from numpy.core import _multiarray_umath as umath  # numpy 1.x

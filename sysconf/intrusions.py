@@ -167,7 +167,7 @@ class CounterTable:
         header = lines[0].split() if lines else []
         self.cpus = [int(tok[3:]) for tok in header
                      if tok.startswith(b"CPU") and tok[3:].isdigit()]
-        self._rows = [None] + [self._parse(line) for line in lines[1:]]
+        self._rows = [None, *(self._parse(line) for line in lines[1:])]
         self._totals = [0] * len(self.cpus)
         for row in self._rows:
             if row is not None:

@@ -44,7 +44,6 @@ DEBUGFS_IRQS = "/sys/kernel/debug/irq/irqs"
 IRQBALANCE_DEFAULTS = ("/etc/default/irqbalance", "/etc/sysconfig/irqbalance")
 IRQBALANCE_BINARIES = ("/usr/sbin/irqbalance", "/usr/bin/irqbalance", "/sbin/irqbalance")
 
-_TRIGGERS = ("Level", "Edge")
 _X86_HWIRQ = re.compile(r"^(\d*)-(\S+)$")  # "512000-edge", "2-fasteoi", "-edge" (no domain)
 _ARM_TRIGGER = re.compile(r"^(Level|Edge)(?:-(\S+))?$")
 # System-wide counters printed with one number, not one per CPU (x86 ERR/MIS, ARM Err).

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from sysconf.changes import Change
 from sysconf.cpusets import CpuPlan
 from sysconf.irq import Unmovable, plan_irqs
-from sysconf.services import plan_trim  # also registers the "services" audit check
+from sysconf.services import plan_trim
 from sysconf.sysroot import SysRoot
 from sysconf.tuning import plan_isolation
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 from sysconf.changes import Change, read_current
 from sysconf.cpulist import format_cpulist
@@ -78,7 +79,8 @@ def _units(root: SysRoot, units_dir: Path) -> list[Change]:
             if not source.is_file():
                 continue
             target = f"/etc/systemd/system/{unit}"
-            changes.append(Change("unit", target, None, read_current(source),
+            text = cast(str, read_current(source))  # a file: is_file() above
+            changes.append(Change("unit", target, None, text,
                                   f"{unit} is not in the image: installed from {source}"))
         link = f"{WANTS}/{unit}"
         current = root.files.readlink(link) if root.files.is_link(link) else None

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from sysconf.confined import ConfinedRoot
 
@@ -43,6 +44,12 @@ class SysRoot:
 
     def exists(self, path: str) -> bool:
         return self.path(path).exists()
+
+    @overload
+    def read_text(self, path: str, default: str) -> str: ...
+
+    @overload
+    def read_text(self, path: str, default: None = None) -> str | None: ...
 
     def read_text(self, path: str, default: str | None = None) -> str | None:
         """The file's text, or `default` when it is missing or unreadable (sysfs answers EIO,

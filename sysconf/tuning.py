@@ -13,6 +13,7 @@ planned only when asked for explicitly.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sysconf.changes import Change, same_value, selected_choice
@@ -245,7 +246,8 @@ def _thp(root: SysRoot) -> list[Change]:
     for path, why in THP:
         current = _read(root, path)
         selected = selected_choice(current)
-        if selected is None or selected == "never" or "never" not in current.split():
+        if current is None or selected is None or selected == "never" \
+                or "never" not in current.split():
             continue
         changes.append(Change("thp", path, selected, "never", f"{why}; 'never' avoids it",
                               selector=True))
@@ -318,7 +320,7 @@ def plan_boot_cmdline(root: SysRoot, plan: CpuPlan, live_ok: bool = False) -> li
 _PARAM = re.compile(r'(?:[^\s"]+|"[^"]*")+')
 
 
-def set_params(cmdline: str, params: dict[str, str | None]) -> str:
+def set_params(cmdline: str, params: Mapping[str, str | None]) -> str:
     """`cmdline` with each `key=value` of `params` replacing the first parameter of that key
     (later duplicates dropped), or added after the last kernel parameter — before `--`, which
     starts init's arguments. A value of None removes the key. Every other parameter and all
@@ -333,7 +335,7 @@ def set_params(cmdline: str, params: dict[str, str | None]) -> str:
     gaps.append(cmdline[pos:])
     kernel_end = tokens.index("--") if "--" in tokens else len(tokens)
 
-    pieces: list[list[str | None]] = []  # [gap or None (the line's first token), token]
+    pieces: list[tuple[str | None, str]] = []  # (gap or None (the line's first token), token)
     seen: set[str] = set()
     kept_kernel = 0
     for index, token in enumerate(tokens):
@@ -343,19 +345,19 @@ def set_params(cmdline: str, params: dict[str, str | None]) -> str:
                 continue  # a dropped parameter takes the gap before it along
             seen.add(key)
             token = f"{key}={params[key]}"
-        pieces.append([gaps[index] if index else None, token])
+        pieces.append((gaps[index] if index else None, token))
         kept_kernel += index < kernel_end
-    added = [[" ", f"{key}={value}"] for key, value in params.items()
-             if value is not None and key not in seen]
+    added: list[tuple[str | None, str]] = [(" ", f"{key}={value}") for key, value in params.items()
+                                           if value is not None and key not in seen]
     pieces[kept_kernel:kept_kernel] = added
     if not pieces:
         return cmdline if not tokens else gaps[0] + gaps[-1]
     leading = gaps[0] if tokens else ""
-    pieces[0][0] = leading
+    pieces[0] = (leading, pieces[0][1])
     return "".join((gap if gap is not None else " ") + token for gap, token in pieces) + gaps[-1]
 
 
-def edit_rpi_cmdline(text: str, params: dict[str, str | None]) -> str:
+def edit_rpi_cmdline(text: str, params: Mapping[str, str | None]) -> str:
     """Raspberry Pi cmdline.txt: the firmware uses the first line only; the rest is kept."""
     line, newline, rest = text.partition("\n")
     return set_params(line, params) + newline + rest
@@ -364,7 +366,7 @@ def edit_rpi_cmdline(text: str, params: dict[str, str | None]) -> str:
 _APPEND = re.compile(r"(?i)([ \t]*append)(?=\s|$)(.*)")
 
 
-def edit_extlinux(text: str, params: dict[str, str | None]) -> str:
+def edit_extlinux(text: str, params: Mapping[str, str | None]) -> str:
     """Every `append` line, not only the default label's: the labels are usually the current
     and a previous or rescue kernel, and booting any of them should not silently drop the
     isolation. A file without `append` lines is left as it is."""

@@ -1,15 +1,50 @@
-"""Shared fixtures: the real test data fetched by scripts/fetch_test_data.py."""
+"""Shared fixtures (the real test data fetched by scripts/fetch_test_data.py) and the markers
+of pyproject.toml that need code: `needs_cpus(n)`, `needs_broker` and `arm64` skip with the
+reason; `needs_data` is put on every test that uses the fetched data, so `make test-fast` can
+leave those out (`make test` runs them, fetching the data first), and `integration` on every
+`needs_broker` test."""
 
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+from tests.support.broker import MOSQUITTO, MOSQUITTO_SUB
+
+# Counted once, at start: a test that pins this thread must not make later ones skip.
+CPUS = len(os.sched_getaffinity(0))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "test_data" in item.fixturenames:  # directly or through models_dir, dtb_corpus, ...
+            item.add_marker(pytest.mark.needs_data)
+        if item.get_closest_marker("needs_broker"):  # a real broker is integration by definition
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures start a daemon or a broker
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs_cpus"):
+        wanted = mark.args[0]
+        if wanted > CPUS:
+            why = f" ({mark.kwargs['reason']})" if "reason" in mark.kwargs else ""
+            pytest.skip(f"needs {wanted} CPUs{why}; this process may run on {CPUS}")
+    if item.get_closest_marker("needs_broker"):
+        missing = [p for p in (MOSQUITTO, MOSQUITTO_SUB) if shutil.which(p) is None]
+        if missing:
+            pytest.skip(f"{' and '.join(missing)} not installed "
+                        "(apt-get install mosquitto mosquitto-clients)")
+    if item.get_closest_marker("arm64") and platform.machine() not in ("aarch64", "arm64"):
+        pytest.skip(f"needs an arm64 CPU; this one is {platform.machine()}")
 
 
 def _data_dir() -> Path:

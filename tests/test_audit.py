@@ -12,10 +12,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from roots import board_root
 
 from edged.cli.audit import main
 from sysconf.cpulist import parse_cpulist
+from tests.support.roots import board_root
+from tests.support.thermal_roots import thermal_root
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {"id", "severity", "status", "title", "evidence", "remedy", "fixable"}
@@ -38,12 +39,13 @@ def board(tmp_path: Path) -> Path:
     return board_root(tmp_path / "root", cpus=4)
 
 
+@pytest.mark.timing
 def test_live_audit_is_read_only_fast_and_error_free(capsys) -> None:
     start = time.perf_counter()
     report = audit_json(capsys, rc=None)
     elapsed = time.perf_counter() - start
     print(f"live audit: {elapsed * 1000:.0f} ms, {report['summary']}", file=sys.stderr)
-    assert elapsed < 1.0
+    assert elapsed < 5.0  # loose: a loaded 2-core CI machine (a slow check is seconds more)
     assert report["summary"]["error"] == 0, [f for f in report["findings"]
                                              if f["status"] == "error"]
     ids = {f["id"] for f in report["findings"]}
@@ -69,6 +71,7 @@ def test_json_shape(capsys, board: Path) -> None:
             assert set(e) == {"path", "observed", "expected"}
 
 
+@pytest.mark.integration
 def test_board_irq_findings_are_fixable_and_apply_clears_them(capsys, board: Path) -> None:
     args = ("--root", str(board), "--inference-cpus", "3")
     before = audit_json(capsys, *args)
@@ -158,6 +161,25 @@ def test_sarif_structure(capsys, board: Path) -> None:
         [r["partialFingerprints"] for r in run["results"]]
 
 
+def test_stats_per_check_only_when_asked(capsys, board: Path) -> None:
+    base = ("--root", str(board), "--inference-cpus", "3")
+    report = audit_json(capsys, *base, "--stats")
+    assert set(report) == {"findings", "summary", "checks"}
+    assert [c["check"] for c in report["checks"]] == ["devicetree", "services", "isolation",
+                                                      "thermal"]
+    assert all(c["ok"] and c["seconds"] >= 0 for c in report["checks"])
+    assert sum(c["findings"] for c in report["checks"]) == len(report["findings"])
+    text = audit(capsys, *base, "--only", "IRQ")  # the table goes to stderr, the report not
+    code = main(["audit", *base, "--only", "IRQ", "--stats"])
+    out = capsys.readouterr()
+    assert code == 0 and out.out == text
+    header, *rows = out.err.splitlines()
+    assert header.split() == ["check", "ok", "seconds", "findings"]
+    by = {row.split()[0]: row.split() for row in rows}
+    assert by["isolation"][1] == "yes" and int(by["isolation"][3]) > 0
+    assert by["thermal"][3] == "0"  # it ran (a check may yield other prefixes), none kept
+
+
 def test_only_and_skip_filter_by_id_prefix(capsys, board: Path) -> None:
     base = ("--root", str(board), "--inference-cpus", "3")
     only = audit_json(capsys, *base, "--only", "IRQ")
@@ -206,33 +228,6 @@ def _put(root: Path, path: str, text: str) -> None:
     target.write_text(text + "\n")
 
 
-def thermal_root(root: Path, temps: dict[str, int], throttled: str | None = None) -> Path:
-    """Zones with passive 70 °C, hot 85 °C, critical 95 °C trips; cpu0-3 capped by an engaged
-    cpufreq cooling device."""
-    board_root(root, cpus=4)
-    t = "/sys/class/thermal"
-    for i, (kind, milli) in enumerate(temps.items()):
-        z = f"{t}/thermal_zone{i}"
-        _put(root, f"{z}/type", kind)
-        _put(root, f"{z}/temp", str(milli))
-        for n, (trip, temp) in enumerate((("passive", 70000), ("hot", 85000),
-                                          ("critical", 95000))):
-            _put(root, f"{z}/trip_point_{n}_type", trip)
-            _put(root, f"{z}/trip_point_{n}_temp", str(temp))
-    _put(root, f"{t}/cooling_device0/type", "cpufreq-cpu0")
-    _put(root, f"{t}/cooling_device0/cur_state", "2")
-    _put(root, f"{t}/cooling_device0/max_state", "5")
-    for cpu in range(4):
-        base = f"/sys/devices/system/cpu/cpu{cpu}/cpufreq"
-        _put(root, f"{base}/related_cpus", "0 1 2 3")
-        _put(root, f"{base}/scaling_cur_freq", "1200000")
-        _put(root, f"{base}/cpuinfo_max_freq", "1800000")
-        _put(root, f"{base}/scaling_max_freq", "1200000")
-    if throttled is not None:
-        _put(root, "/sys/devices/platform/soc/soc:firmware/get_throttled", throttled)
-    return root
-
-
 def test_thermal_findings(capsys, tmp_path: Path) -> None:
     root = thermal_root(tmp_path / "hot", {"cpu-thermal": 88000, "gpu-thermal": 72000,
                                            "npu-thermal": 40000}, throttled="50006")
@@ -263,6 +258,7 @@ def test_no_thermal_zones_is_one_skip(capsys, board: Path) -> None:
         ("THM-ZONES", "skip", "no thermal zones (VM?)")]
 
 
+@pytest.mark.integration
 def test_module_entry_point(board: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "edged.cli.audit", "audit", "--root", str(board),
                            "--inference-cpus", "3", "--format", "json"],
@@ -272,10 +268,11 @@ def test_module_entry_point(board: Path) -> None:
 
 
 def test_text_colour_only_when_asked() -> None:
-    from edged.cli.audit import render_text
-    from sysconf.findings import Finding
+    from sysconf.audit.findings import Finding
+    from sysconf.audit.report import render_text
 
-    findings = [Finding("KRN-X", "warn", "warn", "x"), Finding("KRN-Y", "warn", "pass", "y")]
+    findings = [Finding(id="KRN-X", severity="warn", status="warn", title="x"),
+                Finding(id="KRN-Y", severity="warn", status="pass", title="y")]
     assert "\033[33m" in render_text(findings, colour=True)
     assert "\033[" not in render_text(findings, colour=False)
 
@@ -299,7 +296,7 @@ def _config(tmp_path: Path, text: str, models_dir: Path) -> Path:
 
 def test_config_gives_trim_keep_and_inference_cores(capsys, tmp_path: Path,
                                                     models_dir: Path) -> None:
-    from test_services import add_units
+    from tests.support.systemctl import add_units
 
     root = add_units(board_root(tmp_path / "root", cpus=4))
     (root / "lib/systemd/system/poller.service").write_text("[Service]\nExecStart=/bin/true\n")
@@ -467,8 +464,8 @@ def test_isolated_cpus_online_pass_and_cmdline_only_counts(capsys, tmp_path: Pat
 # -- KRN-SCHED-RT-RUNTIME ----------------------------------------------------------------------
 
 def _rt_finding(root: Path, **options):
-    from sysconf.findings import AuditContext
-    from sysconf.hostchecks import check_isolation
+    from sysconf.audit.checks.isolation import check_isolation
+    from sysconf.audit.findings import AuditContext
     from sysconf.sysroot import SysRoot
 
     ctx = AuditContext(root=SysRoot(root), options={"inference_cpus": [3], **options})

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from backends import LoadOptions, get_backend
-from backends.base import Candidate, InputError
+from backends.base import Candidate
+from backends.errors import InputError
 from backends.model_info import inspect_model
 from edged.selection.accuracy import compare
 from edged.selection.inputs import make_inputs
@@ -58,7 +59,7 @@ def _task_affinities() -> dict[int, str]:
     return result
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.needs_cpus(2)
 def test_onnxruntime_pins_its_pool(hw, models_dir: Path) -> None:
     """The pool threads onnxruntime creates run on the CPU set (checked in /proc)."""
     target = max(os.sched_getaffinity(0))
@@ -72,7 +73,7 @@ def test_onnxruntime_pins_its_pool(hw, models_dir: Path) -> None:
     assert set(new.values()) == {str(target)}, new
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.needs_cpus(2)
 def test_litert_pool_runs_on_the_worker_cpus(hw, models_dir: Path) -> None:
     """LiteRT has no affinity setting: XNNPACK's pool threads inherit the CPU set of the
     thread that creates them. Loaded and run as the model worker does (pinned to its CPU),
@@ -209,6 +210,7 @@ def test_wrong_format_is_an_unavailable_candidate(hw, models_dir: Path) -> None:
     assert not any(c.available for c in get_backend("litert").candidates(hw, onnx))
 
 
+@pytest.mark.integration
 def test_loading_litert_does_not_import_openvino(models_dir: Path) -> None:
     """Lazy imports: running a .tflite with LiteRT imports neither OpenVINO nor onnxruntime."""
     code = textwrap.dedent(f"""
@@ -249,7 +251,8 @@ def test_openvino_runs_an_ir_model(hw, models_dir: Path, tmp_path: Path) -> None
     assert not any(c.available for c in get_backend("onnxruntime").candidates(hw, model))
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.needs_cpus(2)
+@pytest.mark.integration
 def test_openvino_threads_stay_on_the_cpu_set(models_dir: Path) -> None:
     """Two models, each loaded and run from a thread pinned to its CPU (what the daemon's
     loader and worker do): OpenVINO's stream threads land on that CPU. In a fresh process:
@@ -267,7 +270,10 @@ def test_openvino_threads_stay_on_the_cpu_set(models_dir: Path) -> None:
         def tasks():
             out = {{}}
             for tid in os.listdir("/proc/self/task"):
-                status = Path(f"/proc/self/task/{{tid}}/status").read_text()
+                try:  # a runtime thread may end between the listing and the read
+                    status = Path(f"/proc/self/task/{{tid}}/status").read_text()
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
                 out[tid] = next(line.split(":", 1)[1].strip() for line in status.splitlines()
                                 if line.startswith("Cpus_allowed_list"))
             return out
@@ -297,6 +303,7 @@ def test_openvino_threads_stay_on_the_cpu_set(models_dir: Path) -> None:
         print(json.dumps(result))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).parent.parent)
+                         check=False, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
     assert (out.stdout.strip().splitlines()[-1]
             == '{"0": [["0"], [0]], "1": [["1"], [1]]}'), out.stdout

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from roots import tree_state
 
 from sysconf.changes import (
     JOURNAL_NAME,
@@ -33,6 +32,7 @@ from sysconf.changes import (
 )
 from sysconf.confined import ConfinedRoot
 from sysconf.sysroot import SysRoot
+from tests.support.roots import tree_state
 
 REPO = Path(__file__).resolve().parent.parent
 STATE = "var/lib/edged"
@@ -371,6 +371,7 @@ print("finished", flush=True)
 
 
 @pytest.mark.parametrize("mode", ["written", "pending", "staged"])
+@pytest.mark.integration
 def test_sigkill_half_way_through_apply_then_revert(root: Path, tmp_path: Path,
                                                      mode: str) -> None:
     before = snapshot(root)
@@ -861,10 +862,10 @@ def test_live_masks_survive_the_services_stop_and_a_plain_revert_starts_what_ran
     """Live-looking root, systemctl faked at its runner (this machine's systemd is never
     asked): `apply --trim` masks and stops units; edged-tune's stop (`revert --runtime`) asks
     systemctl nothing and leaves them masked; a plain revert unmasks and starts what ran."""
-    from test_services import RUNNING, FakeSystemctl, LiveLooking, image_root
-
     from sysconf.services import plan_trim
     from sysconf.systemctl import Systemctl
+    from tests.support.images import image_root
+    from tests.support.systemctl import RUNNING, FakeSystemctl, LiveLooking
 
     root_dir = image_root(tmp_path)
     fake = FakeSystemctl(active=RUNNING)

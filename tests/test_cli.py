@@ -10,7 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from daemon_harness import python_argv
+
+from tests.support.daemon_harness import python_argv
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,6 +25,7 @@ def edgectl(*args: str, state: Path, check_rc: int | None = 0) -> subprocess.Com
     return proc
 
 
+@pytest.mark.integration
 def test_backends_json(tmp_path: Path) -> None:
     report = json.loads(edgectl("backends", "--json", state=tmp_path).stdout)
     assert set(report) >= {"hardware", "candidates", "selected"}
@@ -38,6 +40,7 @@ def test_backends_json(tmp_path: Path) -> None:
     assert ("litert", "XNNPACK") in available
 
 
+@pytest.mark.integration
 def test_backends_with_model(models_dir: Path, tmp_path: Path) -> None:
     model = str(models_dir / "ppocr_cls.onnx")
     args = ("backends", "--model", model, "--shape", "x=1x3x48x192", "--threads", "1")
@@ -55,6 +58,7 @@ def test_backends_with_model(models_dir: Path, tmp_path: Path) -> None:
     assert "cached decision" in text and "Why           original on" in text
 
 
+@pytest.mark.integration
 def test_backends_with_variants_and_calibration(models_dir: Path, tmp_path: Path,
                                                 cls_u8s8: Path) -> None:
     """The family through the CLI: the given U8S8 variant and the INT8 variants made here
@@ -86,6 +90,7 @@ def test_backends_with_variants_and_calibration(models_dir: Path, tmp_path: Path
     assert again["made_variants"]["cached"] and again["selected"]["from_cache"]
 
 
+@pytest.mark.integration
 def test_backends_bad_calibration_and_variant(models_dir: Path, tmp_path: Path) -> None:
     """Data that does not fit exits 2 naming the file and the input; so does a variant
     with other outputs, naming both files. Nothing is left in the state folder."""
@@ -104,6 +109,7 @@ def test_backends_bad_calibration_and_variant(models_dir: Path, tmp_path: Path) 
     assert not list(state.rglob("*.json")) and not list(state.rglob("*.onnx"))
 
 
+@pytest.mark.integration
 def test_bench_json_all(models_dir: Path, tmp_path: Path) -> None:
     out = edgectl("bench", str(models_dir / "ppocr_cls_int8.onnx"), "--backend", "all",
                   "--shape", "x=1x3x48x192", "--runs", "20", "--warmup", "2", "--threads", "1",
@@ -121,12 +127,14 @@ def test_bench_json_all(models_dir: Path, tmp_path: Path) -> None:
     assert backends == {"onnxruntime", "openvino"}
 
 
+@pytest.mark.integration
 def test_bench_tflite_text(models_dir: Path, tmp_path: Path) -> None:
     out = edgectl("bench", str(models_dir / "face_detection_short_range.tflite"), "--backend",
                   "litert:XNNPACK", "--runs", "15", "--cpus", "0", state=tmp_path).stdout
     assert "litert:XNNPACK:model" in out and "p99" in out
 
 
+@pytest.mark.integration
 def test_pinned_bench_imports_only_its_runtime(models_dir: Path, tmp_path: Path) -> None:
     """`bench --backend litert:XNNPACK` lists and loads LiteRT only: neither openvino nor
     onnxruntime ends up in sys.modules (checked in the process that ran the command)."""
@@ -145,6 +153,7 @@ def test_pinned_bench_imports_only_its_runtime(models_dir: Path, tmp_path: Path)
     assert proc.stderr.strip().splitlines()[-1] == "0 ['ai_edge_litert']", proc.stderr
 
 
+@pytest.mark.integration
 def test_failed_selection_shows_its_evidence(models_dir: Path, tmp_path: Path) -> None:
     """No candidate passes: exit 1, the JSON still carries what each candidate did."""
     proc = edgectl("backends", "--model", str(models_dir / "ppocr_cls.onnx"), "--shape",
@@ -165,7 +174,7 @@ def test_bench_failed_candidate_keeps_every_key(models_dir: Path, tmp_path: Path
     """A candidate that fails (made to fail here: nothing on this machine fails on its
     own) keeps every stat key, null, plus "error"; the others are measured as usual."""
     from backends import get_backend
-    from backends.base import BackendError
+    from backends.errors import BackendError
     from edged.cli.main import main
 
     def broken_load(model, candidate, options):
@@ -207,6 +216,7 @@ def test_bench_failed_candidate_keeps_every_key(models_dir: Path, tmp_path: Path
          "the model takes 1x128x128x3"),
     ],
 )
+@pytest.mark.integration
 def test_bad_input_exit_2(models_dir: Path, tmp_path: Path, args, message: str) -> None:
     data = (models_dir / "ppocr_cls.onnx").read_bytes()
     (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 3])
@@ -224,6 +234,7 @@ def test_bad_input_exit_2(models_dir: Path, tmp_path: Path, args, message: str) 
         (tmp_path / "state" / "selection").iterdir())
 
 
+@pytest.mark.integration
 def test_backends_on_board_root(dtb_corpus: Path, tmp_path: Path) -> None:
     """`--root`: the hardware facts of an image/fixture root (an i.MX8MP EVK tree)."""
     from sysconf.fdt import load_fdt, materialize
@@ -242,11 +253,13 @@ def test_backends_on_board_root(dtb_corpus: Path, tmp_path: Path) -> None:
     assert not vx["available"] and "delegate did not load" in vx["reason"]
 
 
+@pytest.mark.integration
 def test_fleet_is_an_edgectl_command(tmp_path: Path) -> None:
     proc = edgectl("fleet", "--broker", "http://nope", "--once", state=tmp_path, check_rc=2)
     assert proc.stderr.startswith("edgectl: error: ") and "--broker" in proc.stderr
 
 
+@pytest.mark.integration
 def test_audit_is_an_edgectl_command(tmp_path: Path) -> None:
     proc = edgectl("audit", "--dtb", str(tmp_path / "none.dtb"), state=tmp_path, check_rc=2)
     assert proc.stderr.startswith("edgectl: error: ") and "none.dtb" in proc.stderr
@@ -276,6 +289,7 @@ def test_a_reader_that_goes_away_is_not_a_traceback(monkeypatch, capsys) -> None
 
 
 @pytest.mark.parametrize("address", ["garbage", "http://[::1", "unix:", "host:0", "h:99999"])
+@pytest.mark.integration
 def test_malformed_address_is_bad_input(address: str, tmp_path: Path) -> None:
     proc = edgectl("status", "--address", address, state=tmp_path, check_rc=2)
     assert f"--address {address!r}: expected unix:PATH, HOST:PORT" in proc.stderr

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from roots import board_root, snapshot_live, tree_state
+
+from tests.support.roots import board_root, snapshot_live, tree_state
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,6 +26,7 @@ def edgectl(*args: str, rc: int = 0) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("kind", ["live-snapshot", "arm8"])
+@pytest.mark.integration
 def test_plan_apply_revert_round_trip(tmp_path: Path, kind: str) -> None:
     if kind == "live-snapshot":
         root = snapshot_live(tmp_path / "root")
@@ -54,6 +56,7 @@ def test_plan_apply_revert_round_trip(tmp_path: Path, kind: str) -> None:
     assert "nothing to revert" in edgectl("revert", "--root", str(root)).stdout
 
 
+@pytest.mark.integration
 def test_plan_text_names_unmovable_irqs(tmp_path: Path) -> None:
     root = board_root(tmp_path / "root", cpus=4, managed=(0, 1, 2, 3))
     text = edgectl("plan", "--root", str(root), "--inference-cpus", "3").stdout
@@ -61,6 +64,7 @@ def test_plan_text_names_unmovable_irqs(tmp_path: Path) -> None:
     assert "cannot move IRQ" in text and "managed_irq" in text
 
 
+@pytest.mark.integration
 def test_config_cpus_and_boot_line(tmp_path: Path, models_dir: Path) -> None:
     root = board_root(tmp_path / "root", cpus=4)
     (root / "boot" / "firmware").mkdir(parents=True)
@@ -82,12 +86,14 @@ def test_config_cpus_and_boot_line(tmp_path: Path, models_dir: Path) -> None:
     (("--inference-cpus", "9"), "CPUs 9 are not online"),
     (("--inference-cpus", "x"), "--inference-cpus: bad CPU list"),
 ])
+@pytest.mark.integration
 def test_bad_cpus_exit_2(tmp_path: Path, args, message: str) -> None:
     root = board_root(tmp_path / "root", cpus=4)
     proc = edgectl("plan", "--root", str(root), *args, rc=2)
     assert message in proc.stderr and proc.stderr.startswith("edgectl: error: ")
 
 
+@pytest.mark.integration
 def test_corrupt_journal_is_a_clear_error(tmp_path: Path) -> None:
     root = board_root(tmp_path / "root", cpus=4)
     edgectl("apply", "--root", str(root), "--inference-cpus", "3")
@@ -99,6 +105,7 @@ def test_corrupt_journal_is_a_clear_error(tmp_path: Path) -> None:
     assert journal.exists()  # nothing was touched
 
 
+@pytest.mark.integration
 def test_image_root_takes_its_cpus_from_the_board_dtb(tmp_path: Path, dtb_corpus: Path) -> None:
     image = tmp_path / "image"
     (image / "etc" / "default").mkdir(parents=True)
@@ -112,6 +119,7 @@ def test_image_root_takes_its_cpus_from_the_board_dtb(tmp_path: Path, dtb_corpus
     assert "isolcpus=managed_irq,domain,3" in grub["new"]
 
 
+@pytest.mark.integration
 def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path, models_dir: Path
                                                        ) -> None:
     """Only a config with a SCHED_FIFO model (rt_priority) plans sched_rt_runtime_us=-1."""
@@ -141,6 +149,7 @@ def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path, models_di
 
 # -- precedence: --inference-cpus, else the isolated set, else the config's cpus ---------------
 
+@pytest.mark.integration
 def test_isolated_set_wins_over_config_cpus_with_a_note(tmp_path: Path, models_dir: Path
                                                         ) -> None:
     root = board_root(tmp_path / "root", cpus=4, isolated="2-3")
@@ -166,25 +175,26 @@ def test_isolated_set_wins_over_config_cpus_with_a_note(tmp_path: Path, models_d
 def _nothing_may_run(monkeypatch) -> None:
     """Make sure a refused live apply/revert cannot plan or write anything, even if the check
     under test were broken (this machine's own /proc must never be written)."""
-    from edged.cli import main as cli
+    from edged.cli import tuning
     from sysconf.changes import Journal
 
     def forbidden(*args, **kwargs):
         raise AssertionError("live apply/revert went ahead without root")
 
-    for name in ("_placement", "_isolation_plan", "_journal"):
-        monkeypatch.setattr(cli, name, forbidden)
+    for name in ("placement", "_isolation_plan", "journals"):
+        monkeypatch.setattr(tuning, name, forbidden)
     for name in ("apply", "revert", "retire_stale"):
         monkeypatch.setattr(Journal, name, forbidden)
 
 
 @pytest.mark.parametrize("command", ["apply", "revert"])
 def test_live_apply_and_revert_without_root_exit_1(monkeypatch, capsys, command: str) -> None:
-    from edged.cli import main as cli
+    from edged.cli.common import EXIT_FAILED
+    from edged.cli.main import main
 
     _nothing_may_run(monkeypatch)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert cli.main([command, "--json"]) == cli.EXIT_FAILED
+    assert main([command, "--json"]) == EXIT_FAILED
     err = capsys.readouterr().err
     assert f"edgectl: error: {command} on the live system needs root" in err
     assert "nothing was changed" in err
@@ -196,7 +206,8 @@ def test_every_change_refused_for_permission_exits_1(tmp_path: Path, monkeypatch
     that is not success."""
     import errno
 
-    from edged.cli import main as cli
+    from edged.cli import tuning
+    from edged.cli.main import main
     from sysconf.changes import Journals
 
     root = board_root(tmp_path / "root", cpus=4)
@@ -205,8 +216,8 @@ def test_every_change_refused_for_permission_exits_1(tmp_path: Path, monkeypatch
     def denied(path: Path, content: str, kernel: bool) -> None:
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(cli, "_journal", lambda r: Journals(r, writer=denied))
-    assert cli.main(["apply", "--root", str(root), "--inference-cpus", "3", "--json"]) == 1
+    monkeypatch.setattr(tuning, "journals", lambda r: Journals(r, writer=denied))
+    assert main(["apply", "--root", str(root), "--inference-cpus", "3", "--json"]) == 1
     out, err = capsys.readouterr()
     report = json.loads(out)
     assert report["skipped"] and not report["applied"]
@@ -214,6 +225,7 @@ def test_every_change_refused_for_permission_exits_1(tmp_path: Path, monkeypatch
     assert tree_state(root) == before
 
 
+@pytest.mark.integration
 def test_a_journal_another_user_can_write_is_refused(tmp_path: Path) -> None:
     root = board_root(tmp_path / "root", cpus=4)
     edgectl("apply", "--root", str(root), "--inference-cpus", "3")
@@ -233,16 +245,17 @@ def test_a_journal_another_user_can_write_is_refused(tmp_path: Path) -> None:
 
 
 def test_live_journal_is_not_the_daemon_state_dir(monkeypatch) -> None:
-    from edged.cli import main as cli
+    from edged.cli.tuning import journals
     from sysconf import SysRoot
 
     monkeypatch.delenv("EDGED_TUNE_STATE_DIR", raising=False)
     monkeypatch.setenv("EDGED_STATE_DIR", "/var/lib/edged")
-    assert cli._journal(SysRoot()).path == Path("/var/lib/edged-tune/tuning-journal.jsonl")
+    assert journals(SysRoot()).path == Path("/var/lib/edged-tune/tuning-journal.jsonl")
     monkeypatch.setenv("EDGED_TUNE_STATE_DIR", "/run/x")
-    assert cli._journal(SysRoot()).path == Path("/run/x/tuning-journal.jsonl")
+    assert journals(SysRoot()).path == Path("/run/x/tuning-journal.jsonl")
 
 
+@pytest.mark.integration
 def test_apply_after_a_reboot_retires_the_old_boots_journal(tmp_path: Path) -> None:
     root = board_root(tmp_path / "root", cpus=4)
     boot_id = root / "proc/sys/kernel/random/boot_id"
@@ -274,7 +287,7 @@ PI_CMDLINE = "console=serial0,115200 console=tty1 root=PARTUUID=6c586e13-02 root
 
 def pi_root(tmp_path: Path) -> Path:
     """A 4-core board with a Pi boot partition and a Debian-like set of units to trim."""
-    from test_services import add_units
+    from tests.support.systemctl import add_units
 
     root = add_units(board_root(tmp_path / "root", cpus=4))
     (root / "boot" / "firmware").mkdir(parents=True)
@@ -294,6 +307,7 @@ def split_state(root: Path, paths: set[str]) -> tuple[dict, dict]:
     return ({k: state[k] for k in keys}, {k: v for k, v in state.items() if k not in keys})
 
 
+@pytest.mark.integration
 def test_revert_runtime_keeps_boot_line_and_masks_then_revert_restores_all(
         tmp_path: Path) -> None:
     root = pi_root(tmp_path)
@@ -324,6 +338,7 @@ def test_revert_runtime_keeps_boot_line_and_masks_then_revert_restores_all(
     assert tree_state(root) == before
 
 
+@pytest.mark.integration
 def test_a_reboot_keeps_the_boot_line_and_masks_of_an_older_boot(tmp_path: Path) -> None:
     """Power lost with everything applied: the next start (edged-tune's apply, no --boot or
     --trim) retires the old tuning journal but keeps the persistent changes."""

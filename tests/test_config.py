@@ -19,7 +19,7 @@ from edged.config import (
     load_config,
     parse_config,
 )
-from edged.selection.select import Policy
+from edged.selection.policy import Policy
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "edged.toml"
@@ -438,7 +438,7 @@ def test_example_documents_every_key() -> None:
     set or commented out."""
     import re
 
-    from edged.config import MQTT_KEYS, TOP_KEYS
+    from edged.config.schema import MQTT_KEYS, TOP_KEYS
 
     text = EXAMPLE.read_text()
     missing = [f"{section}.{key}" for section, keys in [*TOP_KEYS.items(),
@@ -544,6 +544,44 @@ def test_telemetry_keys(folder: Path) -> None:
 ])
 def test_telemetry_errors(folder: Path, text: str, message: str) -> None:
     assert message in str(error(folder, text))
+
+
+def test_mqtt_settings_are_checked_at_load_once(folder: Path) -> None:
+    """What the publisher needs is checked here too (test_telemetry_errors has the rest),
+    naming the key, so a bad broker setting fails --check-config and the publisher trusts
+    its settings."""
+    (folder / "ca.pem").write_text("x")
+    (folder / "pw").write_text("secret\n")
+    bad = [
+        ('url = "mqtt://user:secret@h:1"', "url",
+         "must not carry user:password@; use username and password_file"),
+        ('url = "mqtt://"', "url", "expected mqtt://HOST:PORT or mqtts://HOST:PORT, got "
+                                   "'mqtt://'"),
+        ('url = "mqtt://h:0"', "url", "expected mqtt[s]://HOST[:PORT], got 'mqtt://h:0'"),
+        ('url = "mqtt://h:1/path"', "url",
+         "expected mqtt[s]://HOST[:PORT] and nothing after it, got 'mqtt://h:1/path'"),
+        ('url = "mqtt://h:1"\ndevice_id = "+"', "device_id", "must be one MQTT topic level"),
+        ('url = "mqtt://h:1"\ndevice_id = ""', "device_id", "must be one MQTT topic level"),
+        ('url = "mqtt://h:1"\nca_file = "ca.pem"', "url",
+         "ca_file/cert_file/key_file need an mqtts:// url"),
+        ('url = "mqtts://h:1"\ncert_file = "ca.pem"', "cert_file",
+         "cert_file and key_file go together"),
+        ('url = "mqtt://h:1"\npassword_file = "pw"', "username", "required with password_file"),
+        ('url = "mqtt://h:1"\nkeepalive_s = 0', "keepalive_s",
+         "must be an integer from 1 to 65535, got 0"),
+    ]
+    for text, key, problem in bad:
+        err = error(folder, f"[telemetry.mqtt]\n{text}\n")
+        assert err.key == f"telemetry.mqtt.{key}", text
+        assert err.problem.startswith(problem), (text, err.problem)
+        assert "secret" not in str(err)
+    mqtt = parse(folder, '[telemetry.mqtt]\nurl = "mqtts://[::1]:9999"\nusername = "u"\n'
+                         'password_file = "pw"\n').telemetry.mqtt
+    assert (mqtt.host, mqtt.port, mqtt.tls, mqtt.keepalive_s) == ("::1", 9999, True, 30)
+    assert str(folder / "pw") not in repr(mqtt)  # the password file stays out of logs
+    mqtt = parse(folder, '[telemetry.mqtt]\nurl = "mqtt://broker.local"\n').telemetry.mqtt
+    assert (mqtt.host, mqtt.port, mqtt.tls) == ("broker.local", 1883, False)
+    assert (mqtt.spool_max_bytes, mqtt.spool_max_age_s) == (50 * 2**20, 7 * 86400)
 
 
 @pytest.mark.parametrize("content, problem", [

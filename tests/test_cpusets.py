@@ -9,7 +9,7 @@ import pytest
 from sysconf.cpulist import parse_cpulist
 from sysconf.cpusets import CpuPlan, CpuSets, decide, parse_cmdline, parse_isolcpus, read_cpusets
 from sysconf.sysroot import SysRoot
-from tests.roots import board_root, snapshot_live
+from tests.support.roots import board_root, snapshot_live
 
 
 def sets(online: list[int], isolated: list[int] | None = None) -> CpuSets:

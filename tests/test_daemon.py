@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_harness import REPO, Daemon, write_config
 
 from edged.client import Client, EdgedError
+from tests.support import REPO
+from tests.support.daemon_harness import Daemon, write_config
 
 CLS = "[1, 3, 48, 192]"
 
@@ -58,6 +59,7 @@ def cls_input(seed: int = 0) -> np.ndarray:
     return np.repeat(grey[None, None], 3, axis=1).astype(np.float32) * 2 - 1
 
 
+@pytest.mark.integration
 def test_tritonclient_health_and_metadata(daemon: Daemon) -> None:
     import tritonclient.http as th
 
@@ -77,6 +79,7 @@ def test_tritonclient_health_and_metadata(daemon: Daemon) -> None:
 
 
 @pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.integration
 def test_tritonclient_infer_matches_in_process(daemon: Daemon, models_dir: Path,
                                                binary: bool) -> None:
     import onnxruntime as ort
@@ -98,6 +101,7 @@ def test_tritonclient_infer_matches_in_process(daemon: Daemon, models_dir: Path,
     assert client.infer("cls", [inp]).as_numpy(out_name).shape == (1, 2)
 
 
+@pytest.mark.integration
 def test_tritonclient_errors(daemon: Daemon) -> None:
     import tritonclient.http as th
     from tritonclient.utils import InferenceServerException
@@ -122,6 +126,7 @@ def test_tritonclient_errors(daemon: Daemon) -> None:
         client.infer("cls", [ints])
 
 
+@pytest.mark.integration
 def test_unix_socket_client(daemon: Daemon, models_dir: Path) -> None:
     sock = daemon.config.parent / "edged.sock"
     assert stat.S_IMODE(sock.stat().st_mode) == 0o660
@@ -158,6 +163,7 @@ def _binary_request(x: np.ndarray, size: int | None = None, extra: bytes = b""
     return head.encode() + data + extra, {"Inference-Header-Content-Length": str(len(head))}
 
 
+@pytest.mark.integration
 def test_bad_requests(daemon: Daemon) -> None:
     x = cls_input()
     assert _post(daemon, b"{not json", {}) == (400, _post(daemon, b"{not json", {})[1])
@@ -185,6 +191,7 @@ def test_bad_requests(daemon: Daemon) -> None:
     assert _post(daemon, body, headers)[0] == 200
 
 
+@pytest.mark.integration
 def test_client_disconnects_mid_request(daemon: Daemon) -> None:
     body, headers = _binary_request(cls_input())
     with socket.create_connection(("127.0.0.1", daemon.port)) as raw:
@@ -197,12 +204,14 @@ def test_client_disconnects_mid_request(daemon: Daemon) -> None:
     assert _post(daemon, body, headers)[0] == 200
 
 
+@pytest.mark.integration
 def test_deadline_passed_is_504(daemon: Daemon) -> None:
     with Client(daemon.address) as client, pytest.raises(EdgedError, match=r"\[504\] cls: "
                                                           r"deadline passed"):
         client.infer("cls", {"x": cls_input()}, timeout_ms=0.001)
 
 
+@pytest.mark.integration
 def test_concurrent_requests_are_batched_and_answered(daemon: Daemon) -> None:
     results: list[np.ndarray] = []
     errors: list[Exception] = []
@@ -243,12 +252,14 @@ def test_concurrent_requests_are_batched_and_answered(daemon: Daemon) -> None:
     assert 'edged_worker_involuntary_switches_total{model="cls"}' in text
 
 
+@pytest.mark.integration
 def test_watchdog_pings_while_workers_live(daemon: Daemon) -> None:
     daemon.notify.wait_for("WATCHDOG=1", timeout=5)
     ready = daemon.notify.wait_for("READY=1")
     assert "STATUS=serving 2 model(s)" in ready
 
 
+@pytest.mark.integration
 def test_queue_full_is_503_and_others_keep_serving(models_dir: Path, tmp_path: Path) -> None:
     models = f"""
 [[models]]
@@ -285,6 +296,7 @@ max_queue_size = 1
         assert d.stop() == 0
 
 
+@pytest.mark.integration
 def test_reload_swaps_models_and_keeps_old_on_errors(models_dir: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, models_toml(models_dir))
     d = Daemon(config).wait_ready()
@@ -334,6 +346,7 @@ def test_reload_swaps_models_and_keeps_old_on_errors(models_dir: Path, tmp_path:
         assert d.stop() == 0
 
 
+@pytest.mark.integration
 def test_sigterm_drains_in_flight_and_exits_0(models_dir: Path, tmp_path: Path) -> None:
     models = f"""
 [[models]]
@@ -364,6 +377,7 @@ shapes = {{ x = [1, 3, 640, 640] }}
     assert not (tmp_path / "edged.sock").exists()
 
 
+@pytest.mark.integration
 def test_bad_config_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "edged.toml"
     config.write_text('[server]\nlisten = "localhost"\n')
@@ -374,6 +388,7 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
         assert f"{config}: server.listen" in proc.stderr
 
 
+@pytest.mark.integration
 def test_check_config_ok(models_dir: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, models_toml(models_dir))
     proc = subprocess.run([sys.executable, "-m", "edged.daemon", "--config", str(config),
@@ -381,6 +396,7 @@ def test_check_config_ok(models_dir: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0 and "OK (2 model(s))" in proc.stdout
 
 
+@pytest.mark.integration
 def test_edgectl_status(daemon: Daemon) -> None:
     with Client(daemon.address) as client:
         client.infer("face", {"input": np.zeros((1, 128, 128, 3), np.float32)})
@@ -401,7 +417,8 @@ def test_edgectl_status(daemon: Daemon) -> None:
     assert gone.returncode == 1 and "no edged answers" in gone.stderr
 
 
-@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+@pytest.mark.needs_cpus(2)
+@pytest.mark.integration
 def test_pinning_fifo_and_mlockall(models_dir: Path, tmp_path: Path) -> None:
     """Checked for real on this machine, on the daemon's own threads: the worker and the
     runtime's pool on the model's CPU, everything else on housekeeping."""
@@ -444,6 +461,7 @@ def _get(address: str, conn: http.client.HTTPConnection | None = None,
     return response.status, conn
 
 
+@pytest.mark.integration
 def test_connection_limit_answers_503(models_dir: Path, tmp_path: Path) -> None:
     """[server] max_connections = 2: two kept-alive connections are served, a request on a
     third gets 503 at once, and once one closes a new connection is served again."""
@@ -477,12 +495,13 @@ def test_connection_limit_answers_503(models_dir: Path, tmp_path: Path) -> None:
     assert "Exceeded concurrency limit" in d.log_text()
 
 
+@pytest.mark.integration
 def test_watchdog_pings_stop_while_a_worker_hangs(models_dir: Path, tmp_path: Path) -> None:
     """A runtime that stops answering (the stand-in: onnxruntime's run sleeps), pinned so no
     other backend can take over: past [server] hang_s the WATCHDOG=1 pings stop (systemd
     would restart the daemon) while the HTTP side still answers; they resume once it
     returns."""
-    from daemon_harness import HANG_MARK
+    from tests.support.daemon_harness import HANG_MARK
 
     models = f"""
 [[models]]
@@ -557,7 +576,8 @@ def _in_process(folder: Path, models: str, extra: str = "", root: Path | None = 
     return InProcess(config, root=SysRoot(root) if root is not None else None)
 
 
-@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+@pytest.mark.needs_cpus(2)
+@pytest.mark.integration
 def test_default_pinning_follows_the_tune_units_decision(models_dir: Path,
                                                          tmp_path: Path) -> None:
     """No model sets cpus: the daemon pins models to decide()'s inference cores (what
@@ -672,7 +692,7 @@ def test_core_sampler_reads_cpufreq_and_throttle_from_the_root(
     causes freq_drop and throttle can be recorded."""
     import time
 
-    from edged.telemetry.latency import attribute
+    from edged.telemetry.attribution import attribute
 
     root = _sampler_root(tmp_path / "root", cur_khz, cooling, firmware)
     d = _in_process(tmp_path, "", root=root)
@@ -696,12 +716,12 @@ def test_core_sampler_without_cpufreq_or_throttle_files(models_dir: Path,
     assert sample.freq is None and sample.throttled is None and sample.irqs
 
 
-@pytest.mark.skipif(not Path("/usr/sbin/mosquitto").exists(), reason="mosquitto not installed")
+@pytest.mark.needs_broker
 def test_mqtt_audit_topic(models_dir: Path, tmp_path: Path) -> None:
     """After READY the daemon audits the live system in the background and publishes the
     summary retained on `audit`; cmd/audit runs it again. The ids are those `edgectl audit`
     reports on its own."""
-    from broker import Broker, SubProcess, pub, sub_once
+    from tests.support.broker import Broker, SubProcess, pub, sub_once
 
     base = "edged/v1/lab/dev-1"
     with Broker(tmp_path / "broker") as broker:
@@ -726,8 +746,8 @@ threads = 1
                                    "json", "--config", str(config)], capture_output=True,
                                   text=True, cwd=REPO)
             report = json.loads(proc.stdout)
-            from edged.cli.audit import level
-            from sysconf.findings import Evidence, Finding
+            from sysconf.audit.findings import Evidence, Finding
+            from sysconf.audit.report import level
 
             def rank(f: dict) -> int:
                 ev = tuple(Evidence(**e) for e in f.pop("evidence"))
@@ -759,6 +779,7 @@ threads = 1
             assert d.stop() == 0, d.log_text()
 
 
+@pytest.mark.integration
 def test_server_changes_wait_for_a_restart_and_stop_removes_only_its_socket(
         models_dir: Path, tmp_path: Path) -> None:
     """A reload that moves `server.socket` keeps serving on the old one and says a restart

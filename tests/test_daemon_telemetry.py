@@ -7,24 +7,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from broker import Broker, Message, SubProcess, sub_once
-from daemon_harness import Daemon, write_config
-from test_mqtt import check, first_seen
 
 from edged.client import Client
 from sysconf.intrusions import thread_switches
+from tests.support.broker import Broker, Message, SubProcess, first_seen, sub_once
+from tests.support.daemon_harness import Daemon, write_config
+from tests.support.schema import check
 
-pytestmark = pytest.mark.skipif(shutil.which("mosquitto_sub") is None
-                                and not Path("/usr/sbin/mosquitto").exists(),
-                                reason="mosquitto not installed (apt-get install mosquitto "
-                                       "mosquitto-clients)")
+pytestmark = pytest.mark.integration
 
 BASE = "edged/v1/line-3/cam-7"
 
@@ -46,6 +42,7 @@ threads = 1
 """)
 
 
+@pytest.mark.needs_broker
 def test_birth_telemetry_events_and_offline(tmp_path: Path, models_dir: Path) -> None:
     with Broker(tmp_path / "broker") as broker:
         sub = SubProcess(broker.port, f"{BASE}/#", tmp_path / "sub.txt").ready()
@@ -94,6 +91,7 @@ def test_birth_telemetry_events_and_offline(tmp_path: Path, models_dir: Path) ->
         assert "face" in intrusions["workers"] and intrusions["cpus"]
 
 
+@pytest.mark.needs_broker
 def test_kill_9_leaves_the_will(tmp_path: Path, models_dir: Path) -> None:
     with Broker(tmp_path / "broker") as broker:
         d = Daemon(config(tmp_path, models_dir, broker)).wait_ready()
@@ -119,6 +117,7 @@ def _telemetry_and_events(messages: list[Message]) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_broker
 def test_broker_down_30_s_while_the_daemon_runs_loses_nothing(tmp_path: Path,
                                                               models_dir: Path) -> None:
     """The issue's outage: the broker stopped for 30 s under a running daemon. After the

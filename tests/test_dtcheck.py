@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sysconf.dtcheck import RULES, check_tree, devicetree_check
+from sysconf.audit.checks.devicetree import RULES, check_tree, devicetree_check
+from sysconf.audit.findings import REGISTRY, AuditContext, Finding
 from sysconf.fdt import FdtError, load_fdt, materialize
-from sysconf.findings import REGISTRY, AuditContext, Finding
 from sysconf.sysroot import SysRoot
 
 CLEAN = "freescale/imx93-11x11-evk.dtb"  # no rule fires on it
@@ -44,6 +44,7 @@ def _assert_only_passes(findings: list[Finding]) -> None:
     assert sorted(f.id for f in findings) == sorted(RULES)
 
 
+@pytest.mark.timing
 def test_corpus_scan(dtb_corpus: Path) -> None:
     """Every rule over every board: never raises, fast; prints per-rule hit counts."""
     hits: Counter[str] = Counter()
@@ -69,7 +70,7 @@ def test_corpus_scan(dtb_corpus: Path) -> None:
     print(f"\n{len(files)} trees in {elapsed:.2f} s")
     for rule in RULES:
         print(f"  {rule:28} {hits[rule]:5} findings on {len(boards[rule]):4} boards")
-    assert elapsed < 20
+    assert elapsed < 20  # ~1.4 s here: room for a loaded 2-core CI machine
     # Rules that fire on upstream trees (seen when this test was written, 6.1.176).
     for rule in ("DT-DMA-DISABLED-CONTROLLER", "DT-DMA-NAMES-MISMATCH", "DT-DMA-SHARED-REQUEST",
                  "DT-CMA-MISSING", "DT-DMA-PIO-FALLBACK", "DT-RESERVED-FOR-DISABLED",

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from backends import LoadOptions, get_backend
-from backends.base import BackendError, Candidate
+from backends.base import Candidate
+from backends.errors import BackendError
 from backends.model_info import inspect_model
 from edged.serving.engine import BatchingConfig, DeadlineExceeded, ModelWorker, QueueFull
 
@@ -89,10 +90,12 @@ def test_batches_under_load_and_answers_each_request(cls_model) -> None:
         assert timing.queue_s >= 0 and timing.compute_s > 0 and timing.batch_size >= 1
 
 
+@pytest.mark.timing
 def test_single_request_does_not_wait_for_a_batch(cls_model) -> None:
     session = RecordingSession(ort_session(cls_model))
+    # A delay far over any stall of a loaded 2-core CI machine: waiting for it stands out.
     worker = ModelWorker("cls", session, BatchingConfig(max_batch_size=8,
-                                                        max_queue_delay_us=500_000))
+                                                        max_queue_delay_us=5_000_000))
     worker.start()
     try:
         start = time.perf_counter()
@@ -101,10 +104,11 @@ def test_single_request_does_not_wait_for_a_batch(cls_model) -> None:
     finally:
         worker.stop()
     assert session.batches == [1]
-    assert elapsed < 0.4, "a lone request waited for the batching delay"
+    assert elapsed < 2.5, "a lone request waited for the batching delay"
     assert timing.batch_size == 1
 
 
+@pytest.mark.timing
 def test_queue_full_rejects_at_once(cls_model) -> None:
     gate = threading.Event()
 
@@ -126,7 +130,7 @@ def test_queue_full_rejects_at_once(cls_model) -> None:
         start = time.perf_counter()
         with pytest.raises(QueueFull, match=r"cls: queue full \(2 requests waiting\)"):
             worker.submit(feeds, lambda *a: done.append(a))
-        assert time.perf_counter() - start < 0.05
+        assert time.perf_counter() - start < 1.0  # at once: the worker is blocked for 10 s
         gate.set()
         deadline = time.monotonic() + 10
         while len(done) < 3 and time.monotonic() < deadline:
@@ -224,6 +228,7 @@ def test_fail_over_without_spare_reports_the_error(cls_model) -> None:
         worker.stop()
 
 
+@pytest.mark.timing
 def test_stalled_backend_is_taken_over(cls_model) -> None:
     """A backend that hangs inside run (an NPU driver that stops answering): past
     watchdog_ms the batch is re-run once on the next verified backend."""
@@ -255,7 +260,7 @@ def test_stalled_backend_is_taken_over(cls_model) -> None:
         elapsed = time.perf_counter() - start
         supervisor.join()
         assert isinstance(result, tuple), result  # answered, by the spare
-        assert 0.2 <= elapsed < 5
+        assert 0.2 <= elapsed < 5  # watchdog 0.2 s; the supervisor gives up after 10
         assert worker.session is spare and worker.failovers == 1
         assert "stalled" in reasons[0]
         assert worker.alive()
@@ -285,6 +290,7 @@ def test_worker_records_latency_for_telemetry(cls_model) -> None:
     assert recorder.rotate().count == 0  # the next window starts empty
 
 
+@pytest.mark.timing
 def test_hung_backend_answers_504_at_the_deadline(cls_model) -> None:
     """A runtime that never returns (no supervisor to take over here): the caller still gets
     its answer at the deadline, and the late result, when the runtime comes back, is
@@ -305,7 +311,7 @@ def test_hung_backend_answers_504_at_the_deadline(cls_model) -> None:
         elapsed = time.perf_counter() - start
         assert all(isinstance(r, DeadlineExceeded) for r in results), results
         assert "cls: deadline passed after 300.0 ms" in str(results[0])
-        assert 0.25 <= elapsed < 5, elapsed
+        assert 0.25 <= elapsed < 5, elapsed  # deadline 0.3 s; the runtime hangs for 30
         release.set()
         deadline = time.monotonic() + 10
         while worker.queue_depth and time.monotonic() < deadline:

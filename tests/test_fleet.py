@@ -21,23 +21,19 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-from broker import Broker, free_port, pub
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from edged.fleet.monitor import (
-    Fleet,
-    FleetError,
-    Thresholds,
-    device_row,
-    fleet_rows,
-    format_table,
-    load_thresholds,
-    subscriptions,
-)
+from edged.config import MqttSettings
+from edged.fleet.monitor import subscriptions
+from edged.fleet.report import device_row, fleet_rows, format_table
+from edged.fleet.store import Fleet
+from edged.fleet.thresholds import FleetError, Thresholds, load_thresholds
 from edged.telemetry.latency import LatencyRecorder
-from edged.telemetry.mqtt import MqttSettings, Publisher, dumps
+from edged.telemetry.mqtt.payloads import dumps
+from edged.telemetry.mqtt.publisher import Publisher
 from edged.telemetry.spool import Spool
 from sysconf.thermal import ThermalState, ThermalZone, Trip
+from tests.support.broker import Broker, free_port, pub
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -195,6 +191,7 @@ def raw_publish(port: int, items: list[tuple[str, bytes, bool]]) -> None:
 
 # -- --once --json: figures and order ---------------------------------------------------------
 
+@pytest.mark.needs_broker
 def test_once_json_lists_devices_worst_first_with_their_figures(broker, devices) -> None:
     fast = window(spread(1.0, 1.5, 2.0))
     slow = window(spread(4.0, 10.0, 30.0), {"irq": 7, "softirq:NET_RX": 3, "preempted": 9})
@@ -235,6 +232,7 @@ def test_once_json_lists_devices_worst_first_with_their_figures(broker, devices)
     assert all(r["breaches"] == [] and r["bad_payloads"] == 0 for r in rows)
 
 
+@pytest.mark.needs_broker
 def test_group_filter_and_text_table(broker, devices) -> None:
     a = devices.start("line-1", "cam-a")
     devices.start("line-2", "cam-z")
@@ -253,6 +251,7 @@ def test_group_filter_and_text_table(broker, devices) -> None:
 
 # -- thresholds -------------------------------------------------------------------------------
 
+@pytest.mark.needs_broker
 def test_thresholds_breach_exits_1_and_none_exits_0(broker, devices, tmp_path) -> None:
     hot = devices.start("g", "hot")
     ok = devices.start("g", "ok")
@@ -296,6 +295,7 @@ def test_thresholds_breach_exits_1_and_none_exits_0(broker, devices, tmp_path) -
     ('{"max_jitter_ms": true}', "t.json", "max_jitter_ms: expected a number >= 0, got True"),
     ("[1, 2]", "t.json", "expected a table/object of thresholds"),
 ])
+@pytest.mark.integration
 def test_bad_thresholds_file_exits_2_naming_the_key(tmp_path, text, name, expected) -> None:
     path = tmp_path / name
     path.write_text(text)
@@ -316,6 +316,7 @@ def test_bad_thresholds_file_exits_2_naming_the_key(tmp_path, text, name, expect
     (["--ca-file", "/nonexistent.pem"], "--ca-file needs an mqtts:// broker"),
     (["--username", "u", "--password-file", "/nonexistent"], "--password-file /nonexistent"),
 ])
+@pytest.mark.integration
 def test_bad_flags_exit_2(args, expected) -> None:
     rc, out, err = MonitorProc("--broker", "mqtt://127.0.0.1:1", "--once", *args).finish()
     assert rc == 2 and out == "" and expected in err and err.startswith("edgectl: error: ")
@@ -323,11 +324,13 @@ def test_bad_flags_exit_2(args, expected) -> None:
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:1883", "mqtt://u:p@127.0.0.1",
                                  "mqtt://127.0.0.1:99999", "mqtt://127.0.0.1/x"])
+@pytest.mark.integration
 def test_bad_broker_url_exits_2(url) -> None:
     rc, _, err = MonitorProc("--broker", url, "--once").finish()
     assert rc == 2 and "edgectl: error: --broker" in err
 
 
+@pytest.mark.integration
 def test_unreadable_ca_file_exits_2(tmp_path) -> None:
     (tmp_path / "bad.pem").write_text("not a certificate\n")
     for ca in (tmp_path / "missing.pem", tmp_path / "bad.pem"):
@@ -336,6 +339,7 @@ def test_unreadable_ca_file_exits_2(tmp_path) -> None:
         assert rc == 2 and f"edgectl: error: --ca-file {ca}: " in err
 
 
+@pytest.mark.integration
 def test_unreachable_broker_exits_1() -> None:
     port = free_port()
     rc, out, err = MonitorProc("--broker", f"mqtt://127.0.0.1:{port}", "--once",
@@ -347,6 +351,7 @@ def test_unreachable_broker_exits_1() -> None:
 
 # -- offline: the retained state, and the Will ------------------------------------------------
 
+@pytest.mark.needs_broker
 def test_offline_from_the_retained_state_is_a_breach(broker, devices) -> None:
     gone = devices.start("g", "gone")
     devices.start("g", "here")
@@ -366,7 +371,8 @@ def test_offline_from_the_retained_state_is_a_breach(broker, devices) -> None:
 CHILD = r"""
 import sys, time
 from pathlib import Path
-from edged.telemetry.mqtt import MqttSettings, Publisher
+from edged.config import MqttSettings
+from edged.telemetry.mqtt.publisher import Publisher
 from edged.telemetry.spool import Spool
 url, state = sys.argv[1], Path(sys.argv[2])
 p = Publisher(MqttSettings(url=url, group="g", device_id="doomed", keepalive_s=2),
@@ -379,6 +385,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.needs_broker
 def test_will_after_kill_9_turns_the_device_offline(broker, tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen([sys.executable, "-c", CHILD, broker.url, str(tmp_path / "c")],
@@ -415,6 +422,7 @@ def test_will_after_kill_9_turns_the_device_offline(broker, tmp_path) -> None:
 
 # -- malformed payloads -----------------------------------------------------------------------
 
+@pytest.mark.needs_broker
 def test_malformed_payloads_are_counted_and_ignored(broker, devices) -> None:
     good = devices.start("g", "good")
     mon = monitor(broker, "--once", "--wait", "2", "--json").subscribed()
@@ -520,6 +528,7 @@ def test_older_telemetry_does_not_replace_newer_and_throttling_events_count() ->
                                  "hottest": {"name": "cpu-thermal", "temp_c": 86.0}}
 
 
+@pytest.mark.timing
 def test_table_is_cheap_and_truncates() -> None:
     fleet = Fleet()
     base = telemetry({"m": window([1.0, 2.0])}, 40.0)
@@ -534,7 +543,7 @@ def test_table_is_cheap_and_truncates() -> None:
     print(f"\nrows + table for 1,000 devices: {took * 1e3:.1f} ms")
     assert rows[0]["device"] == "d0999" and rows[-1]["device"] == "d0000"
     assert text.splitlines()[-1] == "... 980 more (smaller tails)"
-    assert took < 0.5
+    assert took < 2.0  # loose: a loaded 2-core CI machine (milliseconds here)
     d = fleet.devices()[0]
     assert device_row(d, fleet.clock(), Thresholds(), started=fleet.started)["device"] == "d0000"
 
@@ -558,6 +567,7 @@ def metric(scraped: dict, name: str, **labels: str) -> float | None:
     return scraped.get((name, frozenset(labels.items())))
 
 
+@pytest.mark.needs_broker
 def test_live_table_alerts_and_prometheus(broker, devices) -> None:
     cam = devices.start("g", "cam")
     port = free_port()
@@ -602,6 +612,7 @@ def test_live_table_alerts_and_prometheus(broker, devices) -> None:
         scrape(port)
 
 
+@pytest.mark.needs_broker
 def test_prometheus_port_in_use_exits_1(broker) -> None:
     import socket
 
@@ -613,6 +624,7 @@ def test_prometheus_port_in_use_exits_1(broker) -> None:
     assert rc == 1 and "edgectl: error: --prometheus 127.0.0.1:" in err
 
 
+@pytest.mark.needs_broker
 def test_prometheus_addr_chooses_the_interface(broker, devices) -> None:
     """Bound to 127.0.0.2 (another loopback address, as a LAN address would be): served
     there, refused on the default 127.0.0.1. A bad address is a flag error (exit 2)."""
@@ -641,6 +653,7 @@ def test_prometheus_addr_chooses_the_interface(broker, devices) -> None:
     assert rc == 2 and "--prometheus-addr: expected an IP address" in err and "not-an-ip" in err
 
 
+@pytest.mark.needs_broker
 def test_reconnects_after_the_broker_restarts(broker, devices) -> None:
     cam = devices.start("g", "cam")
     mon = monitor(broker, "--json", "--refresh", "0.2").subscribed()
@@ -663,6 +676,7 @@ def test_reconnects_after_the_broker_restarts(broker, devices) -> None:
 
 # -- shared subscriptions ---------------------------------------------------------------------
 
+@pytest.mark.needs_broker
 def test_shared_subscription_splits_the_fleet(broker) -> None:
     assert subscriptions("g", "mon")[0] == "$share/mon/edged/v1/g/+/state"
     # retained state from before: not delivered on shared subscriptions
@@ -694,8 +708,9 @@ def test_shared_subscription_splits_the_fleet(broker) -> None:
     assert all(r["state"] == "online" for r in rows_one + rows_two)
 
 
+@pytest.mark.needs_broker
 def test_tls_and_password(tmp_path) -> None:
-    from broker import make_certs
+    from tests.support.broker import make_certs
 
     certs = make_certs(tmp_path / "certs")
     with Broker(tmp_path / "broker", certs=certs, users={"ops": "s3cret"}) as b:

@@ -17,8 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_harness import Daemon, write_config
-from test_serving_faults import CLS_BODY, PeakRss, binary_request, post, wait_idle
+
+from tests.support.daemon_harness import (
+    CLS_BODY,
+    Daemon,
+    PeakRss,
+    binary_request,
+    post,
+    wait_idle,
+    write_config,
+)
 
 MAX_CONNECTIONS = 6
 SOCKET_MAX_CONNECTIONS = 3
@@ -29,6 +37,9 @@ MAX_HEADER_BYTES = 16 * 1024
 DECODE_BUDGET = 512 * 2**20
 DET = 960  # 1x3x960x960: 2.76 M values, ≈56 MB as JSON
 GET_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: edged\r\n\r\n"
+# The real daemon. The wall-clock bounds (tests marked timing) are loose for a loaded 2-core
+# CI machine and still far from the failures they guard against ("before").
+pytestmark = pytest.mark.integration
 
 
 def models_toml(models_dir: Path) -> str:
@@ -177,6 +188,7 @@ def infer_cls(conn: http.client.HTTPConnection) -> int:
 
 
 # -- connections ---------------------------------------------------------------------------
+@pytest.mark.timing
 def test_idle_connections_lock_nobody_out(daemon: Daemon) -> None:
     """max_connections TCP connections that send nothing: one more TCP client gets a JSON 503
     at once (not uvicorn's plain text), a Unix-socket client is served at once (its own
@@ -187,10 +199,10 @@ def test_idle_connections_lock_nobody_out(daemon: Daemon) -> None:
     try:
         time.sleep(0.2)  # accepted by the daemon
         status, body, took = exchange(daemon, GET_LIVE)
-        assert status == 503 and took < 2.0, (status, body)  # before: never
+        assert status == 503 and took < 5.0, (status, body)  # before: never
         assert "[server] max_connections" in json.loads(body)["error"]
         status, body, took = exchange(daemon, GET_LIVE, unix=True)
-        assert (status, body) == (200, b'{"live":true}') and took < 2.0
+        assert (status, body) == (200, b'{"live":true}') and took < 5.0
         deadline = opened + HEADER_TIMEOUT_S + 3.0
         while True:
             status, body, _ = exchange(daemon, GET_LIVE)
@@ -207,7 +219,7 @@ def test_idle_connections_lock_nobody_out(daemon: Daemon) -> None:
             sock.close()
     print(f"TCP served again {served_after:.2f} s after {MAX_CONNECTIONS} idle connections "
           f"opened (header timeout {HEADER_TIMEOUT_S} s)")
-    assert served_after < HEADER_TIMEOUT_S + 1.0
+    assert served_after < HEADER_TIMEOUT_S + 2.5
 
 
 def test_unix_socket_budget_is_its_own(daemon: Daemon) -> None:
@@ -223,6 +235,7 @@ def test_unix_socket_budget_is_its_own(daemon: Daemon) -> None:
             sock.close()
 
 
+@pytest.mark.timing
 def test_kept_alive_connection_idle_past_idle_timeout_is_closed(daemon: Daemon) -> None:
     with connect(daemon) as sock:
         for _ in range(2):
@@ -231,10 +244,11 @@ def test_kept_alive_connection_idle_past_idle_timeout_is_closed(daemon: Daemon) 
         start = time.monotonic()
         sock.settimeout(IDLE_TIMEOUT_S + 3.0)
         assert sock.recv(1) == b""  # closed by the daemon, without an answer
-    assert IDLE_TIMEOUT_S - 0.1 < time.monotonic() - start < IDLE_TIMEOUT_S + 1.0
+    assert IDLE_TIMEOUT_S - 0.1 < time.monotonic() - start < IDLE_TIMEOUT_S + 2.5
 
 
 # -- stalled bodies ------------------------------------------------------------------------
+@pytest.mark.timing
 def test_stalled_uploads_show_in_queue_depth_and_time_out(daemon: Daemon) -> None:
     """Three uploads that stop after 100 bytes of their body fill cls's room (2 waiting + 1
     running): queue_depth says 3 (it said 0 while "queue full" was answered), and after the
@@ -264,7 +278,7 @@ def test_stalled_uploads_show_in_queue_depth_and_time_out(daemon: Daemon) -> Non
             assert status == 408, answer
             assert "[server] body_timeout_s" in json.loads(answer)["error"]
         waited = time.monotonic() - sent
-        assert BODY_TIMEOUT_S - 0.1 < waited < BODY_TIMEOUT_S + 1.0, waited
+        assert BODY_TIMEOUT_S - 0.1 < waited < BODY_TIMEOUT_S + 2.5, waited
     finally:
         for sock in stalled:
             sock.close()
@@ -277,6 +291,7 @@ def test_stalled_uploads_show_in_queue_depth_and_time_out(daemon: Daemon) -> Non
     assert count and float(count.group(1)) >= 3
 
 
+@pytest.mark.timing
 def test_partial_headers_get_408_after_the_header_timeout(daemon: Daemon) -> None:
     start = time.monotonic()
     with connect(daemon) as sock:
@@ -284,10 +299,11 @@ def test_partial_headers_get_408_after_the_header_timeout(daemon: Daemon) -> Non
         status, _, body = read_response(sock)
     took = time.monotonic() - start
     assert status == 408 and "[server] header_timeout_s" in json.loads(body)["error"]
-    assert HEADER_TIMEOUT_S - 0.1 < took < HEADER_TIMEOUT_S + 1.0
+    assert HEADER_TIMEOUT_S - 0.1 < took < HEADER_TIMEOUT_S + 2.5
 
 
 # -- huge headers --------------------------------------------------------------------------
+@pytest.mark.timing
 def test_huge_header_gets_431_at_once(daemon: Daemon) -> None:
     """An 8 MiB header: 431 with a JSON error, quickly, and another client is not held up.
     Before: httptools joined its pieces on the event loop (quadratic; 96 MB took 16.6 s)."""
@@ -302,8 +318,8 @@ def test_huge_header_gets_431_at_once(daemon: Daemon) -> None:
     assert not other.errors and set(other.codes) == {200}
     print(f"431 after {took * 1e3:.0f} ms; other client max {max(other.latencies) * 1e3:.1f} "
           f"ms over {len(other.latencies)}")
-    assert took < 1.0
-    assert max(other.latencies) < 1.0  # before: up to 10 s (loose: a shared CI VM)
+    assert took < 3.0
+    assert max(other.latencies) < 3.0  # before: up to 10 s (loose: a shared CI VM)
     # A normal-sized head on the same listener is still served.
     assert exchange(daemon, GET_LIVE)[0] == 200
 
@@ -316,6 +332,7 @@ def json_request(shape: tuple[int, ...], values: np.ndarray | None = None) -> by
                                    "data": data}]}).encode()
 
 
+@pytest.mark.timing
 def test_large_json_is_decoded_off_the_event_loop(daemon: Daemon) -> None:
     """Three ≈56 MB JSON requests at once (and their 17 MB JSON answers): other clients are
     answered meanwhile (a health check, a small inference). Before: each was decoded and
@@ -343,10 +360,12 @@ def test_large_json_is_decoded_off_the_event_loop(daemon: Daemon) -> None:
           f"ms over {len(live.latencies)}, small inference max "
           f"{max(small.latencies) * 1e3:.0f} ms over {len(small.latencies)}")
     # Measured: 0.1 s / 0.13 s here; 0.93 s / 1.9 s with the decode on the event loop.
-    assert max(live.latencies) < 0.6  # before: 0.93 s (loose: a shared CI VM)
-    assert max(small.latencies) < 1.2  # before: 1.9 s
+    # Just under the figures before: the loosest bounds that still tell the two apart.
+    assert max(live.latencies) < 0.9  # before: 0.93 s (loose: a shared CI VM)
+    assert max(small.latencies) < 1.8  # before: 1.9 s
 
 
+@pytest.mark.timing
 def test_json_over_the_decode_budget_is_413_before_decoding(daemon: Daemon) -> None:
     """11 M values (22 MB of "0,"): decoded they would take ≈0.6 GB; refused with 413 naming
     the limit, at once, and the daemon's memory grows by little more than the body."""
@@ -366,10 +385,11 @@ def test_json_over_the_decode_budget_is_413_before_decoding(daemon: Daemon) -> N
     print(f"413 after {took * 1e3:.0f} ms, peak RSS +{grown:.0f} MiB for a "
           f"{len(body) / 2**20:.0f} MiB body")
     assert grown < len(body) / 2**20 + 64
-    assert took < 2.0
+    assert took < 4.0
 
 
 # -- shutdown ------------------------------------------------------------------------------
+@pytest.mark.timing
 def test_sigterm_with_idle_and_stalled_connections_exits_promptly(models_dir: Path,
                                                                   tmp_path: Path) -> None:
     """Kept-alive idle connections (TCP and Unix), one that never sent a byte, one with half
@@ -413,7 +433,7 @@ def test_sigterm_with_idle_and_stalled_connections_exits_promptly(models_dir: Pa
     print(f"SIGTERM to exit: {took:.2f} s")
     assert code == 0, log
     assert "Traceback" not in log and "Cancel" not in log, log
-    assert took < 4.0, log
+    assert took < 8.0, log  # before: the whole 10 s drain
 
 
 def test_binary_request_still_served(daemon: Daemon) -> None:

@@ -6,6 +6,7 @@ that cannot be real), and the "NPU that arrived" is a device root with an accel 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from backends.base import Candidate
 from edged.hotplug import AcceleratorMonitor
-from edged.selection.select import Policy
+from edged.selection.policy import Policy
 from edged.serving.engine import BatchingConfig
 from edged.serving.models import load_model
 from sysconf import SysRoot
@@ -139,6 +140,7 @@ def _npu_root(folder: Path) -> Path:
     return root
 
 
+@pytest.mark.integration
 def test_daemon_hardware_change_reselects_and_fails_over(
         models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The daemon's hot-plug path end to end below the udev monitor: the probe (the boundary
@@ -151,7 +153,7 @@ def test_daemon_hardware_change_reselects_and_fails_over(
     import sysconf.hardware
     from edged.config import load_config
     from edged.daemon import Daemon
-    from edged.telemetry.mqtt import LogPublisher
+    from edged.telemetry.mqtt.log_publisher import LogPublisher
 
     config = tmp_path / "edged.toml"
     config.write_text(f"""
@@ -171,6 +173,7 @@ path = "{models_dir / 'ppocr_cls.onnx'}"
 threads = 1
 shapes = {{ x = [1, 3, 48, 192] }}
 """)
+    cpus = os.sched_getaffinity(0)  # the daemon pins its thread (here: this one) to housekeeping
     daemon = Daemon(load_config(config))
     live = daemon.hw
     daemon.models, daemon.failed = daemon.load_models(daemon.config, {})
@@ -230,4 +233,5 @@ shapes = {{ x = [1, 3, 48, 192] }}
         assert next(iter(out.values())).shape == (1, 2)
     finally:
         logger.removeHandler(lines)
+        os.sched_setaffinity(0, cpus)  # or the tests after this one run on one CPU
         Daemon._stop_workers(daemon.models.values())

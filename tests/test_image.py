@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from roots import tree_state
+
+from tests.support.roots import tree_state
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def _archive() -> str:

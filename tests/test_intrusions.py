@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from roots import board, board_root, format_interrupts, grown_board, snapshot_live
 
 from sysconf import SysRoot
 from sysconf.intrusions import (
@@ -27,6 +26,13 @@ from sysconf.intrusions import (
     thread_switches,
 )
 from sysconf.irq import read_interrupts
+from tests.support.roots import (
+    board,
+    board_root,
+    format_interrupts,
+    grown_board,
+    snapshot_live,
+)
 
 
 def test_live_counters_grow() -> None:
@@ -188,7 +194,7 @@ def test_intruders_between_two_scans() -> None:
     assert intruders(before, after, {7}) == []
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin a hog")
+@pytest.mark.needs_cpus(2, reason="to pin a hog")
 def test_a_pinned_busy_process_is_found_on_its_core() -> None:
     cpu = max(os.sched_getaffinity(0))
     hog = subprocess.Popen([sys.executable, "-c", f"""

@@ -1,7 +1,7 @@
 """sysconf.irq: /proc/interrupts parsing, what cannot move, and the IRQ plan through the journal.
 
 Everything that writes goes to a root under tmp_path: a snapshot of this machine's own IRQ files
-or a synthetic board (tests/roots.py). This machine's /proc/irq is only read.
+or a synthetic board (tests/support/roots.py). This machine's /proc/irq is only read.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ from sysconf.irq import (
     set_banned_cpus,
 )
 from sysconf.sysroot import SysRoot
-from tests.roots import DEBIAN_IRQBALANCE, board, board_root, snapshot_live, tree_state
+from tests.support.roots import (
+    DEBIAN_IRQBALANCE,
+    board,
+    board_root,
+    snapshot_live,
+    tree_state,
+)
 
 
 def plan_for(root: Path, inference: list[int]) -> CpuPlan:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import ModelError
+from backends.errors import ModelError
 from backends.model_info import inspect_model
 
 

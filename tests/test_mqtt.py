@@ -20,20 +20,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from broker import Broker, Certs, Message, SubProcess, make_certs, pub, sub_once
 
-from edged.telemetry.mqtt import (
-    LogPublisher,
-    MqttSettings,
-    Publisher,
-    SettingsError,
-    device_id_from,
-    open_publisher,
-)
+from edged.config import MqttSettings
+from edged.telemetry.mqtt.log_publisher import LogPublisher
+from edged.telemetry.mqtt.publisher import Publisher, open_publisher
+from edged.telemetry.mqtt.session import SettingsError, device_id_from
 from edged.telemetry.spool import Spool
+from tests.support.broker import (
+    Broker,
+    Certs,
+    Message,
+    SubProcess,
+    first_seen,
+    make_certs,
+    pub,
+    sub_once,
+)
+from tests.support.schema import SCHEMAS, check, errors, schema
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMAS = REPO / "docs" / "schema"
 BASE = "edged/v1/g/d/"
 BIRTH = {"version": "0.1.0", "hardware": {"cpu": "test", "cores": 2},
          "models": {"m": {"backend": "onnxruntime", "device": "CPU"}}}
@@ -67,13 +72,6 @@ def of(messages: list[Message], kind: str) -> list[dict]:
     return [m.payload for m in messages if m.topic == BASE + kind]
 
 
-def first_seen(seqs: list[int]) -> list[int]:
-    """The seqs in arrival order with QoS 1 duplicates (a re-send of a message whose PUBACK
-    was lost with the connection) left out."""
-    seen: set[int] = set()
-    return [s for s in seqs if not (s in seen or seen.add(s))]
-
-
 @pytest.fixture
 def broker(tmp_path: Path):
     with Broker(tmp_path / "broker") as b:
@@ -90,7 +88,8 @@ def certs(tmp_path_factory) -> Certs:
 CHILD = r"""
 import sys, time
 from pathlib import Path
-from edged.telemetry.mqtt import MqttSettings, Publisher
+from edged.config import MqttSettings
+from edged.telemetry.mqtt.publisher import Publisher
 from edged.telemetry.spool import Spool
 url, state, count = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 p = Publisher(MqttSettings(url=url, group="g", device_id="d", keepalive_s=2),
@@ -130,108 +129,18 @@ def read_until(proc: subprocess.Popen[str], word: str, timeout: float = 15.0) ->
     return result[0]
 
 
-# -- a small JSON Schema checker (jsonschema is not a dependency) ---------------------------------
-
-_ANNOTATIONS = {"$schema", "$id", "title", "description", "$defs", "default", "examples",
-                "$comment"}
-_KEYWORDS = {"type", "required", "properties", "additionalProperties", "items", "enum",
-             "const", "minimum", "minLength", "allOf", "if", "then", "else", "$ref"}
-_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-
-
-def schema(name: str) -> dict:
-    return json.loads((SCHEMAS / f"{name}.schema.json").read_text())
-
-
-def errors(instance: Any, node: Any, root: dict, path: str = "$") -> list[str]:
-    """The Draft 2020-12 subset our schemas use; an unknown keyword is itself an error, so a
-    schema cannot silently rely on something this checker ignores."""
-    if node is True:
-        return []
-    if node is False:
-        return [f"{path}: not allowed"]
-    unknown = set(node) - _KEYWORDS - _ANNOTATIONS
-    assert not unknown, f"checker does not support {unknown}"
-    out: list[str] = []
-    if "$ref" in node:
-        ref = node["$ref"]
-        if ref.startswith("#/$defs/"):
-            out += errors(instance, root["$defs"][ref[8:]], root, path)
-        else:
-            other = json.loads((SCHEMAS / ref).read_text())
-            out += errors(instance, other, other, path)
-    if "type" in node:
-        types = node["type"] if isinstance(node["type"], list) else [node["type"]]
-        ok = any((t == "integer" and isinstance(instance, int) and not isinstance(instance, bool))
-                 or (t == "number" and isinstance(instance, int | float)
-                     and not isinstance(instance, bool))
-                 or (t in _TYPES and isinstance(instance, _TYPES[t])) for t in types)
-        if not ok:
-            return [f"{path}: {instance!r} is not {types}"]
-    if "const" in node and instance != node["const"]:
-        out.append(f"{path}: {instance!r} != {node['const']!r}")
-    if "enum" in node and instance not in node["enum"]:
-        out.append(f"{path}: {instance!r} not in {node['enum']}")
-    if "minimum" in node and isinstance(instance, int | float) and instance < node["minimum"]:
-        out.append(f"{path}: {instance} < {node['minimum']}")
-    if "minLength" in node and isinstance(instance, str) and len(instance) < node["minLength"]:
-        out.append(f"{path}: shorter than {node['minLength']}")
-    if isinstance(instance, dict):
-        out += [f"{path}: {key} is required" for key in node.get("required", ())
-                if key not in instance]
-        props = node.get("properties", {})
-        for key, value in instance.items():
-            sub = props.get(key, node.get("additionalProperties", True))
-            out += errors(value, sub, root, f"{path}.{key}")
-    if isinstance(instance, list) and "items" in node:
-        for i, value in enumerate(instance):
-            out += errors(value, node["items"], root, f"{path}[{i}]")
-    for sub in node.get("allOf", ()):
-        out += errors(instance, sub, root, path)
-    if "if" in node:
-        branch = "then" if not errors(instance, node["if"], root, path) else "else"
-        if branch in node:
-            out += errors(instance, node[branch], root, path)
-    return out
-
-
-def check(kind: str, payload: dict) -> None:
-    root = schema(kind)
-    problems = errors(payload, root, root)
-    assert not problems, f"{kind} payload {payload} breaks its schema: {problems}"
-
-
 # -- settings -------------------------------------------------------------------------------------
 
-def test_settings_parse_urls_and_name_the_bad_setting(tmp_path: Path) -> None:
+def test_settings_give_host_port_and_topics_and_unreadable_files_fail_at_open(
+        tmp_path: Path) -> None:
+    """The settings are checked by the config (tests/test_config.py); the publisher reads
+    them, and refuses a file it cannot read when it opens."""
     s = settings("mqtt://broker.local")
     assert (s.host, s.port, s.tls) == ("broker.local", 1883, False)
     s = settings("mqtts://127.0.0.1")
     assert (s.host, s.port, s.tls) == ("127.0.0.1", 8883, True)
     assert settings("mqtts://[::1]:9999").port == 9999
     assert settings("mqtt://h:1").topic("state") == "edged/v1/g/d/state"
-    bad = [
-        ({"url": "http://h:1"}, "url"),
-        ({"url": "mqtt://user:secret@h:1"}, "url"),
-        ({"url": "mqtt://h:99999"}, "url"),
-        ({"url": "mqtt://"}, "url"),
-        ({"url": "mqtt://h:1/path"}, "url"),
-        ({"group": "a/b"}, "group"),
-        ({"device_id": "+"}, "device_id"),
-        ({"device_id": ""}, "device_id"),
-        ({"url": "mqtt://h:1", "ca_file": Path("ca.pem")}, "url"),
-        ({"url": "mqtts://h:1", "cert_file": Path("c.pem")}, "key_file"),
-        ({"password_file": Path("pw")}, "username"),
-        ({"keepalive_s": 0}, "keepalive_s"),
-        ({"telemetry_expiry_s": -1}, "telemetry_expiry_s"),
-        ({"protocol": "4"}, "protocol"),
-    ]
-    for overrides, setting in bad:
-        kw = {"url": "mqtt://h:1", "group": "g", "device_id": "d", **overrides}
-        with pytest.raises(SettingsError) as err:
-            MqttSettings(**kw)
-        assert err.value.setting == setting, overrides
-        assert "secret" not in str(err.value)
     with pytest.raises(SettingsError, match="ca_file: cannot read"):
         Publisher(settings("mqtts://h:1", ca_file=tmp_path / "missing.pem"),
                   Spool(tmp_path / "s.sqlite"), tmp_path)
@@ -262,6 +171,7 @@ def test_payloads_cannot_set_what_the_publisher_writes(tmp_path: Path) -> None:
 
 # -- state: birth, clean stop, Will ---------------------------------------------------------------
 
+@pytest.mark.needs_broker
 def test_birth_is_retained_and_a_clean_stop_publishes_offline(tmp_path: Path,
                                                               broker: Broker) -> None:
     p = publisher(tmp_path, broker.url)
@@ -298,6 +208,7 @@ def test_birth_is_retained_and_a_clean_stop_publishes_offline(tmp_path: Path,
     p2.stop(5)
 
 
+@pytest.mark.needs_broker
 def test_kill_9_makes_the_broker_publish_the_will_with_the_births_bdseq(
         tmp_path: Path, broker: Broker) -> None:
     (tmp_path / "mqtt-bdseq").write_text("41\n")  # a daemon that has connected before
@@ -330,6 +241,7 @@ def test_kill_9_makes_the_broker_publish_the_will_with_the_births_bdseq(
 # -- store-and-forward ----------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.needs_broker
 def test_broker_outage_every_message_arrives_in_order(tmp_path: Path) -> None:
     """Telemetry at 20 Hz while the broker is down for 6 s (the issue says 30 s; 6 s holds the
     same ~120 messages' worth of behaviour and keeps the suite short). The broker keeps the
@@ -400,6 +312,7 @@ def test_broker_outage_every_message_arrives_in_order(tmp_path: Path) -> None:
     assert p.stats()["replayed"] >= len(outage)
 
 
+@pytest.mark.needs_broker
 def test_spool_survives_kill_9_of_the_publisher(tmp_path: Path, broker: Broker) -> None:
     """Telemetry committed while the broker is unreachable, then kill -9: a new publisher on
     the same state dir sends all of it, marked historical."""
@@ -429,6 +342,7 @@ def test_spool_survives_kill_9_of_the_publisher(tmp_path: Path, broker: Broker) 
     assert all(t["historical"] is True for t in payloads)
 
 
+@pytest.mark.needs_broker
 def test_spool_bound_drops_the_oldest_and_reports_how_many(tmp_path: Path,
                                                            broker: Broker) -> None:
     p = publisher(tmp_path, broker.url, spool_bytes=2000)
@@ -453,6 +367,7 @@ def test_spool_bound_drops_the_oldest_and_reports_how_many(tmp_path: Path,
     check("event", event)
 
 
+@pytest.mark.needs_broker
 def test_a_backlog_larger_than_the_brokers_receive_maximum_is_sent_in_order(
         tmp_path: Path, broker: Broker) -> None:
     """Mosquitto allows 20 unacknowledged QoS 1 messages per client (Receive Maximum); 1,000
@@ -477,6 +392,7 @@ def test_a_backlog_larger_than_the_brokers_receive_maximum_is_sent_in_order(
 
 # -- TLS and credentials --------------------------------------------------------------------------
 
+@pytest.mark.needs_broker
 def test_tls_client_certificate_and_password_file(tmp_path: Path, certs: Certs,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     secret = "s3cret-Pa55word"
@@ -517,6 +433,8 @@ def test_tls_client_certificate_and_password_file(tmp_path: Path, certs: Certs,
         assert secret not in text
 
 
+@pytest.mark.needs_broker
+@pytest.mark.timing
 def test_tls_with_the_wrong_ca_fails_with_the_reason_not_a_crash(
         tmp_path: Path, certs: Certs, caplog: pytest.LogCaptureFixture) -> None:
     with Broker(tmp_path / "broker", certs=certs) as broker:
@@ -531,11 +449,12 @@ def test_tls_with_the_wrong_ca_fails_with_the_reason_not_a_crash(
         assert p.spool.stats()["count"] == 1
         t = time.monotonic()
         assert p.stop(5) is False  # never connected: nothing to acknowledge
-        assert time.monotonic() - t < 2
+        assert time.monotonic() - t < 4  # not the 5 s timeout (loose: a loaded CI machine)
 
 
 # -- commands -------------------------------------------------------------------------------------
 
+@pytest.mark.needs_broker
 def test_commands_are_validated_and_answered(tmp_path: Path, broker: Broker) -> None:
     p = publisher(tmp_path, broker.url)
     audits: list[dict] = []
@@ -591,6 +510,7 @@ def test_commands_are_validated_and_answered(tmp_path: Path, broker: Broker) -> 
     assert sub_once(broker.port, BASE + "audit")[0]["failed"] == 1  # retained
 
 
+@pytest.mark.needs_broker
 def test_audit_command_flood_is_rate_limited(tmp_path: Path, broker: Broker) -> None:
     """cmd/audit at 20/s: one audit runs; the rest are refused, with at most one
     command_rejected event a second (each is a spooled, fsync'd write), all counted."""
@@ -625,6 +545,7 @@ def test_audit_command_flood_is_rate_limited(tmp_path: Path, broker: Broker) -> 
 
 # -- protocol versions ----------------------------------------------------------------------------
 
+@pytest.mark.needs_broker
 def test_mqtt_311_configured(tmp_path: Path, broker: Broker) -> None:
     watcher = SubProcess(broker.port, BASE + "telemetry", tmp_path / "sub.out").ready()
     p = publisher(tmp_path, broker.url, protocol="3.1.1")
@@ -694,6 +615,7 @@ class V311Only:
         self.server.close()
 
 
+@pytest.mark.needs_broker
 def test_falls_back_to_311_when_the_broker_refuses_mqtt5(tmp_path: Path,
                                                          broker: Broker) -> None:
     proxy = V311Only(broker.port)
@@ -749,26 +671,22 @@ def test_schemas_are_json_and_reject_what_they_should() -> None:
         assert re.fullmatch(rf".*/{name}\.schema\.json", root["$id"])
     ok = {"ts": 1.0, "seq": 1, "bdSeq": 0}
     tel = {**ok, "models": {}, "thermal": {}, "system": {}}
-    assert not errors(tel, schema("telemetry"), schema("telemetry"))
-    assert errors({k: v for k, v in tel.items() if k != "seq"}, schema("telemetry"),
-                  schema("telemetry"))  # seq missing
+    assert not errors(tel, "telemetry")
+    assert errors({k: v for k, v in tel.items() if k != "seq"}, "telemetry")  # seq missing
     for key in ("thermal", "system"):
-        assert errors({k: v for k, v in tel.items() if k != key}, schema("telemetry"),
-                      schema("telemetry"))
+        assert errors({k: v for k, v in tel.items() if k != key}, "telemetry")
     model = {"count": 1, "p50_ms": 1.0, "p99_ms": 1.0, "p999_ms": 1.0, "max_ms": 1.0,
              "jitter_ms": 0.0, "outliers": {"throttle": 1}}
-    assert errors({**tel, "models": {"m": model}}, schema("telemetry"),
-                  schema("telemetry"))  # since_start missing
+    assert errors({**tel, "models": {"m": model}}, "telemetry")  # since_start missing
     model["since_start"] = {k: v for k, v in model.items() if k != "outliers"}
-    assert not errors({**tel, "models": {"m": model}}, schema("telemetry"),
-                      schema("telemetry"))
+    assert not errors({**tel, "models": {"m": model}}, "telemetry")
     bad_rate = {**tel, "system": {"intrusions": {"span_s": 1.0, "scope": "all", "workers": {},
                                                  "cpus": {"0": {"interrupts_per_s": -1,
                                                                 "softirqs_per_s": 0}}}}}
-    assert errors(bad_rate, schema("telemetry"), schema("telemetry"))
+    assert errors(bad_rate, "telemetry")
     bad_model = {**ok, "models": {"m": {"count": 1, "p50_ms": "fast"}}}
-    assert errors(bad_model, schema("telemetry"), schema("telemetry"))
-    assert errors({**ok, "kind": "spool_dropped"}, schema("event"), schema("event"))  # count
-    assert errors({**ok, "online": False, "models": {}}, schema("state"), schema("state"))
-    assert not errors({"id": "x"}, schema("command"), schema("command"))
-    assert errors([], schema("command"), schema("command"))
+    assert errors(bad_model, "telemetry")
+    assert errors({**ok, "kind": "spool_dropped"}, "event")  # count
+    assert errors({**ok, "online": False, "models": {}}, "state")
+    assert not errors({"id": "x"}, "command")
+    assert errors([], "command")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tritonclient.http._utils import _get_inference_request
 
-from backends.base import TensorSpec
+from backends.tensors import TensorSpec
 from edged.serving.protocol import (
     DATATYPES,
     InferRequest,

@@ -7,9 +7,6 @@ import json
 import os
 from pathlib import Path
 
-from roots import board_root, tree_state
-from test_services import EXPECTED_TRIM, add_units
-
 from edged.cli.main import main
 from sysconf.cpusets import CpuPlan
 from sysconf.provision import (
@@ -20,27 +17,11 @@ from sysconf.provision import (
     sysctl_conf,
 )
 from sysconf.sysroot import SysRoot
+from tests.support.images import PROVISION, image
+from tests.support.roots import tree_state
+from tests.support.systemctl import EXPECTED_TRIM
 
-GRUB = ('GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || '
-        'echo Debian`\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n')
 CPUS = CpuPlan((3,), (0, 1, 2), "configured")
-PROVISION = ["provision", "--inference-cpus", "3", "--json"]
-
-
-def image(tmp_path: Path, boot: str = "grub") -> Path:
-    """board_root + Debian-like units (enabled timers) + boot config + the folders a Debian
-    image has (sysctl.d, system.conf.d, multi-user.target.wants)."""
-    root = add_units(board_root(tmp_path / "root", cpus=4))
-    if boot == "grub":
-        (root / "etc/default/grub").write_text(GRUB)
-    else:
-        (root / "boot/firmware").mkdir(parents=True)
-        (root / "boot/firmware/cmdline.txt").write_text(
-            "console=serial0,115200 root=PARTUUID=4e639091-02 rootfstype=ext4 rootwait\n")
-    (root / "etc/sysctl.d").mkdir()
-    (root / "etc/systemd/system.conf.d").mkdir()
-    (root / WANTS.lstrip("/")).mkdir(exist_ok=True)
-    return root
 
 
 def provision(root: Path, capsys) -> dict:

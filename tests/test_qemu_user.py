@@ -20,6 +20,8 @@ import pytest
 from scripts.qemu_user import AVX2_CPU, _ready, qemu_binary
 
 REPO = Path(__file__).resolve().parent.parent
+# The emulator is fetched into the test-data cache (scripts/qemu_user.py) and runs Python.
+pytestmark = [pytest.mark.integration, pytest.mark.needs_data]
 
 # Run under emulation: numpy's view of CPUID, and the flags /proc/cpuinfo shows.
 PROBE = """

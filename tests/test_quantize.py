@@ -12,26 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.base import TensorSpec
 from backends.model_info import inspect_model
+from backends.tensors import TensorSpec
 from edged.cli.main import main
 from edged.cli.quantize import format_report
-from edged.quantize.calibration import (
-    CalibrationError,
-    Preprocess,
-    Samples,
-    load_samples,
-    narrowness_warnings,
-)
-from edged.quantize.quantizer import (
-    Accuracy,
-    Attempt,
-    Recipe,
-    Settings,
-    _decide,
-    input_specs,
-    quantize_model,
-)
+from edged.quantize.calibration import Samples, load_samples, narrowness_warnings
+from edged.quantize.calibration_spec import CalibrationError, Preprocess
+from edged.quantize.quantizer import Settings, input_specs, quantize_model
+from edged.quantize.recipes import Recipe
+from edged.quantize.report import Attempt, decide
+from edged.selection.accuracy import Accuracy
 from edged.selection.inputs import rendered_text_lines, rendered_text_pages
 
 CLS_SPEC = [TensorSpec("x", "float32", (None, 3, None, None))]
@@ -218,19 +208,19 @@ def test_fp32_kept_when_int8_does_not_win(models_dir, tmp_path):
     slow = Attempt("onnxruntime", Recipe("full", None), int8, acc, True, "", 0.99, 1.01)
     calib = Samples([{}] * 30, ["s"] * 30, "npz")
     out = tmp_path / "out.onnx"
-    report = _decide(model, out, [slow], {"onnxruntime": 1.0}, calib, calib, QUICK, [])
+    report = decide(model, out, [slow], {"onnxruntime": 1.0}, calib, calib, QUICK, [])
     assert report.recipe == "fp32" and not report.int8 and report.speedup is None
     assert "no INT8 recipe beats FP32 (best: full on onnxruntime, 1.01x)" in report.reason
     assert out.read_bytes() == model.read_bytes()
 
     bad = Attempt("onnxruntime", Recipe("conv-matmul", ("Conv",)), int8,
                   Accuracy(0.875, 0.95, 0.9, 0.3, 0.875, "top-1 agreement"), False)
-    report = _decide(model, out, [bad], {"onnxruntime": 1.0}, calib, calib, QUICK, [])
+    report = decide(model, out, [bad], {"onnxruntime": 1.0}, calib, calib, QUICK, [])
     assert "no INT8 recipe passes the accuracy gate" in report.reason
     assert "top-1 agreement 0.875" in report.reason
 
     fast = replace(slow, p50_ms=0.5, speedup=2.0)
-    report = _decide(model, out, [slow, fast, bad], {"onnxruntime": 1.0}, calib, calib,
+    report = decide(model, out, [slow, fast, bad], {"onnxruntime": 1.0}, calib, calib,
                      QUICK, ["w"])
     assert report.int8 and report.speedup == 2.0 and report.warnings == ["w"]
     assert out.read_bytes() == int8.read_bytes()

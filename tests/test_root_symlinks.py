@@ -17,13 +17,13 @@ import random
 from pathlib import Path
 
 import pytest
-from roots import board_root, tree_state
-from test_provision import GRUB, PROVISION, image
 
 from edged.cli.main import main
 from sysconf.changes import JOURNAL_NAME, Change, Journal, Journals
 from sysconf.confined import ConfinedRoot, PathRefused
 from sysconf.sysroot import SysRoot
+from tests.support.images import GRUB, PROVISION, image
+from tests.support.roots import board_root, tree_state
 
 STATE = "var/lib/edged"
 SYSCTL = "proc/sys/kernel/timer_migration"

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 import edged.selection.select as selection_mod
-from backends.base import InputError, ModelError
-from edged.selection.select import Policy, SelectionError, select
+from backends.errors import InputError, ModelError
+from edged.selection.decision import cache_key
+from edged.selection.explain import TIE_FRACTION
+from edged.selection.policy import Policy
+from edged.selection.select import SelectionError, select
 from sysconf.hardware import probe
 
 FAST = {"runs": 12, "warmup": 2, "time_budget_s": 2.0, "threads": 1}
@@ -41,7 +44,7 @@ def test_selects_and_caches(hw, models_dir: Path, tmp_path: Path, monkeypatch) -
         assert ev.accuracy.score >= 0.99 and ev.latency is not None and ev.latency.runs >= 10
     # The pick has the lowest p99 up to the stated tie band.
     best = min(e.latency.p99_ms for e in passed)
-    assert sel.latency.p99_ms <= best * (1 + selection_mod.TIE_FRACTION)
+    assert sel.latency.p99_ms <= best * (1 + TIE_FRACTION)
     [cache_file] = (tmp_path / "selection").glob("*.json")
     stored = json.loads(cache_file.read_text())
     assert stored["model_sha256"] == first.model.sha256
@@ -103,7 +106,7 @@ def test_family_is_judged_against_the_original(hw, models_dir: Path, tmp_path: P
     assert summary["variant"] == result.selected.variant and summary["against_original"]
     # The pick: lowest p99 up to the tie band, where the lower precision wins.
     best = min(e.latency.p99_ms for e in measured)
-    assert result.selected.latency.p99_ms <= best * (1 + selection_mod.TIE_FRACTION)
+    assert result.selected.latency.p99_ms <= best * (1 + TIE_FRACTION)
 
     int8_only = select(original, hw, Policy(shapes=CLS, precision="int8", **FAST), tmp_path,
                        variants=[variant])
@@ -195,15 +198,15 @@ def test_cache_key_follows_settings(hw, models_dir: Path) -> None:
     from backends.model_info import inspect_model
 
     model = inspect_model(models_dir / "ppocr_cls_int8.onnx")
-    base = selection_mod.cache_key(model, hw, Policy(shapes=CLS))
-    assert base == selection_mod.cache_key(model, hw, Policy(shapes=CLS))
-    assert base != selection_mod.cache_key(model, hw, Policy(shapes=CLS, threads=1))
-    assert base != selection_mod.cache_key(model, hw, Policy(shapes={"x": (1, 3, 48, 96)}))
+    base = cache_key(model, hw, Policy(shapes=CLS))
+    assert base == cache_key(model, hw, Policy(shapes=CLS))
+    assert base != cache_key(model, hw, Policy(shapes=CLS, threads=1))
+    assert base != cache_key(model, hw, Policy(shapes={"x": (1, 3, 48, 96)}))
     other = inspect_model(models_dir / "ppocr_cls.onnx")
-    assert base != selection_mod.cache_key(other, hw, Policy(shapes=CLS))
-    assert base != selection_mod.cache_key(model, hw, Policy(shapes=CLS, max_drop=0.05))
-    assert base != selection_mod.cache_key(model, hw, Policy(shapes=CLS, precision="int8"))
-    assert selection_mod.cache_key(other, hw, Policy(shapes=CLS)) != selection_mod.cache_key(
+    assert base != cache_key(other, hw, Policy(shapes=CLS))
+    assert base != cache_key(model, hw, Policy(shapes=CLS, max_drop=0.05))
+    assert base != cache_key(model, hw, Policy(shapes=CLS, precision="int8"))
+    assert cache_key(other, hw, Policy(shapes=CLS)) != cache_key(
         other, hw, Policy(shapes=CLS), [model])
 
 
@@ -246,6 +249,7 @@ def test_nothing_passes_nothing_cached(hw, models_dir: Path, tmp_path: Path) -> 
     assert sorted(state.rglob("*")) == before
 
 
+@pytest.mark.integration
 def test_cached_decision_imports_only_its_runtime(hw, models_dir: Path, tmp_path: Path
                                                   ) -> None:
     """A restart with a cached decision: select() reads it and load_candidate() asks only
@@ -257,7 +261,8 @@ def test_cached_decision_imports_only_its_runtime(hw, models_dir: Path, tmp_path
     code = textwrap.dedent(f"""
         import sys
         from backends import LoadOptions, get_backend
-        from edged.selection.select import Policy, select
+        from edged.selection.policy import Policy
+        from edged.selection.select import select
         from sysconf.hardware import probe
         hw = probe()
         sel = select({str(model)!r}, hw, Policy(**{policy!r}), Path({str(tmp_path)!r}))
@@ -292,7 +297,8 @@ def test_bad_inputs(hw, models_dir: Path, tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("*.json"))
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.needs_cpus(2)
+@pytest.mark.integration
 def test_failover_loads_on_the_model_cpus(hw, models_dir: Path, tmp_path: Path) -> None:
     """The fail-over load runs on whichever thread noticed the failure (supervisor,
     hot-plug: housekeeping cores); the runtime's threads it creates must still land on the
@@ -306,7 +312,8 @@ def test_failover_loads_on_the_model_cpus(hw, models_dir: Path, tmp_path: Path) 
         from pathlib import Path
         from backends import LoadOptions
         from edged.selection.bench import pinned_thread
-        from edged.selection.select import Policy, select
+        from edged.selection.policy import Policy
+        from edged.selection.select import select
         from edged.serving.models import _fallback_provider
         from sysconf.hardware import probe
 

@@ -15,9 +15,20 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
-from daemon_harness import Daemon, write_config
+
+from tests.support.daemon_harness import (
+    CLS_BODY,
+    Daemon,
+    PeakRss,
+    binary_request,
+    get,
+    post,
+    wait_idle,
+    write_config,
+)
+
+pytestmark = pytest.mark.integration  # the real daemon
 
 DET = 960  # det input side: 1x3x960x960 float32 = 10.5 MiB per request body
 MAX_BODY = 16 * 1024 * 1024
@@ -52,67 +63,7 @@ def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
     assert d.stop() == 0, d.log_text()
 
 
-def binary_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
-    data = x.tobytes()
-    head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
-                                   "parameters": {"binary_data_size": len(data)}}]}).encode()
-    return head + data, {"Inference-Header-Content-Length": str(len(head))}
-
-
 DET_BODY = binary_request(np.zeros((1, 3, DET, DET), np.float32))
-CLS_BODY = binary_request(np.zeros((1, 3, 48, 192), np.float32))
-
-
-def post(conn: http.client.HTTPConnection, model: str, request: tuple[bytes, dict[str, str]]
-         ) -> tuple[int, bytes]:
-    body, headers = request
-    conn.request("POST", f"/v2/models/{model}/infer", body=body, headers=headers)
-    response = conn.getresponse()
-    return response.status, response.read()
-
-
-def get(daemon: Daemon, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(daemon.address, timeout=30)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
-def wait_idle(daemon: Daemon, model: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = json.loads(get(daemon, "/edged/status")[1])
-        [entry] = [m for m in status["models"] if m["name"] == model]
-        if entry["queue_depth"] == 0:
-            return
-        assert time.monotonic() < deadline, status
-        time.sleep(0.05)
-
-
-class PeakRss:
-    """The daemon's peak RSS while the block runs, sampled every 2 ms (psutil)."""
-
-    def __init__(self, pid: int) -> None:
-        self.proc = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample)
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.002)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def run_threads(target, n: int) -> None:

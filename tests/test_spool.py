@@ -258,6 +258,7 @@ def test_newer_spool_format_is_refused(tmp_path: Path) -> None:
     refused(path, "newer than this edged")
 
 
+@pytest.mark.slow
 def test_corrupt_spool_is_refused_at_open(tmp_path: Path) -> None:
     path = tmp_path / "spool.db"
     with Spool(path) as spool:
@@ -292,6 +293,7 @@ while True:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_after", [150, 700, 1600])
+@pytest.mark.integration
 def test_kill_9_loses_no_appended_item(tmp_path: Path, kill_after: int) -> None:
     """A process appends (and acks a third) as fast as it can and is SIGKILLed mid-way:
     every id it printed after `append` returned is there, every id it acked is gone."""
@@ -338,6 +340,7 @@ def test_kill_9_loses_no_appended_item(tmp_path: Path, kill_after: int) -> None:
         assert next_id > max(present, default=0) and next_id > appended[-1]
 
 
+@pytest.mark.slow
 def test_one_thread_appends_while_another_drains(tmp_path: Path) -> None:
     total = 2000
     spool = Spool(tmp_path / "spool.db")

@@ -290,6 +290,7 @@ def test_directories_match_daemon_defaults() -> None:
     assert single(svc, "RuntimeDirectoryMode") == "0750"
 
 
+@pytest.mark.integration
 def test_exec_start_flags_are_edged_flags(tmp_path: Path) -> None:
     """ExecStart's flags are ones the real `edged --help` lists, and `edged` accepts the line as
     written (with the config path pointed at a temporary file) via --check-config."""
@@ -411,7 +412,7 @@ def test_tune_unit_runs_before_irqbalance_and_restarts_it() -> None:
 def test_tune_journal_is_root_only_and_not_the_daemons() -> None:
     """The unprivileged daemon owns /var/lib/edged; root's revert must not read a journal
     there. The unit's state dir is the one edgectl uses on the live system."""
-    from edged.cli.main import LIVE_TUNE_STATE_DIR
+    from edged.cli.tuning import LIVE_TUNE_STATE_DIR
 
     svc = parse_unit(TUNE.read_text())["Service"]
     assert single(svc, "StateDirectory") == "edged-tune"

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.selection.select import Policy
+from edged.selection.policy import Policy
 from edged.serving.engine import BatchingConfig
 from edged.serving.models import load_model
-from edged.telemetry.latency import CoreSampler
 from edged.telemetry.loop import IntruderWatch, TelemetryLoop
+from edged.telemetry.sampler import SAMPLER_HZ, CoreSampler
 from sysconf.hardware import probe
 
 CLS = {"x": (1, 3, 48, 192)}
@@ -56,7 +56,7 @@ def served(models_dir: Path, tmp_path: Path):
 def test_payload_per_interval(served) -> None:
     sink = Collect()
     loop = TelemetryLoop(0.3, lambda: {"cls": served}, sink,
-                         sampler=CoreSampler(rate_hz=20))
+                         sampler=CoreSampler(rate_hz=SAMPLER_HZ))
     loop.start()
     feeds = {"x": np.zeros((1, 3, 48, 192), np.float32)}
     deadline = time.monotonic() + 1.0
@@ -108,7 +108,7 @@ def test_intrusion_rates_on_a_pinned_core_with_a_competing_thread(
     model = _load(models_dir, tmp_path, cpus=(cpu,))
     sink = Collect()
     loop = TelemetryLoop(0.4, lambda: {"cls": model}, sink,
-                         sampler=CoreSampler([cpu], rate_hz=20))
+                         sampler=CoreSampler([cpu], rate_hz=SAMPLER_HZ))
     stop = threading.Event()
     data = b"x" * (1 << 18)
 
@@ -145,7 +145,7 @@ def test_intrusion_rates_on_a_pinned_core_with_a_competing_thread(
 def test_the_sampler_sleeps_while_no_request_is_in_flight(served) -> None:
     """Issue 16: the counter sampler ran at 20 Hz with nothing to attribute. Now it wakes for
     a batch, samples while requests come, and parks two periods after the last one."""
-    sampler = CoreSampler(rate_hz=20)
+    sampler = CoreSampler(rate_hz=SAMPLER_HZ)
     loop = TelemetryLoop(0.5, lambda: {"cls": served}, Collect(), sampler=sampler)
     loop.start()
     try:
@@ -194,8 +194,8 @@ def _client(model, seconds: float, hz: float = 50.0) -> int:
     return sent
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
-                    reason="needs 2 CPUs: one for the model and its hog, one for the client")
+@pytest.mark.needs_cpus(2, reason="one for the model and its hog, one for the client")
+@pytest.mark.timing
 def test_a_hog_on_the_inference_core_is_named_as_preemption_and_intruder(
         models_dir: Path, tmp_path: Path) -> None:
     """The issue's experiment, with a Python busy loop for stress-ng: a process pinned to the
@@ -204,14 +204,14 @@ def test_a_hog_on_the_inference_core_is_named_as_preemption_and_intruder(
     must be "preempted", not the timer tick's irq/softirq, and the hog must be named.
     Windows of 2.5 s at 100 Hz: outliers are the requests above a window's own p99, so a
     window needs well over 100 requests to have any."""
-    from test_mqtt import check
+    from tests.support.schema import check
 
     cpus = sorted(os.sched_getaffinity(0))
     cpu, other = cpus[-1], cpus[0]
     model = _load(models_dir, tmp_path, cpus=(cpu,))
     sink = Collect()
     loop = TelemetryLoop(2.5, lambda: {"cls": model}, sink,
-                         sampler=CoreSampler([cpu], rate_hz=20, cpu_affinity={other}),
+                         sampler=CoreSampler([cpu], rate_hz=SAMPLER_HZ, cpu_affinity={other}),
                          intruder_watch=IntruderWatch(every_s=2.0))  # each window may scan
     os.sched_setaffinity(0, {other})  # this thread is the client: off the model's core
     hog = None

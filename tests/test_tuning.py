@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from roots import tree_state
 
 from sysconf.changes import Change, Journal, write_file
 from sysconf.sysroot import SysRoot
@@ -30,6 +29,7 @@ from sysconf.tuning import (
     plan_rt_throttling,
     set_params,
 )
+from tests.support.roots import tree_state
 
 STATE = "var/lib/edged"
 
@@ -440,17 +440,18 @@ def no_writes(monkeypatch):
 
 
 def live_plan() -> Plan:
+    """The last CPU isolated: for tests marked needs_cpus(2)."""
     count = os.cpu_count() or 1
-    if count < 2:
-        pytest.skip("needs two CPUs")
     return Plan((count - 1,), tuple(range(count - 1)))
 
 
+@pytest.mark.needs_cpus(2)
 def test_live_boot_cmdline_needs_the_explicit_flag(no_writes) -> None:
     assert SysRoot().is_live
     assert plan_boot_cmdline(SysRoot(), live_plan()) == []
 
 
+@pytest.mark.needs_cpus(2)
 def test_live_kernel_noise_plan_only_reads(no_writes) -> None:
     changes = plan_kernel_noise(SysRoot(), live_plan())
     assert all(isinstance(c, Change) and c.reason for c in changes)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_harness import Daemon, write_config
 
-from edged.quantize.calibration import CalibrationError, Preprocess
-from edged.quantize.variants import CalibrationSpec, cached_variants, load_data, make_variants
+from edged.quantize.calibration_spec import CalibrationError, CalibrationSpec, Preprocess
+from edged.quantize.variants import cached_variants, load_data, make_variants
 from edged.selection.inputs import rendered_text_lines
+from tests.support.daemon_harness import Daemon, write_config
 
 CLS_SHAPE = {"x": (1, 3, 48, 192)}
 CLS_PRE = Preprocess(mean=(0.5,), std=(0.5,))
@@ -75,6 +75,7 @@ def test_variants_are_made_once_per_cpu_backend_and_cached(models_dir: Path, cls
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_daemon_makes_variants_in_the_background(models_dir: Path, cls_images: Path,
                                                  tmp_path: Path, capsys) -> None:
     """Ready with the original at once; the job runs in a child at idle priority on the

@@ -14,13 +14,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_INT8, EXIT_FP32_KEPT, EXIT_BAD_INPUT = 0, 1, 2
+from edged.cli.common import (
+    Progress,
+    UsageError,
+    add_preprocess_arguments,
+    check_threads,
+    or_dash,
+    parse_cpus,
+    preprocess_of,
+)
+from edged.quantize.defaults import DEFAULT_MAX_DROP, EVAL_SPLIT, METHODS, TARGETS
+
+ORDER = 100  # place in `edgectl --help`
+EXIT_INT8, EXIT_FP32_KEPT = 0, 1
 
 
-def add_quantize_parser(sub) -> None:
-    from edged.quantize.calibration import EVAL_SPLIT
-    from edged.quantize.quantizer import DEFAULT_MAX_DROP, METHODS, TARGETS
-
+def register(sub) -> None:
     q = sub.add_parser(
         "quantize", help="FP32 ONNX -> INT8 QDQ: calibrated, accuracy-gated, the fastest "
                          "recipe on the target backend measured")
@@ -46,47 +55,21 @@ def add_quantize_parser(sub) -> None:
     q.add_argument("--time-budget", type=float, default=20.0, metavar="S",
                    help="seconds of benchmarking per target (default 20)")
     q.add_argument("--json", action="store_true", help="machine-readable report")
-
-
-def add_preprocess_arguments(parser) -> None:
-    """How images become model inputs, for every command that reads calibration images."""
-    pre = parser.add_argument_group("image preprocessing (folders of images)")
-    pre.add_argument("--resize", default=None, metavar="HxW",
-                     help="resize every image (default: the model's fixed size, else the "
-                          "image's own size rounded down to --multiple)")
-    pre.add_argument("--multiple", type=int, default=32,
-                     help="size multiple for models with dynamic height/width (default 32)")
-    pre.add_argument("--color", default="rgb", choices=("rgb", "bgr", "gray"))
-    pre.add_argument("--scale", type=float, default=1.0 / 255.0,
-                     help="pixel multiplier before mean/std (default 1/255)")
-    pre.add_argument("--mean", default="0", help="per-channel mean, e.g. 0.485,0.456,0.406")
-    pre.add_argument("--std", default="1", help="per-channel std, e.g. 0.229,0.224,0.225")
-    pre.add_argument("--layout", default=None, choices=("nchw", "nhwc"),
-                     help="default: from the model's input shape")
-
-
-def preprocess_of(args):
-    """The `Preprocess` the arguments of `add_preprocess_arguments` describe."""
-    from edged.quantize.calibration import Preprocess, parse_floats, parse_size
-
-    return Preprocess(size=parse_size(args.resize) if args.resize else None, color=args.color,
-                      scale=args.scale, mean=parse_floats(args.mean, "--mean"),
-                      std=parse_floats(args.std, "--std"), layout=args.layout,
-                      multiple=args.multiple)
+    q.set_defaults(func=cmd_quantize)
 
 
 def cmd_quantize(args) -> int:
     from backends import ModelError
-    from edged.cli.main import UsageError, _Progress, parse_cpus
-    from edged.quantize.calibration import CalibrationError, calibration_and_evaluation
-    from edged.quantize.quantizer import QuantizeError, Settings, input_specs, quantize_model
+    from edged.quantize.calibration import calibration_and_evaluation
+    from edged.quantize.calibration_spec import CalibrationError
+    from edged.quantize.quantizer import Settings, input_specs, quantize_model
+    from edged.quantize.recipes import QuantizeError
 
     if not 0.0 <= args.max_drop < 1.0:
         raise UsageError(f"--max-drop {args.max_drop}: must be at least 0 and below 1")
     if args.runs < 1 or args.time_budget <= 0:
         raise UsageError("--runs must be at least 1 and --time-budget above 0")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError("--threads must be at least 1")
+    check_threads(args)
     if args.output.resolve() == args.model.resolve():
         raise UsageError(f"--output {args.output} is the input model; write elsewhere")
     if args.output.is_dir():  # said now, not after minutes of quantizing
@@ -94,7 +77,7 @@ def cmd_quantize(args) -> int:
                          f"(e.g. {args.output / (args.model.stem + '_int8.onnx')})")
     if args.output.parent.exists() and not os.access(args.output.parent, os.W_OK):
         raise UsageError(f"--output {args.output}: cannot write in {args.output.parent}")
-    targets = ("onnxruntime", "openvino") if args.target == "auto" else (args.target,)
+    targets = TARGETS if args.target == "auto" else (args.target,)
     try:
         calibration, evaluation, warnings = calibration_and_evaluation(
             args.calibration, args.eval, input_specs(args.model), preprocess_of(args))
@@ -107,7 +90,7 @@ def cmd_quantize(args) -> int:
     # "Axis 1 is out-of-range for weight ..." for scalar weights it then quantizes
     # per-tensor); the report carries what matters, so only errors get through.
     logging.getLogger().setLevel(logging.ERROR)
-    progress = _Progress(not args.json)
+    progress = Progress(not args.json)
     settings = Settings(targets=targets, method=args.method, max_drop=args.max_drop,
                         threads=args.threads, cpus=parse_cpus(args.cpus), runs=args.runs,
                         time_budget_s=args.time_budget)
@@ -127,10 +110,6 @@ def cmd_quantize(args) -> int:
     return EXIT_INT8 if report.int8 else EXIT_FP32_KEPT
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def format_report(report: dict[str, Any]) -> str:
     samples = report["samples"]
     lines = [f"samples: {samples['calibration']} calibration, {samples['evaluation']} "
@@ -144,11 +123,11 @@ def format_report(report: dict[str, Any]) -> str:
     for a in report["attempts"]:
         acc = a["accuracy"] or {}
         gate = "pass" if a["passed"] else ("error" if a["error"] else "fail")
-        lines.append(f"{a['target']:<12} {a['recipe']:<24} {_fmt(acc.get('cosine'), '.4f'):>8} "
-                     f"{_fmt(acc.get('cosine_min'), '.4f'):>8} "
-                     f"{_fmt(acc.get('max_abs'), '.3g'):>8} "
-                     f"{_fmt(acc.get('top1_agreement'), '.3f'):>6} {gate:>5} "
-                     f"{_fmt(a['p50_ms'], '.3f'):>8} {_fmt(a['speedup'], '.2f'):>7}")
+        lines.append(f"{a['target']:<12} {a['recipe']:<24} {or_dash(acc.get('cosine'), '.4f'):>8} "
+                     f"{or_dash(acc.get('cosine_min'), '.4f'):>8} "
+                     f"{or_dash(acc.get('max_abs'), '.3g'):>8} "
+                     f"{or_dash(acc.get('top1_agreement'), '.3f'):>6} {gate:>5} "
+                     f"{or_dash(a['p50_ms'], '.3f'):>8} {or_dash(a['speedup'], '.2f'):>7}")
         if a["error"]:
             lines.append(f"  {a['error']}")
     if report["recipe"] == "fp32":

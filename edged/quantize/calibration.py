@@ -22,47 +22,18 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.base import TensorSpec, format_shape
+from backends.tensors import TensorSpec, format_shape
+from edged.quantize.calibration_spec import CalibrationError, Preprocess
+from edged.quantize.defaults import EVAL_SPLIT
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"})
 RECOMMENDED_SAMPLES = 100
-EVAL_SPLIT = 0.2  # share of the calibration samples held out for the accuracy gate
 # Narrowness thresholds, on pixel values scaled to [0, 1] (images) or to the data set's own
 # value range (arrays): a spread of per-sample mean brightness under 0.15 and a ratio of the
 # highest to the lowest per-sample contrast (standard deviation) under 1.5 mean every sample
 # looks alike, and the ranges calibrated from them clip what production sends.
 MIN_BRIGHTNESS_SPREAD = 0.15
 MIN_CONTRAST_RATIO = 1.5
-
-
-class CalibrationError(ValueError):
-    """Calibration or evaluation data that cannot be used; says which file and why."""
-
-
-@dataclass(frozen=True)
-class Preprocess:
-    """How an image becomes a model input: resize to `size` (height, width) or, for models
-    with dynamic spatial dims and no size, keep the image's size rounded down to a multiple
-    of `multiple`; RGB/BGR/grey; pixel * scale, then (x - mean) / std per channel; layout
-    nchw/nhwc (None: from the model's input shape)."""
-
-    size: tuple[int, int] | None = None
-    color: str = "rgb"
-    scale: float = 1.0 / 255.0
-    mean: tuple[float, ...] = (0.0,)
-    std: tuple[float, ...] = (1.0,)
-    layout: str | None = None
-    multiple: int = 32
-
-    def __post_init__(self) -> None:
-        if self.color not in ("rgb", "bgr", "gray"):
-            raise CalibrationError(f"colour {self.color!r}: use rgb, bgr or gray")
-        if self.layout not in (None, "nchw", "nhwc"):
-            raise CalibrationError(f"layout {self.layout!r}: use nchw or nhwc")
-        if any(s == 0 for s in self.std):
-            raise CalibrationError(f"std {self.std}: a standard deviation of 0 divides by zero")
-        if self.multiple < 1:
-            raise CalibrationError(f"multiple {self.multiple}: must be 1 or more")
 
 
 @dataclass

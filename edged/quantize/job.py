@@ -15,8 +15,14 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edged.config import Config
+    from edged.selection.decision import Selection
+    from edged.serving.models import ServedModel
 
 log = logging.getLogger("edged.quantize.variants")
 
@@ -118,3 +124,36 @@ class VariantJob:
             peak = self.report.get("peak_rss_bytes") or 0
             log.info("model %s: variants done in %.1f s (peak %.0f MiB): %s", self.model,
                      self.duration_s, peak / 2**20, self.result)
+
+
+def start_variant_jobs(models: Mapping[str, ServedModel], config: Config, cpus: Sequence[int],
+                       on_made: Callable[[ServedModel, dict[str, Any]], str]) -> None:
+    """One background job per served model whose calibration data has no variants made
+    yet, its child on `cpus` (the housekeeping CPUs); `on_made(served, report)` swaps the
+    result in. Called after READY: readiness never waits for them."""
+    from edged.quantize.variants import background_command
+
+    for name, served in models.items():
+        if not served.variants_pending or served.job is not None:
+            continue
+        given = config.model(name).variants if config.model(name) else ()
+        command = background_command(served.original.path, given, served.calibration,
+                                     config.server.state_dir, served.policy, cpus)
+        served.job = VariantJob(name, command,
+                                lambda report, s=served: on_made(s, report))
+        served.job.start()  # this thread is on the housekeeping CPUs; the child too
+
+
+def stored_decision(served: ServedModel, report: dict[str, Any], state_dir: Path
+                    ) -> tuple[Selection, tuple[Path, ...]]:
+    """The decision a finished job stored under the served policy's key, and the variants
+    it made."""
+    from edged.selection.decision import load_cached
+    from edged.selection.select import family_of
+
+    variants = tuple(Path(v) for v in report["variants"])
+    family = family_of(served.original.path, variants)
+    selection = load_cached(state_dir, family, report["selection_key"])
+    if selection is None:
+        raise RuntimeError(f"no stored decision under {report['selection_key']}")
+    return selection, variants

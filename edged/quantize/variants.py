@@ -32,44 +32,23 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from backends.base import ModelError, TensorSpec
+from backends.errors import ModelError
 from backends.model_info import inspect_model
+from backends.tensors import TensorSpec
 from edged.quantize.calibration import (
-    CalibrationError,
-    Preprocess,
     Samples,
     calibration_and_evaluation,
     digest,
 )
+from edged.quantize.calibration_spec import CalibrationError, CalibrationSpec
 
 Progress = Callable[[str, int, int], None]
 VARIANTS_VERSION = 1
 CPU_TARGETS = ("onnxruntime", "openvino")  # the backends edged.quantize.quantizer can gate on
-
-
-@dataclass(frozen=True)
-class CalibrationSpec:
-    """Where the data is and how images become inputs (config `calibration`, `preprocess`;
-    CLI `--calibration`, `--eval` and the preprocessing flags)."""
-
-    data: Path
-    eval: Path | None = None
-    preprocess: Preprocess = field(default_factory=Preprocess)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"data": str(self.data), "eval": str(self.eval) if self.eval else None,
-                "preprocess": asdict(self.preprocess)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CalibrationSpec:
-        pre = {k: tuple(v) if isinstance(v, list) else v
-               for k, v in (data.get("preprocess") or {}).items()}
-        return cls(Path(data["data"]), Path(data["eval"]) if data.get("eval") else None,
-                   Preprocess(**pre))
 
 
 @dataclass
@@ -156,7 +135,7 @@ def _shapes(shapes: dict[str, tuple[int, ...]]) -> str:
 
 def variants_key(original: Path, calibration: Samples, evaluation: Samples, hw,
                  settings) -> str:
-    from edged.selection.select import runtime_versions
+    from edged.selection.candidates import runtime_versions
 
     parts = {"v": VARIANTS_VERSION, "model": inspect_model(original).sha256,
              "hardware": hw.fingerprint(), "runtimes": runtime_versions(),
@@ -234,7 +213,7 @@ def present_targets(hw) -> tuple[str, ...]:
 
 
 def evaluation_of(samples: Samples, spec: CalibrationSpec):
-    from edged.selection.select import Evaluation
+    from edged.selection.decision import Evaluation
 
     where = f"of {spec.eval}" if spec.eval else f"held out of {spec.data}"
     return Evaluation(samples.feeds, f"{len(samples)} samples {where}")
@@ -260,7 +239,7 @@ def _policy_dict(policy) -> dict[str, Any]:
 
 
 def _policy_of(data: dict[str, Any]):
-    from edged.selection.select import Policy
+    from edged.selection.policy import Policy
 
     data = dict(data)
     data["shapes"] = {k: tuple(v) for k, v in (data.get("shapes") or {}).items()} or None
@@ -290,7 +269,8 @@ def run_request(request: dict[str, Any], progress: Progress | None = None) -> di
     """The child's work: make (or reuse) the variants, select over the family on the
     housekeeping CPUs, store the decision under the served policy's key."""
     from edged.selection.bench import pinned_thread
-    from edged.selection.select import cache_key, family_of, select, store
+    from edged.selection.decision import cache_key, store
+    from edged.selection.select import family_of, select
     from sysconf.hardware import probe
 
     start = time.perf_counter()

@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import BackendError
+from backends.errors import BackendError
 
-DEFAULT_MAX_DROP = 0.01
 # A sample's reference output whose spread (max - min) is below this share of the output's
 # range over the evaluation set is "nearly constant": judged by max-abs, not cosine.
 TINY_SPREAD = 1e-3

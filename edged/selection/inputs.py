@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from backends.base import InputError, TensorSpec, format_shape, shape_fits
+from backends.errors import InputError
+from backends.tensors import TensorSpec, format_shape, shape_fits
 
 DEFAULT_DIM = 224  # for dynamic spatial dims when the user gives no --shape
 

@@ -15,40 +15,35 @@ original was not checked.
 The decision and its evidence are cached under the state dir, keyed by the sha256 of every
 file of the family, the hardware fingerprint, the runtime versions, the evaluation data and
 the settings, so a restart does not re-benchmark. Nothing is cached when no candidate passes.
+
+Here: the family read and checked, the measurement (reference run, verification of every
+candidate, the interleaved benchmark) and `select` itself. The decision, its evidence and its
+cache are edged.selection.decision's; the candidates edged.selection.candidates'; the choice
+among the passing ones and its why-line edged.selection.explain's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import psutil
 
-from backends import Candidate, LoadOptions, backend_names, canonical_name, get_backend
-from backends.base import BackendError, InputError, ModelError, Session
+from backends import Candidate, LoadOptions, get_backend
+from backends.base import Session
+from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo, inspect_model, signature, signature_mismatch
-from edged.selection.accuracy import DEFAULT_MAX_DROP, Accuracy, accuracy, constant_outputs
-from edged.selection.bench import LatencyStats, benchmark, pinned_thread
+from edged.selection.accuracy import accuracy, constant_outputs
+from edged.selection.bench import benchmark, pinned_thread
+from edged.selection.candidates import backend_candidates, matches, reference_candidates
+from edged.selection.decision import Evaluation, Evidence, Selection, cache_key, load_cached, store
+from edged.selection.explain import choose, explain, record_speedups, variant_label
 from edged.selection.inputs import make_inputs, resolve_shapes
+from edged.selection.policy import VERIFY_SAMPLES, Policy
 from sysconf.hardware import HardwareFacts
-
-TIE_FRACTION = 0.02  # p99s this close are a tie: measurement noise on a busy device
-# Generated evaluation inputs when no data is given: one small output (a 2-class softmax)
-# makes a figure that swings with a single sample; several make it about the runtime.
-VERIFY_SAMPLES = 4
-# 3: model families, accuracy against the original (edged.selection.accuracy), max_drop.
-CACHE_VERSION = 3
-PRECISIONS = ("auto", "int8")  # Policy.precision: any variant, or INT8 variants only
-# What ran, lowest first: the tie-break order ("int8+bf16" is INT8 with bf16 in between).
-PRECISION_RANK = {"int8": 0, "fp16": 1, "bf16": 1, "fp32": 2}
 
 
 class SelectionError(RuntimeError):
@@ -60,285 +55,6 @@ class SelectionError(RuntimeError):
     def __init__(self, message: str, evidence: Sequence[Evidence] = ()) -> None:
         super().__init__(message)
         self.evidence = list(evidence)
-
-
-@dataclass(frozen=True)
-class Policy:
-    # At most `runs` timed runs per candidate, and at most its share of `time_budget_s` (but
-    # at least 10): a 0.5 ms model gets hundreds of runs, so its p99 is not decided by one
-    # preemption, and a 50 ms model still finishes in seconds.
-    runs: int = 1000
-    warmup: int = 5
-    time_budget_s: float = 6.0  # for the whole benchmark phase
-    max_drop: float = DEFAULT_MAX_DROP  # accuracy budget against the original
-    max_abs: float | None = None  # None: reported, not gated
-    threads: int | None = None
-    cpus: tuple[int, ...] | None = None
-    shapes: Mapping[str, tuple[int, ...]] | None = None
-    backend: str = "auto"  # or "openvino", "openvino:CPU", "openvino:CPU:bf16"
-    precision: str = "auto"  # "int8": choose among the INT8 variants only
-
-    def key_parts(self) -> dict[str, Any]:
-        return {
-            "max_drop": self.max_drop,
-            "max_abs": self.max_abs,
-            "threads": self.threads,
-            "cpus": list(self.cpus) if self.cpus else None,
-            "shapes": {k: list(v) for k, v in sorted((self.shapes or {}).items())},
-            "backend": self.backend,
-            "precision": self.precision,
-            "verify_samples": VERIFY_SAMPLES,
-        }
-
-
-@dataclass
-class Evidence:
-    candidate: Candidate
-    status: str  # "selected", "passed", "rejected" (accuracy), "failed", "unavailable"
-    reason: str = ""
-    precision: str | None = None  # what really ran
-    cosine: float | None = None  # against the original (or, lone INT8, its own float)
-    max_abs: float | None = None
-    latency: LatencyStats | None = None
-    load_s: float | None = None
-    rss_growth_bytes: int | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    variant: str = ""  # the model file this ran ("" in evidence cached before families)
-    accuracy: Accuracy | None = None
-    # p50 of the original on the same backend:device over this one's (above 1: faster).
-    speedup_vs_original: float | None = None
-
-    @property
-    def key(self) -> str:
-        """Unique within a selection: the variant's file and the candidate."""
-        return f"{self.variant}|{self.candidate.key}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "variant": self.variant,
-            "backend": self.candidate.backend,
-            "device": self.candidate.device,
-            "requested_precision": self.candidate.precision,
-            "precision": self.precision,
-            "status": self.status,
-            "reason": self.reason,
-            "cosine": self.cosine,
-            "max_abs": self.max_abs,
-            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
-            "speedup_vs_original": self.speedup_vs_original,
-            "latency": self.latency.to_dict() if self.latency else None,
-            "load_s": self.load_s,
-            "rss_growth_bytes": self.rss_growth_bytes,
-            "info": self.info,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Evidence:
-        latency = data.get("latency")
-        acc = data.get("accuracy")
-        return cls(
-            candidate=Candidate(data["backend"], data["device"], data["requested_precision"]),
-            status=data["status"],
-            reason=data.get("reason", ""),
-            precision=data.get("precision"),
-            cosine=data.get("cosine"),
-            max_abs=data.get("max_abs"),
-            latency=LatencyStats(**latency) if latency else None,
-            load_s=data.get("load_s"),
-            rss_growth_bytes=data.get("rss_growth_bytes"),
-            info=dict(data.get("info") or {}),
-            variant=data.get("variant", ""),
-            accuracy=Accuracy.from_dict(acc) if acc else None,
-            speedup_vs_original=data.get("speedup_vs_original"),
-        )
-
-
-@dataclass
-class Selection:
-    model: ModelInfo  # the variant that was selected (the file the daemon loads)
-    selected: Evidence | None
-    evidence: list[Evidence]
-    shapes: dict[str, tuple[int, ...]]
-    cache_key: str
-    from_cache: bool = False
-    created: float = field(default_factory=time.time)
-    warnings: list[str] = field(default_factory=list)
-    original: ModelInfo | None = None  # the family's original (None: the model alone)
-    models: dict[str, ModelInfo] = field(default_factory=dict)  # variant path -> info
-    against_original: bool = True  # False: a lone INT8 model, held to its own float
-    why: str = ""  # one line: why the pick won (and what lost, and why)
-    evaluation: str = ""  # what the outputs were compared on
-
-    def summary(self) -> dict[str, Any] | None:
-        """The `selected` object of `edgectl backends --json` (a stable shape)."""
-        ev = self.selected
-        if ev is None:
-            return None
-        return {
-            "variant": str(self.model.path),
-            "model_precision": self.model.precision,
-            "backend": ev.candidate.backend,
-            "device": ev.candidate.device,
-            "precision": ev.precision,
-            "p50_ms": ev.latency.p50_ms if ev.latency else None,
-            "p99_ms": ev.latency.p99_ms if ev.latency else None,
-            "cosine": ev.cosine,
-            "max_abs": ev.max_abs,
-            "accuracy": ev.accuracy.to_dict() if ev.accuracy else None,
-            "against_original": self.against_original,
-            "why": self.why,
-            "from_cache": self.from_cache,
-            "warnings": self.warnings,
-        }
-
-    def model_of(self, ev: Evidence) -> ModelInfo:
-        """The model file `ev` ran (the selected model for evidence without a variant)."""
-        return self.models.get(ev.variant, self.model)
-
-    def load_candidate(self, hw: HardwareFacts | None = None) -> Candidate:
-        """The selected candidate with its backend options, ready for `load`.
-
-        Asks only the selected backend, so loading a cached decision imports one runtime."""
-        assert self.selected is not None
-        return find_candidate(hw, self.model, self.selected.candidate)
-
-
-def runtime_versions() -> dict[str, str | None]:
-    return {name: get_backend(name).version() for name in backend_names()}
-
-
-def all_candidates(hw: HardwareFacts | None, model: ModelInfo | None) -> list[Candidate]:
-    if hw is None:
-        from sysconf.hardware import probe
-
-        hw = probe()
-    result: list[Candidate] = []
-    for name in backend_names():
-        result.extend(get_backend(name).candidates(hw, model))
-    return result
-
-
-def backend_candidates(hw: HardwareFacts | None, model: ModelInfo | None,
-                       spec: str = "auto") -> list[Candidate]:
-    """The candidates matching `spec`. A named backend is asked alone, so pinning one (or
-    loading a cached decision) imports only its runtime; "auto"/"all" ask every backend."""
-    if spec in ("auto", "all"):
-        return all_candidates(hw, model)
-    name = canonical_name(spec.split(":")[0])
-    if name not in backend_names():
-        return []
-    if hw is None:
-        from sysconf.hardware import probe
-
-        hw = probe()
-    return [c for c in get_backend(name).candidates(hw, model) if matches(c, spec)]
-
-
-def find_candidate(hw: HardwareFacts | None, model: ModelInfo | None,
-                   wanted: Candidate) -> Candidate:
-    """`wanted` as its backend lists it now (with its options), else `wanted` itself."""
-    for candidate in backend_candidates(hw, model, wanted.backend):
-        if candidate.key == wanted.key:
-            return candidate
-    return wanted
-
-
-def matches(candidate: Candidate, spec: str) -> bool:
-    """`spec` is "auto", "all", "backend", "backend:device" or "backend:device:precision"."""
-    if spec in ("auto", "all"):
-        return True
-    parts = spec.split(":")
-    if canonical_name(parts[0]) != candidate.backend:
-        return False
-    if len(parts) > 1 and parts[1].upper() != candidate.device.upper():
-        return False
-    return len(parts) <= 2 or parts[2].lower() == candidate.precision.lower()
-
-
-def reference_candidates(model: ModelInfo) -> list[Candidate]:
-    """Float32 CPU references, best first: each runtime's most literal CPU path."""
-    ov_cpu = Candidate("openvino", "CPU", "fp32")
-    if model.format == "onnx":
-        # Optimisations off: an FP32 graph runs as written; in a QDQ graph the pairs stay
-        # unfused, i.e. the quantized arithmetic in float32 (the lone-INT8 reference).
-        return [Candidate("onnxruntime", "CPU", "model",
-                          options={"provider": "CPUExecutionProvider",
-                                   "optimization": "disable_all"}), ov_cpu]
-    if model.format == "tflite":
-        return [Candidate("litert", "CPU", "model"), ov_cpu]
-    return [ov_cpu]
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """Evaluation inputs given by the user (samples held out from calibration data, or an
-    eval set), with an id for the cache key; None in `select` means generated inputs."""
-
-    feeds: list[dict[str, np.ndarray]]
-    source: str  # for people: "12 images held out of calib/"
-
-    def digest(self) -> str:
-        from edged.quantize.calibration import digest
-
-        return digest(self.feeds)
-
-
-def cache_key(model: ModelInfo, hw: HardwareFacts, policy: Policy,
-              variants: Sequence[ModelInfo] = (), evaluation: Evaluation | None = None) -> str:
-    parts = {
-        "v": CACHE_VERSION,
-        "model": model.sha256,
-        "variants": [v.sha256 for v in variants],
-        "evaluation": evaluation.digest() if evaluation else None,
-        "hardware": hw.fingerprint(),
-        "runtimes": runtime_versions(),
-        "policy": policy.key_parts(),
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _cache_path(state_dir: Path, key: str) -> Path:
-    return state_dir / "selection" / f"{key}.json"
-
-
-def load_cached(state_dir: Path | None, family: Sequence[ModelInfo], key: str
-                ) -> Selection | None:
-    if state_dir is None:
-        return None
-    path = _cache_path(state_dir, key)
-    models = {str(m.path): m for m in family}
-    try:
-        data = json.loads(path.read_text())
-        evidence = [Evidence.from_dict(e) for e in data["evidence"]]
-        selected = next(e for e in evidence if e.status == "selected")
-        model = models[selected.variant]
-    except (OSError, ValueError, KeyError, StopIteration, TypeError):
-        return None  # missing, unreadable or from another layout: measure again
-    shapes = {k: tuple(v) for k, v in data.get("shapes", {}).items()}
-    return Selection(model, selected, evidence, shapes, key, True, data.get("created", 0.0),
-                     list(data.get("warnings", [])), family[0], models,
-                     bool(data.get("against_original", True)), data.get("why", ""),
-                     data.get("evaluation", ""))
-
-
-def store(state_dir: Path, selection: Selection) -> None:
-    path = _cache_path(state_dir, selection.cache_key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {
-        "warnings": selection.warnings,
-        "model": str(selection.model.path),
-        "model_sha256": selection.model.sha256,
-        "original": str(selection.original.path) if selection.original else None,
-        "against_original": selection.against_original,
-        "why": selection.why,
-        "evaluation": selection.evaluation,
-        "created": selection.created,
-        "shapes": {k: list(v) for k, v in selection.shapes.items()},
-        "evidence": [e.to_dict() for e in selection.evidence],
-    }
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)  # atomic: a crash never leaves half a decision behind
 
 
 def family_of(model_path: str | Path, variants: Sequence[str | Path] = ()
@@ -375,7 +91,7 @@ def check_variant(original: Path, variant: Path) -> None:
 def select(
     model_path: str | Path,
     hw: HardwareFacts,
-    policy: Policy = Policy(),
+    policy: Policy = Policy(),  # noqa: B008 (frozen, so one shared default is safe)
     state_dir: Path | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     variants: Sequence[str | Path] = (),
@@ -482,13 +198,13 @@ def _measure(family: list[ModelInfo], key: str, hw: HardwareFacts, policy: Polic
                     ev.latency = stats[ev.key]
         for session in sessions.values():
             session.close()
-    _speedups(evidence, str(original.path))
+    record_speedups(evidence, str(original.path))
     passed = [e for e in evidence if e.status == "passed"]
     if not passed:
-        why = "; ".join(f"{_label(e, original)} {e.candidate.key}: {e.reason}"
+        why = "; ".join(f"{variant_label(e, original)} {e.candidate.key}: {e.reason}"
                         for e in evidence if e.reason)
         raise SelectionError(f"{original.path}: no candidate ran it correctly ({why})", evidence)
-    best = _choose(passed)
+    best = choose(passed)
     best.status = "selected"
     source = evaluation.source if evaluation else (
         f"{len(samples)} generated text-like inputs")
@@ -620,65 +336,3 @@ def _int8_cause(model: ModelInfo, candidate: Candidate, hw: HardwareFacts) -> st
             f"the x86 int8 kernels saturate their int16 pair sums (vpmaddubsw); fix: "
             f"quantize with reduce_range (7-bit weights) or U8U8, as `edgectl quantize` "
             f"does on such a CPU")
-
-
-def _speedups(evidence: list[Evidence], original: str) -> None:
-    """Each timed variant's speed against the original on the same backend:device (the
-    original's fp32 request where it has one, else its cheapest timed one)."""
-    timed = [e for e in evidence if e.latency]
-    base: dict[tuple[str, str], float] = {}
-    for ev in sorted(timed, key=lambda e: e.candidate.precision not in ("fp32", "model")):
-        if ev.variant == original:
-            base.setdefault((ev.candidate.backend, ev.candidate.device), ev.latency.p50_ms)
-    for ev in timed:
-        ref = base.get((ev.candidate.backend, ev.candidate.device))
-        if ev.variant != original and ref:
-            ev.speedup_vs_original = round(ref / ev.latency.p50_ms, 3)
-
-
-def precision_rank(precision: str | None) -> int:
-    head = (precision or "fp32").split("+")[0]
-    return PRECISION_RANK.get(head, 2)
-
-
-def _choose(passed: list[Evidence]) -> Evidence:
-    best_p99 = min(e.latency.p99_ms for e in passed if e.latency)
-    tied = [e for e in passed if e.latency and e.latency.p99_ms <= best_p99 * (1 + TIE_FRACTION)]
-    return min(tied, key=lambda e: (precision_rank(e.precision), e.rss_growth_bytes or 0,
-                                    e.latency.p99_ms))
-
-
-def _label(ev: Evidence, original: ModelInfo) -> str:
-    return "original" if ev.variant in ("", str(original.path)) else Path(ev.variant).name
-
-
-def explain(selection: Selection, hw: HardwareFacts) -> str:
-    """One line on why the pick won, and what the best INT8 or FP32 alternative did."""
-    sel = selection.selected
-    assert sel is not None and sel.latency is not None
-    original = selection.original or selection.model
-    cpu = f"on this CPU ({hw.isa_summary()})" if sel.candidate.device.startswith("CPU") \
-        else f"on {sel.candidate.device}"
-    head = (f"{_label(sel, original)} on {sel.candidate.backend}:{sel.candidate.device} "
-            f"({sel.precision}) has the lowest p99 within the accuracy budget, "
-            f"{sel.latency.p99_ms:.3f} ms")
-    int8 = [e for e in selection.evidence if selection.model_of(e).is_int8
-            and e.variant != str(original.path)]
-    if not selection.against_original or not int8:
-        return head
-    if selection.model.is_int8 and sel.speedup_vs_original:
-        return (f"{head}; INT8 on {sel.candidate.backend}:{sel.candidate.device} is "
-                f"{sel.speedup_vs_original:.2f}x its FP32 model {cpu}")
-    timed = [e for e in int8 if e.status == "passed" and e.speedup_vs_original]
-    if timed:
-        best = max(timed, key=lambda e: e.speedup_vs_original)
-        return (f"{head}; INT8 lost: on {best.candidate.backend}:{best.candidate.device} it "
-                f"is {best.speedup_vs_original:.2f}x its FP32 model {cpu}, p99 "
-                f"{best.latency.p99_ms:.3f} ms")
-    rejected = [e for e in int8 if e.status == "rejected" and e.accuracy]
-    if rejected:
-        best = max(rejected, key=lambda e: e.accuracy.score)
-        return (f"{head}; INT8 lost on accuracy: at best {best.accuracy.rule} "
-                f"{best.accuracy.score:.4f} against the original "
-                f"({best.candidate.backend}:{best.candidate.device})")
-    return f"{head}; no INT8 variant ran here"

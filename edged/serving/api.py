@@ -17,7 +17,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.base import BackendError, InputError, TensorSpec
+from backends.errors import BackendError, InputError
+from backends.tensors import TensorSpec
 from edged import __version__
 from edged.serving.engine import EngineError
 from edged.serving.http_limits import BODY_TIMED_OUT

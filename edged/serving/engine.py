@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import BackendError, Candidate, InputError, Session, check_feeds
-from edged.telemetry.latency import LatencyRecorder, batch_begin, batch_end
+from backends.base import Candidate, Session, check_feeds
+from backends.errors import BackendError, InputError
+from edged.telemetry.batches import batch_begin, batch_end
+from edged.telemetry.latency import LatencyRecorder
 
 log = logging.getLogger("edged.serving.engine")
 

@@ -11,18 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from backends import LoadOptions, get_backend
-from backends.base import BackendError, Candidate, InputError, ModelError, Session
+from backends.base import Candidate, Session
+from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo
-from edged.quantize.variants import CalibrationSpec
+from edged.quantize.calibration_spec import CalibrationSpec
 from edged.selection.bench import pinned_thread
-from edged.selection.select import (
-    Evaluation,
-    Policy,
-    Selection,
-    all_candidates,
-    backend_candidates,
-    select,
-)
+from edged.selection.candidates import all_candidates, backend_candidates
+from edged.selection.decision import Evaluation, Selection
+from edged.selection.policy import Policy
+from edged.selection.select import select
 from edged.serving.engine import BatchingConfig, ModelWorker
 from edged.telemetry.latency import LatencyRecorder
 from sysconf.hardware import HardwareFacts
@@ -192,7 +189,7 @@ def _reference_loader(selection: Selection, options: LoadOptions
     worker uses it to tell an input's fault from the backend's; see ModelWorker)."""
     from dataclasses import replace as _replace
 
-    from edged.selection.select import reference_candidates
+    from edged.selection.candidates import reference_candidates
 
     def load() -> Session:
         one = _replace(options, threads=1, cache_dir=None)
@@ -250,7 +247,7 @@ def made_variants(path: Path, calibration: CalibrationSpec, policy: Policy,
     evaluation set. Reading the data is cheap (decoding a few images); making is not, and
     is the background job's. CalibrationError (an InputError to the caller) names the
     data."""
-    from edged.quantize.calibration import CalibrationError
+    from edged.quantize.calibration_spec import CalibrationError
     from edged.quantize.quantizer import Settings
     from edged.quantize.variants import (
         cached_variants,

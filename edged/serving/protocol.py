@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from backends.base import TensorSpec
+from backends.tensors import TensorSpec
 
 # OIP datatype <-> numpy dtype (little-endian, as the extension specifies).
 DATATYPES = {

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import orjson
 
 from edged.serving.models import ServedModel
-from edged.telemetry.latency import CoreSampler, name_thread
+from edged.telemetry.sampler import CoreSampler, name_thread
 from sysconf import SysRoot
 from sysconf.intrusions import (
     CounterTable,
@@ -35,8 +35,6 @@ from sysconf.thermal import CpuUseSampler, read_system, read_thermal
 
 log = logging.getLogger("edged.telemetry.loop")
 
-SAMPLER_HZ = 20  # per-CPU counter samples for outlier attribution, while a batch is in flight
-SAMPLER_CPU_BUDGET = 0.002  # ... fewer where a sample costs more than this share of a core
 INTRUDER_PROBE_S = 0.25  # first preempted window: two task scans this far apart
 INTRUDER_SCAN_EVERY_S = 10.0  # at most one task scan (or probe) in this long
 TOP_INTRUDERS = 5

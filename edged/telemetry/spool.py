@@ -51,6 +51,10 @@ from typing import Any
 
 APPLICATION_ID = 0x65646764  # "edgd": `PRAGMA application_id`, so `file` and we can tell ours
 SCHEMA_VERSION = 1  # `PRAGMA user_version`
+# The bounds unless told otherwise; also the defaults of [telemetry.mqtt] spool_max_mb and
+# spool_max_age_days (edged.config.schema.MqttSettings).
+DEFAULT_MAX_BYTES = 50 * 2**20
+DEFAULT_MAX_AGE_S = 7 * 86400.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
     id INTEGER PRIMARY KEY AUTOINCREMENT,  -- AUTOINCREMENT: ids are never reused, not even
@@ -85,7 +89,8 @@ class SpoolError(RuntimeError):
 class Spool:
     """A bounded, durable FIFO of MQTT messages in one sqlite file."""
 
-    def __init__(self, path: Path, max_bytes: int = 50 * 2**20, max_age_s: float = 7 * 86400,
+    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_age_s: float = DEFAULT_MAX_AGE_S,
                  *, clock: Callable[[], float] = time.time) -> None:
         if max_bytes <= 0:
             raise ValueError(f"spool max_bytes must be positive, got {max_bytes}")

@@ -206,6 +206,13 @@ def pub(port: int, topic: str, payload: str, *extra: str) -> None:
                    timeout=10)
 
 
+def first_seen(seqs: list[int]) -> list[int]:
+    """The seqs in arrival order with QoS 1 duplicates (a re-send of a message whose PUBACK
+    was lost with the connection) left out."""
+    seen: set[int] = set()
+    return [s for s in seqs if not (s in seen or seen.add(s))]
+
+
 class SubProcess:
     """A `mosquitto_sub` left running, read after the fact. `-F` prints the MQTT 5 message
     expiry, the retain flag, the topic and the payload of each message on one line."""

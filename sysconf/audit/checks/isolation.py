@@ -1,9 +1,9 @@
-"""Audit checks built from the host facts sysconf already reads: core isolation, IRQ routing,
-kernel noise (workqueues, governor, sysctls, THP, boot command line) and thermals.
+"""ISO, IRQ, KRN: core isolation, IRQ routing and kernel noise (workqueues, governor, sysctls,
+THP, RT throttling, the boot command line) for the inference cores.
 
-Each check is a registered plug-in (`sysconf.findings.register`). Isolation findings come from
-the same plan `edgectl plan/apply` uses, so whatever the audit calls `fixable` is exactly what
-`edgectl apply` changes; once applied, the same audit passes those findings.
+One check for the three prefixes because every finding comes from the same plan `edgectl
+plan/apply` uses (`sysconf.isolation.plan`), so whatever the audit calls `fixable` is exactly
+what `edgectl apply` changes; once applied, the same audit passes those findings.
 
 Options read from `AuditContext.options`:
   inference_cpus  list[int] | None  the models' configured cores (`decide`: after the
@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from sysconf.audit.findings import AuditContext, Catalogue, Evidence, Finding, Rule, register
 from sysconf.cpulist import format_cpulist
 from sysconf.cpusets import decide, parse_cmdline, read_cpusets_for
-from sysconf.findings import AuditContext, Evidence, Finding, register
 from sysconf.isolation import plan
-from sysconf.thermal import CPU_DIR, THERMAL_DIR, THROTTLED_PATH, read_thermal
 from sysconf.tuning import (
     ISOLATION_KEYS,
     RT_PERIOD,
@@ -32,18 +31,38 @@ from sysconf.tuning import (
     sysctl_path,
 )
 
-# Change.kind -> (finding id, what a passing finding says was checked)
+CATALOGUE = Catalogue(prefix="ISO", sections={"ISO": 10, "IRQ": 20, "KRN": 40}, rules={
+    "ISO-INFERENCE-CPUS": Rule("warn", "there are cores to isolate"),
+    "ISO-ISOLATED-CORES": Rule("info", "the inference cores are isolated by the kernel"),
+    "ISO-NOHZ-CPU0": Rule("fail", "CPU 0 is not in nohz_full"),
+    "ISO-ISOLATED-OFFLINE": Rule("fail", "the isolated CPUs are online"),
+    "IRQ-AFFINITY": Rule("warn", "no movable IRQ is routed to the inference cores"),
+    "IRQ-DEFAULT-AFFINITY": Rule("warn",
+                                 "new IRQs start on housekeeping cores (default_smp_affinity)"),
+    "IRQ-IRQBALANCE-BAN": Rule("warn", "irqbalance keeps off the inference cores"),
+    "IRQ-UNMOVABLE": Rule("warn", "no unmovable interrupt fires on the inference cores"),
+    "KRN-WORKQUEUE-MASK": Rule("warn", "unbound workqueues run on housekeeping cores"),
+    "KRN-GOVERNOR": Rule("warn", "inference cores use the performance governor"),
+    "KRN-SYSCTL": Rule("warn", "latency sysctls are set"),
+    "KRN-THP": Rule("warn", "transparent hugepages do not compact on the inference path"),
+    "KRN-CMDLINE": Rule("warn", "the boot command line isolates the inference cores"),
+    "KRN-SCHED-RT-RUNTIME": Rule("warn", "RT throttling does not stop a SCHED_FIFO worker"),
+})
+_finding = CATALOGUE.finding
+
+# Change.kind of the isolation plan -> the id its findings carry (a kind not here is a bug:
+# the check fails with ISO-CHECK-ERROR rather than report it under an unpinned id).
 CHANGE_IDS = {
-    "irq": ("IRQ-AFFINITY", "no movable IRQ is routed to the inference cores"),
-    "irq-default": ("IRQ-DEFAULT-AFFINITY",
-                    "new IRQs start on housekeeping cores (default_smp_affinity)"),
-    "irqbalance": ("IRQ-IRQBALANCE-BAN", "irqbalance keeps off the inference cores"),
-    "workqueue": ("KRN-WORKQUEUE-MASK", "unbound workqueues run on housekeeping cores"),
-    "governor": ("KRN-GOVERNOR", "inference cores use the performance governor"),
-    "sysctl": ("KRN-SYSCTL", "latency sysctls are set"),
-    "thp": ("KRN-THP", "transparent hugepages do not compact on the inference path"),
-    "cmdline": ("KRN-CMDLINE", "the boot command line isolates the inference cores"),
+    "irq": "IRQ-AFFINITY",
+    "irq-default": "IRQ-DEFAULT-AFFINITY",
+    "irqbalance": "IRQ-IRQBALANCE-BAN",
+    "workqueue": "KRN-WORKQUEUE-MASK",
+    "governor": "KRN-GOVERNOR",
+    "sysctl": "KRN-SYSCTL",
+    "thp": "KRN-THP",
+    "cmdline": "KRN-CMDLINE",
 }
+_AT_BOOT = " (takes effect at the next boot)"
 
 
 def _apply_command(ctx: AuditContext, boot: bool = False) -> str:
@@ -59,7 +78,7 @@ def _apply_command(ctx: AuditContext, boot: bool = False) -> str:
     return cmd
 
 
-@register("isolation", "ISO")
+@register("isolation", CATALOGUE, order=30)
 def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
     root = ctx.root
     cpusets = read_cpusets_for(root, [tree for _, tree in ctx.dtbs])
@@ -70,11 +89,10 @@ def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
     except ValueError as exc:
         # One online CPU (or none known): there is nothing to isolate, which is a fact of
         # the machine, not a broken check.
-        yield Finding("ISO-INFERENCE-CPUS", "warn", "skip",
-                      f"isolation not checked: {exc}",
-                      evidence=(Evidence("/sys/devices/system/cpu/online",
-                                         format_cpulist(cpusets.online) or "(unknown)",
-                                         "at least 2 CPUs"),))
+        yield _finding("ISO-INFERENCE-CPUS", "skip", f"isolation not checked: {exc}",
+                       evidence=(Evidence("/sys/devices/system/cpu/online",
+                                          format_cpulist(cpusets.online) or "(unknown)",
+                                          "at least 2 CPUs"),))
         return
     # Only with cores to isolate: on a single core, RT throttling is what keeps a runaway
     # SCHED_FIFO thread from freezing the whole system.
@@ -84,8 +102,8 @@ def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
     # Isolated cores: asked for at boot (isolcpus) or applied by the kernel (isolated).
     isolated = set(cpusets.isolcpus) | set(cpusets.isolated)
     missing = [c for c in cpus.inference if c not in isolated]
-    yield Finding(
-        "ISO-ISOLATED-CORES", "info", "warn" if missing else "pass",
+    yield _finding(
+        "ISO-ISOLATED-CORES", "warn" if missing else "pass",
         f"inference cores {cores} ({cpus.source}) "
         + (f"not isolated by the kernel: {format_cpulist(missing)}" if missing
            else "are isolated by the kernel"),
@@ -94,18 +112,17 @@ def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
                   Evidence("/proc/cmdline",
                            _param_text(cpusets.cmdline, "isolcpus") or "(no isolcpus)",
                            f"isolcpus=managed_irq,domain,{cores}")),
-        remedy=f"{_apply_command(ctx, boot=True)} (takes effect at the next boot)"
-        if missing else "",
+        remedy=f"{_apply_command(ctx, boot=True)}{_AT_BOOT}" if missing else "",
     )
 
-    yield Finding(
-        "ISO-NOHZ-CPU0", "fail", "fail" if 0 in cpusets.nohz_full else "pass",
+    nohz_cpu0 = 0 in cpusets.nohz_full
+    yield _finding(
+        "ISO-NOHZ-CPU0", "fail" if nohz_cpu0 else "pass",
         "CPU 0 is in nohz_full (it keeps the timekeeping tick; the kernel refuses or "
-        "misbehaves)" if 0 in cpusets.nohz_full else "CPU 0 is not in nohz_full",
+        "misbehaves)" if nohz_cpu0 else None,
         evidence=(Evidence("/sys/devices/system/cpu/nohz_full",
                            format_cpulist(cpusets.nohz_full) or "(empty)", "without CPU 0"),),
-        remedy="remove CPU 0 from nohz_full= on the boot command line"
-        if 0 in cpusets.nohz_full else "",
+        remedy="remove CPU 0 from nohz_full= on the boot command line" if nohz_cpu0 else "",
     )
 
     isolation = plan(root, cpus)
@@ -114,26 +131,25 @@ def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
         by_kind.setdefault(change.kind, []).append(change)
     remedy = _apply_command(ctx)
     for kind, changes in by_kind.items():
-        fid, passed = CHANGE_IDS.get(kind, (f"KRN-{kind.upper()}", f"{kind} is set"))
+        fid = CHANGE_IDS[kind]
         if kind == "cmdline" and not changes:
             yield from _cmdline_finding(ctx, cpus, cpusets.cmdline)
             continue
         if not changes:
-            yield Finding(fid, "warn", "pass", passed)
+            yield _finding(fid, "pass")
             continue
         for change in changes:
-            yield Finding(
-                fid, "warn", "warn", change.reason,
+            yield _finding(
+                fid, "warn", change.reason,
                 evidence=(Evidence(change.path, _short(change.old), _short(change.new)),),
-                remedy=remedy + (" (takes effect at the next boot)" if kind == "cmdline"
-                                 else ""),
+                remedy=remedy + (_AT_BOOT if kind == "cmdline" else ""),
                 fixable=True,
                 subject=_subject(change.kind, change.path),
             )
 
     for item in isolation.unmovable:
-        yield Finding(
-            "IRQ-UNMOVABLE", "warn", "warn",
+        yield _finding(
+            "IRQ-UNMOVABLE", "warn",
             f"IRQ {item.irq} ({item.name}) cannot be moved off inference cores {cores}: "
             f"{item.why}",
             evidence=(Evidence(f"/proc/irq/{item.irq}/smp_affinity_list"
@@ -142,33 +158,32 @@ def check_isolation(ctx: AuditContext) -> Iterator[Finding]:
             remedy=item.remedy, subject=item.irq,
         )
     if not isolation.unmovable:
-        yield Finding("IRQ-UNMOVABLE", "warn", "pass",
-                      "no unmovable interrupt fires on the inference cores")
+        yield _finding("IRQ-UNMOVABLE", "pass")
 
 
 def _isolated_offline(cpusets) -> Iterator[Finding]:
     """An isolated CPU (isolated, or isolcpus= on the command line) that is offline: the
     inference threads pinned to it cannot run there (sched_setaffinity fails or they fall
     back to housekeeping cores)."""
+    fid = "ISO-ISOLATED-OFFLINE"
     isolated = sorted(set(cpusets.isolated) | set(cpusets.isolcpus))
     where = Evidence("/sys/devices/system/cpu/online", format_cpulist(cpusets.online)
                      or "(unknown)", "every isolated CPU")
     if not isolated:
         return  # nothing isolated: ISO-ISOLATED-CORES says so
     if not cpusets.online:
-        yield Finding("ISO-ISOLATED-OFFLINE", "fail", "skip",
-                      "isolated CPUs not checked: which CPUs are online is not known",
-                      evidence=(where,))
+        yield _finding(fid, "skip",
+                       "isolated CPUs not checked: which CPUs are online is not known",
+                       evidence=(where,))
         return
     offline = [cpu for cpu in isolated if cpu not in cpusets.online]
     if not offline:
-        yield Finding("ISO-ISOLATED-OFFLINE", "fail", "pass",
-                      f"the isolated CPUs {format_cpulist(isolated)} are online",
-                      evidence=(where,))
+        yield _finding(fid, "pass", f"the isolated CPUs {format_cpulist(isolated)} are online",
+                       evidence=(where,))
         return
     cores = format_cpulist(offline)
-    yield Finding(
-        "ISO-ISOLATED-OFFLINE", "fail", "fail",
+    yield _finding(
+        fid, "fail",
         f"isolated CPUs {cores} are not online: inference pinned there cannot run",
         evidence=(Evidence("/sys/devices/system/cpu/online", format_cpulist(cpusets.online),
                            f"includes {cores}"),
@@ -207,8 +222,8 @@ def _rt_throttling(ctx: AuditContext) -> Iterator[Finding]:
     where = path
     if current is None:
         if root.is_live:
-            yield Finding(fid, "warn", "skip", f"{name} is not readable here",
-                          evidence=(Evidence(path, "(absent)", wanted),))
+            yield _finding(fid, "skip", f"{name} is not readable here",
+                           evidence=(Evidence(path, "(absent)", wanted),))
             return
         configured = configured_sysctl(root, name)
         current, where = configured or (RT_RUNTIME_DEFAULT, f"{path} (kernel default; no "
@@ -217,24 +232,24 @@ def _rt_throttling(ctx: AuditContext) -> Iterator[Finding]:
     try:
         throttled = int(current) >= 0 and int(current) < int(period)
     except ValueError:
-        yield Finding(fid, "warn", "skip", f"{name} = {current!r} is not a number",
-                      evidence=(Evidence(where, current, wanted),))
+        yield _finding(fid, "skip", f"{name} = {current!r} is not a number",
+                       evidence=(Evidence(where, current, wanted),))
         return
     evidence = (Evidence(where, f"{current} (of each {period} us)", wanted),)
     if not throttled:
-        yield Finding(fid, "warn", "pass", "RT throttling is off: a SCHED_FIFO inference "
-                      "worker is never stopped by the kernel", evidence=evidence)
+        yield _finding(fid, "pass", "RT throttling is off: a SCHED_FIFO inference worker is "
+                       "never stopped by the kernel", evidence=evidence)
         return
     if realtime is False:
-        yield Finding(fid, "warn", "pass", "RT throttling is on, and no model runs SCHED_FIFO "
-                      "(rt_priority): it stays as the kernel's safety net", evidence=evidence)
+        yield _finding(fid, "pass", "RT throttling is on, and no model runs SCHED_FIFO "
+                       "(rt_priority): it stays as the kernel's safety net", evidence=evidence)
         return
     pause_ms = (int(period) - int(current)) / 1000  # µs -> ms: the stall a busy thread sees
     who = "a model runs SCHED_FIFO (rt_priority)" if realtime else \
         "if a model runs SCHED_FIFO (rt_priority)"
     set_now = f"sysctl -w {name}={wanted} (now) and " if path == where else ""
-    yield Finding(
-        fid, "warn", "warn",
+    yield _finding(
+        fid, "warn",
         f"RT throttling is on ({current} of each {period} us): {who}, its busy worker is "
         f"stopped for {pause_ms:g} ms every {int(period) / 1e6:g} s",
         evidence=evidence,
@@ -253,12 +268,12 @@ def _cmdline_finding(ctx: AuditContext, cpus, cmdline: str) -> Iterator[Finding]
     params = parse_cmdline(cmdline)
     wrong = [key for key in ISOLATION_KEYS if (params.get(key) or "") != wanted[key]]
     if not wrong:
-        yield Finding("KRN-CMDLINE", "warn", "pass", CHANGE_IDS["cmdline"][1],
-                      evidence=(Evidence("/proc/cmdline", _short(cmdline), "isolation set"),))
+        yield _finding("KRN-CMDLINE", "pass",
+                       evidence=(Evidence("/proc/cmdline", _short(cmdline), "isolation set"),))
         return
     where = "" if ctx.root.is_live or boot_config(ctx.root) is None else boot_config(ctx.root)
-    yield Finding(
-        "KRN-CMDLINE", "warn", "warn",
+    yield _finding(
+        "KRN-CMDLINE", "warn",
         f"the kernel was not booted with the isolation parameters for CPUs "
         f"{format_cpulist(cpus.inference)}: {', '.join(wrong)}",
         evidence=tuple(Evidence("/proc/cmdline", f"{k}={params[k]}" if params.get(k) else
@@ -287,83 +302,3 @@ def _short(text: str | None, limit: int = 200) -> str:
         return "(absent)"
     text = text.strip()
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-# -- thermal ----------------------------------------------------------------------------------
-
-@register("thermal", "THM")
-def check_thermal(ctx: AuditContext) -> Iterator[Finding]:
-    state = read_thermal(ctx.root)
-    if not state.zones:
-        yield Finding("THM-ZONES", "info", "skip", "no thermal zones (VM?)",
-                      evidence=(Evidence(THERMAL_DIR, "no thermal_zone*", "thermal zones"),))
-        return
-
-    for zone in state.zones:
-        label = f"{zone.name} ({zone.type})" if zone.type else zone.name
-        path = f"{THERMAL_DIR}/{zone.name}/temp"
-        zone_state = zone.state
-        trips = ", ".join(f"{t.type} {t.temp_c:g} °C" for t in zone.trips) or "no trips"
-        observed = "unknown" if zone.temp_c is None else f"{zone.temp_c:g} °C"
-        if zone_state == "ok":
-            yield Finding("THM-ZONE-TRIP", "warn", "pass",
-                          f"{label} is below its passive/hot/critical trips",
-                          evidence=(Evidence(path, observed, f"below {trips}"),),
-                          subject=zone.name)
-            continue
-        bad = zone_state in ("hot", "critical")
-        yield Finding(
-            "THM-ZONE-TRIP", "fail" if bad else "warn", "fail" if bad else "warn",
-            f"{label} is past its {zone_state} trip point: the kernel is cutting performance",
-            evidence=(Evidence(path, observed, f"below {trips}"),),
-            remedy="improve cooling (heatsink, fan, airflow) or lower the inference load",
-            subject=zone.name,
-        )
-
-    active = [dev for dev in state.cooling if dev.active]
-    for dev in active:
-        yield Finding(
-            "THM-COOLING-ACTIVE", "info", "warn",
-            f"cooling device {dev.name} ({dev.type}) is engaged",
-            evidence=(Evidence(f"{THERMAL_DIR}/{dev.name}/cur_state", str(dev.cur_state),
-                               f"0 (max {dev.max_state})"),),
-            subject=dev.name,
-        )
-    if not active:
-        yield Finding("THM-COOLING-ACTIVE", "info", "pass", "no cooling device is engaged")
-
-    capped = state.thermally_capped_cpus()
-    freqs = {f.cpu: f for f in state.cpufreq}
-    for cpu in capped:
-        f = freqs[cpu]
-        yield Finding(
-            "THM-CPU-CAPPED", "warn", "warn",
-            f"CPU {cpu} is thermally capped below its maximum frequency",
-            evidence=(Evidence(f"{CPU_DIR}/cpu{cpu}/cpufreq/scaling_max_freq",
-                               f"{f.scaling_max_khz} kHz", f"{f.max_khz} kHz"),),
-            remedy="improve cooling; a capped core runs inference slower",
-            subject=f"cpu{cpu}",
-        )
-    if not capped:
-        yield Finding("THM-CPU-CAPPED", "warn", "pass", "no CPU is thermally capped")
-
-    throttled = state.throttled
-    if throttled is None:
-        return
-    raw = f"0x{throttled.raw:x}"
-    now = throttled.now
-    yield Finding(
-        "THM-PI-THROTTLED-NOW", "fail", "fail" if now else "pass",
-        f"the Raspberry Pi firmware reports now: {', '.join(now)}" if now
-        else "the Raspberry Pi firmware reports no throttling now",
-        evidence=(Evidence(THROTTLED_PATH, raw, "0x0 in bits 0-3"),),
-        remedy="use the official power supply and improve cooling" if now else "",
-    )
-    since = throttled.since_boot
-    yield Finding(
-        "THM-PI-THROTTLED-BOOT", "warn", "warn" if since else "pass",
-        f"the Raspberry Pi firmware reports since boot: {', '.join(since)}" if since
-        else "the Raspberry Pi firmware reports no throttling since boot",
-        evidence=(Evidence(THROTTLED_PATH, raw, "0x0 in bits 16-19"),),
-        remedy="use the official power supply and improve cooling" if since else "",
-    )

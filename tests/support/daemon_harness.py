@@ -1,8 +1,11 @@
 """Runs the real `edged` process for tests: config in a temp folder, a real sd_notify datagram
-socket, the port read back from the daemon's own log line."""
+socket, the port read back from the daemon's own log line; and the plain HTTP requests the
+serving-fault tests send it (binary tensor bodies, status polls, its peak RSS)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
 import signal
@@ -13,7 +16,10 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import numpy as np
+import psutil
+
+from tests.support import REPO
 
 
 def python_argv() -> list[str]:
@@ -152,3 +158,69 @@ time_budget_s = 1.0
 {models}
 """)
     return config
+
+
+# -- requests to a running daemon -------------------------------------------------------------
+
+def binary_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """An infer body for input "x" with the tensor as binary data (no JSON decoding)."""
+    data = x.tobytes()
+    head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": len(data)}}]}).encode()
+    return head + data, {"Inference-Header-Content-Length": str(len(head))}
+
+
+CLS_BODY = binary_request(np.zeros((1, 3, 48, 192), np.float32))  # the PP-OCR cls model's
+
+
+def post(conn: http.client.HTTPConnection, model: str, request: tuple[bytes, dict[str, str]]
+         ) -> tuple[int, bytes]:
+    body, headers = request
+    conn.request("POST", f"/v2/models/{model}/infer", body=body, headers=headers)
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def get(daemon: Daemon, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(daemon.address, timeout=30)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def wait_idle(daemon: Daemon, model: str, timeout: float = 60) -> None:
+    """Until the model's queue is empty (its requests answered or dropped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = json.loads(get(daemon, "/edged/status")[1])
+        [entry] = [m for m in status["models"] if m["name"] == model]
+        if entry["queue_depth"] == 0:
+            return
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+
+
+class PeakRss:
+    """The daemon's peak RSS while the block runs, sampled every 2 ms (psutil)."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.002)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

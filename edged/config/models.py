@@ -1,0 +1,249 @@
+"""The checks of [[models]]: each model's files are read at load (format, signature, and
+the calibration data against the inputs), so a wrong file fails here, naming the key, and
+not at serving. The backends and the data loaders are imported only when a model needs them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from edged.config.checks import Checker, Table, show
+from edged.config.schema import (
+    CALIBRATION_KEYS,
+    MAX_BATCH,
+    MAX_MS,
+    MAX_THREADS,
+    MODEL_NAME,
+    ModelConfig,
+)
+from edged.quantize.calibration_spec import CalibrationError, CalibrationSpec, Preprocess
+from edged.selection.policy import PRECISIONS
+
+
+def models(check: Checker, value: Any) -> tuple[ModelConfig, ...]:
+    if isinstance(value, dict):
+        raise check.fail("models", "expected an array of tables ([[models]]), got one "
+                                   "table ([models])")
+    if not isinstance(value, list):
+        raise check.fail("models", f"expected an array of tables ([[models]]), "
+                                   f"got {show(value)}")
+    found: list[ModelConfig] = []
+    seen: dict[str, int] = {}
+    for index, table in enumerate(value):
+        model = _model(check, table, f"models[{index}]")
+        if model.name in seen:
+            raise check.fail(f"models[{index}].name", f"duplicate model name "
+                                                      f"{model.name!r} (also "
+                                                      f"models[{seen[model.name]}])")
+        seen[model.name] = index
+        found.append(model)
+    return tuple(found)
+
+
+def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
+    if not isinstance(data, dict):
+        raise check.fail(prefix, f"expected a table, got {show(data)}")
+    if not data:
+        raise check.fail(prefix, "empty [[models]] table; name and path are required")
+    t = Table(check, data, prefix, ModelConfig)
+    name = t.string("name")
+    # Names are URL path segments (/v2/models/<name>): "." and ".." would be rewritten.
+    if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
+        raise check.fail(f"{prefix}.name", f"must be letters, digits, '_', '.' or '-' "
+                                           f"(not only dots), got {name!r}")
+    path = _model_file(check, t.string("path"), f"{prefix}.path")
+    _sniff(check, path, f"{prefix}.path")
+    variants = _variants(check, t, path)
+    precision = t.string("precision")
+    if precision not in PRECISIONS:
+        raise check.fail(f"{prefix}.precision", f'must be "auto" or "int8", got '
+                                                f"{precision!r}")
+    shapes = t.read("shapes", _shapes, check)
+    threads = t.integer("threads", 1, MAX_THREADS)
+    max_batch = t.integer("max_batch_size", 1, MAX_BATCH)
+    preferred = t.read("preferred_batch_sizes", check.int_list, 1, max_batch)
+    if len(set(preferred)) != len(preferred):
+        raise check.fail(f"{prefix}.preferred_batch_sizes",
+                         f"lists a size twice: {list(preferred)}")
+    return ModelConfig(
+        name=name,
+        path=path,
+        variants=variants,
+        calibration=t.read("calibration", _calibration, check, path, shapes),
+        precision=precision,
+        backend=_backend(check, t.string("backend"), f"{prefix}.backend"),
+        threads=threads,
+        cpus=t.read("cpus", check.cpus),
+        shapes=shapes,
+        max_batch_size=max_batch,
+        preferred_batch_sizes=tuple(sorted(preferred)),
+        max_queue_delay_us=t.integer("max_queue_delay_us", 0, 10_000_000),
+        max_queue_size=t.integer("max_queue_size", 1, 65_536),
+        timeout_ms=t.integer("timeout_ms", 1, MAX_MS),
+        watchdog_ms=t.integer("watchdog_ms", 1, MAX_MS),
+        rt_priority=_rt_priority(check, t),
+        period_ms=t.number("period_ms", lambda x: 0 < x <= MAX_MS,
+                           f"a number of milliseconds above 0, at most {MAX_MS}"),
+    )
+
+
+def _model_file(check: Checker, raw: str, key: str) -> Path:
+    path = check.path(raw, key)
+    if not path.exists():
+        raise check.fail(key, f"no such file: {path}")
+    if not path.is_file():
+        raise check.fail(key, f"not a file: {path}")
+    if not os.access(path, os.R_OK):
+        raise check.fail(key, f"permission denied: {path}")
+    return path
+
+
+def _sniff(check: Checker, path: Path, key: str) -> None:
+    """The file is a model edged can read (format, and its whole structure: a
+    truncated, random or empty file fails here, naming the key, not at serving)."""
+    from backends.errors import ModelError
+    from backends.model_info import inspect_model
+
+    try:
+        inspect_model(path)
+    except ModelError as exc:
+        raise check.fail(key, str(exc)) from None
+
+
+def _variants(check: Checker, t: Table, original: Path) -> tuple[Path, ...]:
+    """Each variant exists and takes and gives what the original does (read from the
+    files: names, dtypes, fixed dims), so a wrong file fails here, not at serving."""
+    from backends.errors import ModelError
+    from backends.model_info import signature, signature_mismatch
+
+    value = t.data.get("variants", [])
+    if not isinstance(value, list):
+        raise check.fail(t.key("variants"), f"must be an array of model paths, got "
+                                            f"{show(value)}")
+    if not value:
+        return ()
+    try:
+        want = signature(original)
+    except ModelError as exc:
+        raise check.fail(t.key("path"), str(exc)) from None
+    paths = []
+    for index, raw in enumerate(value):
+        key = f"{t.key('variants')}[{index}]"
+        if not isinstance(raw, str):
+            raise check.fail(key, f"must be a path, got {show(raw)}")
+        path = _model_file(check, raw, key)
+        _sniff(check, path, key)
+        try:
+            got = signature(path)
+        except ModelError as exc:
+            raise check.fail(key, str(exc)) from None
+        problem = signature_mismatch(want, got) if want and got else None
+        if problem:
+            raise check.fail(key, f"{path} does not match its original {original}: "
+                                  f"{problem}")
+        paths.append(path)
+    return tuple(paths)
+
+
+def _calibration(value: Any, key: str, check: Checker, original: Path,
+                 shapes: dict[str, tuple[int, ...]] | None) -> CalibrationSpec:
+    """A path (an .npz, a folder of .npy files or of images), or a table with `data`,
+    `eval` and the image preprocessing of `edgectl quantize` (resize "HxW", multiple,
+    color, scale, mean and std as numbers or arrays, layout). The data is read here
+    against the original's inputs, so data that does not fit is an error at load (and
+    at --check-config) naming the file and the input."""
+    if isinstance(value, str):
+        value = {"data": value}
+    if not isinstance(value, dict):
+        raise check.fail(key, f"must be a path or a table with data = PATH, got "
+                              f"{show(value)}")
+    t = Table(check, value, key, CalibrationSpec, CALIBRATION_KEYS)
+    paths = {}
+    for name in ("data", "eval"):
+        if name not in t and name == "eval":
+            continue
+        path = check.path(t.string(name), t.key(name))
+        if not path.exists():
+            raise check.fail(t.key(name), f"no such file or folder: {path}")
+        paths[name] = path
+    pre: dict[str, Any] = {}
+    try:
+        if "resize" in t:
+            from edged.quantize.calibration import parse_size
+
+            pre["size"] = parse_size(t.string("resize"))
+        for name in ("mean", "std"):
+            if name in t:
+                raw = value[name]
+                items = raw if isinstance(raw, list) else [raw]
+                if not items or any(isinstance(x, bool) or not isinstance(x, int | float)
+                                    for x in items):
+                    raise check.fail(t.key(name), f"must be a number or an array of "
+                                                  f"numbers, got {show(raw)}")
+                pre[name] = tuple(float(x) for x in items)
+        if "scale" in t:
+            pre["scale"] = t.number("scale", lambda x: 0 < x < math.inf, "a number > 0")
+        if "multiple" in t:
+            pre["multiple"] = t.integer("multiple", 1)
+        for name in ("color", "layout"):
+            if name in t:
+                pre[name] = t.string(name)
+        spec = CalibrationSpec(paths["data"], paths.get("eval"), Preprocess(**pre))
+        _calibration_fits(check, original, spec, shapes, key)
+    except CalibrationError as exc:
+        raise check.fail(key, str(exc)) from None
+    return spec
+
+
+def _calibration_fits(check: Checker, original: Path, spec: CalibrationSpec,
+                      shapes: dict[str, tuple[int, ...]] | None, key: str) -> None:
+    """The data read as the daemon will read it, against the inputs in the file."""
+    from backends.errors import ModelError
+    from backends.model_info import signature
+    from edged.quantize.variants import load_data
+
+    try:
+        io = signature(original)
+    except ModelError as exc:
+        raise check.fail(key.rsplit(".", 1)[0] + ".path", str(exc)) from None
+    load_data(original, spec, shapes, io[0] if io else None)
+
+
+def _rt_priority(check: Checker, t: Table) -> int:
+    value = t.integer("rt_priority", 0)
+    if value > 99:
+        raise check.fail(t.key("rt_priority"), f"SCHED_FIFO priorities are 1-99 (0 = off), "
+                                               f"got {value}")
+    return value
+
+
+def _backend(check: Checker, spec: str, key: str) -> str:
+    """"auto" or "backend[:device[:precision]]"; the backend name made canonical (so
+    "ov:CPU" and "openvino:CPU" share one cached selection). Devices and precisions
+    depend on the machine and are checked by selection, not here."""
+    from backends import REGISTRY, canonical_name  # names only; no runtime is imported
+
+    if spec == "auto":
+        return spec
+    parts = spec.split(":")
+    name = canonical_name(parts[0])
+    if name not in REGISTRY or len(parts) > 3 or not all(p.strip() for p in parts):
+        raise check.fail(key, f'must be "auto" or BACKEND[:DEVICE[:PRECISION]] with '
+                              f"BACKEND one of {', '.join(REGISTRY)}; got {spec!r}")
+    return ":".join([name, *parts[1:]])
+
+
+def _shapes(value: Any, key: str, check: Checker) -> dict[str, tuple[int, ...]]:
+    if not isinstance(value, dict):
+        raise check.fail(key, f"must be a table of input name = [dims], got "
+                              f"{show(value)}")
+    shapes = {}
+    for name, dims in value.items():
+        shape = check.int_list(dims, f"{key}.{name}", 1)
+        if not shape:
+            raise check.fail(f"{key}.{name}", "must list at least one dimension")
+        shapes[name] = shape
+    return shapes

@@ -1,0 +1,219 @@
+"""What the config file holds: one frozen dataclass per table, each field one key.
+
+A field's default is the key's one default, and the keys a table allows are its fields
+(`toml_keys`), so a new setting is one field here plus its check in `sections`/`models`.
+Field metadata: `toml` is the key's spelling where it differs from the field (`listen` is
+listen_host and listen_port; a tuple: several spellings), None for a field that is no key of
+its table; `table` on `Config` names the dataclass of each top-level table. Field order is
+the order of the keys in "unknown key ...; allowed: ..." errors.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from edged.quantize.calibration_spec import CalibrationSpec, Preprocess
+from edged.selection.policy import Policy
+from edged.telemetry.spool import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES
+from edged.telemetry.topics import device_base, device_topic
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# sun_path is 108 bytes on Linux, one of them the terminating NUL; bind() fails beyond that.
+MAX_SOCKET_PATH = 107
+# Upper bounds of model settings: past these a value is a typo, and taken literally it would
+# wedge the daemon (a million threads, a delay of days) instead of failing here.
+MAX_THREADS = 256
+MAX_BATCH = 1024
+MAX_MS = 3_600_000  # one hour, for timeouts, watchdogs and periods
+MIB = 2**20  # the spool's size is configured in MiB, its age in days
+DAY_S = 86400
+MQTT_PROTOCOLS = ("5", "3.1.1")
+_NOT_A_KEY = {"toml": None}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    listen_host: str | None = field(default="127.0.0.1",  # None: no TCP listener
+                                    metadata={"toml": "listen"})
+    listen_port: int | None = field(default=8000,  # 0: the kernel picks a free port
+                                    metadata={"toml": "listen"})
+    socket: Path | None = Path("/run/edged/edged.sock")  # None: no Unix socket
+    socket_mode: int = 0o660
+    state_dir: Path = Path("/var/lib/edged")
+    max_body_bytes: int = 64 * 1024 * 1024
+    log_level: str = "info"
+    # CPUs for the API, reload and telemetry threads; None: every online CPU that no model is
+    # pinned to (and all of them when no model is pinned).
+    housekeeping_cpus: tuple[int, ...] | None = None
+    mlockall: bool = False  # lock the daemon's memory (no page faults on the inference path)
+    # TCP connections served at once; one more gets a JSON 503 at once and is closed, so a
+    # flood of clients cannot exhaust file descriptors or memory. The Unix socket has its own
+    # budget, so idle TCP connections cannot lock out edgectl and health checks.
+    max_connections: int = 64
+    # A worker busy on one batch longer than this is hung: WATCHDOG=1 pings stop, so systemd
+    # restarts the daemon. Longer than every model's watchdog_ms, so fail-over to another
+    # backend gets its chance first. Default: 30 s, or twice the largest watchdog_ms.
+    hang_s: float = 30.0
+    socket_max_connections: int = 32
+    # A connection's request line and headers: complete within header_timeout_s of its
+    # opening (or of a later request's first byte), at most max_header_bytes (431 beyond).
+    # A connection that sends nothing is closed when the time is up; a partial head gets 408.
+    header_timeout_s: float = 10.0
+    # The body within body_timeout_s of the headers (408; the request's queue slot is freed).
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 5.0  # a kept-alive connection idle this long between requests
+    max_header_bytes: int = 64 * 1024
+    # Memory that JSON tensor data of large requests may take while it is decoded, estimated
+    # before decoding, for all such requests at once: one alone over it gets 413.
+    max_decode_bytes: int = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    path: Path  # absolute, and the file existed at load: the original (FP32 ONNX/TFLite/IR)
+    # Prebuilt versions of it (INT8 QDQ ONNX, full-integer TFLite...), each checked at load
+    # to take and give the same inputs and outputs; selection picks among all of them.
+    variants: tuple[Path, ...] = ()
+    # Data to make INT8 variants from on the device, in the background (edged.quantize.variants).
+    calibration: CalibrationSpec | None = None
+    precision: str = "auto"  # "int8": serve an INT8 variant only
+    backend: str = "auto"  # or "backend[:device[:precision]]", backend name canonical
+    threads: int | None = None
+    cpus: tuple[int, ...] | None = None  # sorted, unique
+    # A plain dict (not a MappingProxyType: that breaks dataclasses.asdict, pickle and
+    # deepcopy), left out of the hash so the config stays hashable. Do not mutate it.
+    shapes: dict[str, tuple[int, ...]] | None = field(default=None, hash=False)
+    max_batch_size: int = 1
+    preferred_batch_sizes: tuple[int, ...] = ()  # sorted, each <= max_batch_size
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 64
+    timeout_ms: int = 1000
+    watchdog_ms: int = 5000  # a batch running longer than this: fail over to the next backend
+    rt_priority: int = 0  # SCHED_FIFO priority (1-99) of the model's worker thread; 0: off
+    # The period of a periodic client (a 200 Hz control loop: 5.0); None: requests arrive
+    # when they arrive. Lets latency be measured from each scheduled start (coordinated
+    # omission): a stall delays the requests that should have been sent during it too.
+    period_ms: float | None = None
+
+    @property
+    def period_s(self) -> float | None:
+        return None if self.period_ms is None else self.period_ms / 1000.0
+
+    def policy(self, base: Policy) -> Policy:
+        """The selection policy for this model: measurement settings from `base`, what the
+        model runs with (threads, cpus, shapes, backend) from the model."""
+        return replace(base, threads=self.threads, cpus=self.cpus, shapes=self.shapes,
+                       backend=self.backend, precision=self.precision)
+
+
+@dataclass(frozen=True)
+class MqttSettings:
+    """[telemetry.mqtt], checked completely at load: what the publisher connects with."""
+
+    url: str  # mqtt://host[:1883] or mqtts://host[:8883]
+    group: str = "default"
+    device_id: str | None = None  # None: /etc/machine-id, read when the publisher opens
+    spool_max_mb: float = DEFAULT_MAX_BYTES / MIB
+    spool_max_age_days: float = DEFAULT_MAX_AGE_S / DAY_S
+    ca_file: Path | None = None  # None with mqtts://: the system's CA store
+    cert_file: Path | None = None  # client certificate (with key_file)
+    key_file: Path | None = None
+    username: str | None = None
+    password_file: Path | None = field(default=None, repr=False)  # read at each connect
+    keepalive_s: int = 30
+    protocol: str = "5"  # or "3.1.1"
+
+    @property
+    def tls(self) -> bool:
+        return urlsplit(self.url).scheme == "mqtts"
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        return urlsplit(self.url).port or (8883 if self.tls else 1883)
+
+    # The topics need device_id, which the publisher fills in from the machine id if unset.
+    @property
+    def base(self) -> str:
+        return device_base(self.group, self.device_id)  # type: ignore[arg-type]
+
+    def topic(self, kind: str) -> str:
+        return device_topic(self.group, self.device_id, kind)  # type: ignore[arg-type]
+
+    @property
+    def spool_max_bytes(self) -> int:
+        return int(self.spool_max_mb * MIB)
+
+    @property
+    def spool_max_age_s(self) -> float:
+        return self.spool_max_age_days * DAY_S
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    enabled: bool = True  # false: no telemetry thread, no counter sampling, no publisher
+    interval_s: float = 10.0
+    mqtt: MqttSettings | None = None  # None: telemetry goes to the log (a summary line each)
+    # No broker: every full payload appended here as a JSON line (rotated to <file>.1 at
+    # 10 MB); None: full payloads only at log level debug.
+    payload_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    trim: tuple[str, ...] = ()  # extra units to trim (mask), beside the built-in candidates
+    keep: tuple[str, ...] = ()  # units never to trim
+
+
+@dataclass(frozen=True)
+class Config:
+    source: Path = field(metadata=_NOT_A_KEY)  # absolute
+    server: ServerConfig = field(default_factory=ServerConfig,
+                                 metadata={"table": ServerConfig})
+    selection: Policy = field(default_factory=Policy, metadata={"table": Policy})
+    models: tuple[ModelConfig, ...] = field(default=(), metadata={"table": ModelConfig})
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig,
+                                       metadata={"table": TelemetryConfig})
+    audit: AuditConfig = field(default_factory=AuditConfig, metadata={"table": AuditConfig})
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def toml_keys(cls: type) -> tuple[str, ...]:
+    """The keys a table of `cls` may hold, in field order (module docstring)."""
+    keys: list[str] = []
+    for f in fields(cls):
+        names = f.metadata.get("toml", f.name)
+        for name in (names,) if isinstance(names, str) else names or ():
+            if name not in keys:
+                keys.append(name)
+    return tuple(keys)
+
+
+def default_of(f: Field[Any]) -> Any:
+    """A field's default value; MISSING for a required one (`name`, `path`, `url`)."""
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return f.default
+
+
+SERVER_KEYS = toml_keys(ServerConfig)
+SELECTION_KEYS = toml_keys(Policy)
+MODEL_KEYS = toml_keys(ModelConfig)
+TELEMETRY_KEYS = toml_keys(TelemetryConfig)
+MQTT_KEYS = toml_keys(MqttSettings)
+AUDIT_KEYS = toml_keys(AuditConfig)
+# `calibration = { ... }`: the data, a separate evaluation set, and how images become inputs
+CALIBRATION_KEYS = toml_keys(CalibrationSpec) + toml_keys(Preprocess)
+TOP_KEYS = {f.name: toml_keys(f.metadata["table"]) for f in fields(Config)
+            if "table" in f.metadata}

@@ -1,0 +1,243 @@
+"""The checks of [server], [selection], [telemetry] with [telemetry.mqtt], and [audit]; the
+[[models]] tables have theirs in `edged.config.models`."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from edged.config.checks import Checker, Table, show
+from edged.config.schema import (
+    LOG_LEVELS,
+    MAX_SOCKET_PATH,
+    MQTT_PROTOCOLS,
+    AuditConfig,
+    ModelConfig,
+    MqttSettings,
+    ServerConfig,
+    TelemetryConfig,
+)
+from edged.selection.policy import Policy
+from edged.telemetry.topics import is_level
+
+MQTT_FILES = ("ca_file", "cert_file", "key_file", "password_file")
+
+
+def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
+    t = Table(check, data, "server", ServerConfig)
+    d = ServerConfig()
+    host, port = (d.listen_host, d.listen_port) if "listen" not in t else listen(
+        check, t.string("listen"))
+    raw_socket = t.string("socket")
+    socket = check.path(raw_socket, "server.socket") if raw_socket else None
+    if socket is not None and len(os.fsencode(socket)) > MAX_SOCKET_PATH:
+        raise check.fail("server.socket", f"{socket} is {len(os.fsencode(socket))} bytes; "
+                                          f"a Unix socket path takes at most "
+                                          f"{MAX_SOCKET_PATH}")
+    if host is None and socket is None:
+        raise check.fail("server.listen", 'is "" and so is server.socket: nothing could '
+                                          "reach the daemon")
+    mode = d.socket_mode
+    if "socket_mode" in t:
+        raw_mode = t.get("socket_mode")
+        if not (isinstance(raw_mode, str) and re.fullmatch(r"(0o)?[0-7]{1,4}", raw_mode)
+                and int(raw_mode.removeprefix("0o"), 8) <= 0o777):
+            raise check.fail("server.socket_mode", f'must be an octal string such as "0660", '
+                                                   f"got {show(raw_mode)}")
+        mode = int(raw_mode.removeprefix("0o"), 8)
+    raw_state = t.string("state_dir")
+    if not raw_state:
+        raise check.fail("server.state_dir", "must not be empty")
+    level = t.string("log_level")
+
+    def seconds(key: str) -> float:  # finite, and not a typo'd forever
+        return t.number(key, lambda x: 0 < x <= 3600, "a number of seconds > 0 and at most 3600")
+
+    if level.lower() not in LOG_LEVELS:
+        raise check.fail("server.log_level", f"must be one of {', '.join(LOG_LEVELS)}, "
+                                             f"got {level!r}")
+    return ServerConfig(
+        listen_host=host,
+        listen_port=port,
+        socket=socket,
+        socket_mode=mode,
+        state_dir=check.path(raw_state, "server.state_dir"),
+        max_body_bytes=t.integer("max_body_bytes", 1),
+        log_level=level.lower(),
+        housekeeping_cpus=t.read("housekeeping_cpus", check.cpus),
+        mlockall=t.boolean("mlockall"),
+        max_connections=t.integer("max_connections", 1),
+        socket_max_connections=t.integer("socket_max_connections", 1, 65536),
+        header_timeout_s=seconds("header_timeout_s"),
+        body_timeout_s=seconds("body_timeout_s"),
+        idle_timeout_s=seconds("idle_timeout_s"),
+        max_header_bytes=t.integer("max_header_bytes", 1024, 2**24),
+        max_decode_bytes=t.integer("max_decode_bytes", 2**20, 2**36),
+    )
+
+
+def hang_bound(check: Checker, data: Mapping[str, Any], server: ServerConfig,
+               models: tuple[ModelConfig, ...]) -> ServerConfig:
+    """server.hang_s, checked against the models: a hang bound at or below a model's
+    watchdog_ms would restart the daemon before that model could fail over."""
+    slowest = max(models, key=lambda m: m.watchdog_ms, default=None)
+    longest_s = slowest.watchdog_ms / 1000.0 if slowest is not None else 0.0
+    if "hang_s" not in data:
+        return replace(server, hang_s=max(ServerConfig.hang_s, 2 * longest_s))
+    hang = check.number(data["hang_s"], "server.hang_s", lambda x: 0 < x < math.inf,
+                        "a number of seconds > 0")
+    if slowest is not None and hang <= longest_s:
+        index = models.index(slowest)
+        raise check.fail("server.hang_s", f"{hang:g} s is not longer than "
+                                          f"models[{index}].watchdog_ms "
+                                          f"({slowest.watchdog_ms} ms): the daemon would "
+                                          f"be restarted before {slowest.name!r} could fail "
+                                          f"over")
+    return replace(server, hang_s=hang)
+
+
+def listen(check: Checker, text: str) -> tuple[str | None, int | None]:
+    if text == "":
+        return None, None
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise check.fail("server.listen", f"[{host}] is not an IPv6 address") from None
+    elif ":" in host:
+        raise check.fail("server.listen", f"an IPv6 address needs brackets, as in "
+                                          f"[::1]:8000; got {text!r}")
+    if not sep or not host or any(c.isspace() for c in host):
+        raise check.fail("server.listen", f"expected HOST:PORT, got {text!r}")
+    if not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise check.fail("server.listen", f"port must be 0..65535, got {text!r}")
+    return host, int(port)
+
+
+def selection(check: Checker, data: Mapping[str, Any]) -> Policy:
+    t = Table(check, data, "selection", Policy)
+    max_abs = t.number("max_abs", lambda x: math.isnan(x) or x >= 0,
+                       "a number >= 0 (nan: not gated)")
+    if "min_cosine" in t and "max_drop" in t:
+        raise check.fail("selection.min_cosine", "give max_drop or min_cosine (its older "
+                                                 "spelling, 1 - max_drop), not both")
+    if "min_cosine" in t:  # kept from before model families: min_cosine = 1 - max_drop
+        max_drop = 1.0 - t.number("min_cosine", lambda x: 0 < x <= 1,
+                                  "a number above 0, at most 1")
+    else:
+        max_drop = t.number("max_drop", lambda x: 0 <= x < 1, "a number from 0 to below 1")
+    return Policy(
+        runs=t.integer("runs", 1, 1_000_000),
+        warmup=t.integer("warmup", 0, 100_000),
+        time_budget_s=t.number("time_budget_s", lambda x: 0 < x <= 3600,
+                               "a number of seconds above 0, at most 3600"),
+        max_drop=round(max_drop, 12),
+        max_abs=None if max_abs is None or math.isnan(max_abs) else max_abs,
+    )
+
+
+def telemetry(check: Checker, data: Mapping[str, Any]) -> TelemetryConfig:
+    t = Table(check, data, "telemetry", TelemetryConfig)
+    interval = t.number("interval_s", lambda x: 0.1 <= x <= 86_400,
+                        "a number of seconds from 0.1 to 86400")
+    settings = mqtt(check, check.table(data, "mqtt")) if "mqtt" in t else None
+    payload_file = None
+    if "payload_file" in t:
+        raw = t.string("payload_file")
+        if not raw:
+            raise check.fail("telemetry.payload_file", "must not be empty")
+        if settings is not None:
+            raise check.fail("telemetry.payload_file", "is for telemetry without a broker; "
+                             "with [telemetry.mqtt] the payloads go to the broker")
+        payload_file = check.path(raw, "telemetry.payload_file")
+        if payload_file.is_dir():
+            raise check.fail("telemetry.payload_file", f"is a folder: {payload_file}")
+        if not payload_file.parent.is_dir():
+            raise check.fail("telemetry.payload_file",
+                             f"no such folder: {payload_file.parent}")
+    return TelemetryConfig(t.boolean("enabled"), interval, settings, payload_file)
+
+
+def mqtt(check: Checker, data: Mapping[str, Any]) -> MqttSettings:
+    """Everything the publisher needs, checked here once: a broker URL without credentials
+    or a path, topic levels, readable TLS and password files that fit the scheme."""
+    prefix = "telemetry.mqtt"
+    t = Table(check, data, prefix, MqttSettings)
+    url = t.string("url")
+    parsed = urllib.parse.urlsplit(url)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname or port == -1:
+        raise check.fail(f"{prefix}.url", f"expected mqtt://HOST:PORT or mqtts://HOST:PORT, "
+                                          f"got {url!r}")
+    names = {}
+    for key in ("group", "device_id"):
+        value = t.get(key)
+        if value is not None and not is_level(value):
+            raise check.fail(f"{prefix}.{key}", f"must be one MQTT topic level (no '/', "
+                                                f"'+', '#'), got {show(value)}")
+        names[key] = value
+    files = {}
+    for key in MQTT_FILES:
+        if key in t:
+            path = check.path(t.string(key), f"{prefix}.{key}")
+            if not path.is_file():
+                raise check.fail(f"{prefix}.{key}", f"no such file: {path}")
+            files[key] = path
+    if ("cert_file" in files) != ("key_file" in files):
+        raise check.fail(f"{prefix}.cert_file", "cert_file and key_file go together")
+    protocol = t.string("protocol")
+    if protocol not in MQTT_PROTOCOLS:
+        raise check.fail(f"{prefix}.protocol", f'must be "5" or "3.1.1", got {protocol!r}')
+    settings = MqttSettings(
+        url=url, group=names["group"], device_id=names["device_id"],
+        spool_max_mb=t.number("spool_max_mb", lambda x: 0 < x <= 1_048_576,
+                              "a number of MiB above 0, at most 1048576"),
+        spool_max_age_days=t.number("spool_max_age_days", lambda x: 0 < x <= 3650,
+                                    "a number of days above 0, at most 3650"),
+        username=t.string("username") or None,
+        keepalive_s=t.integer("keepalive_s", 1, 65_535),  # MQTT's max
+        protocol=protocol, **files)
+    _connectable(check, settings)
+    return settings
+
+
+def _connectable(check: Checker, s: MqttSettings) -> None:
+    """What the URL must not hold beyond host and port, and what goes with what."""
+    prefix = "telemetry.mqtt"
+    parts = urllib.parse.urlsplit(s.url)
+    if parts.username is not None or parts.password is not None:
+        # A password in the URL would end up in configs, logs and process listings.
+        raise check.fail(f"{prefix}.url", "must not carry user:password@; use username and "
+                                          "password_file")
+    if parts.port == 0:
+        raise check.fail(f"{prefix}.url", f"expected mqtt[s]://HOST[:PORT], got {s.url!r}")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise check.fail(f"{prefix}.url", f"expected mqtt[s]://HOST[:PORT] and nothing after "
+                                          f"it, got {s.url!r}")
+    if not s.tls and (s.ca_file or s.cert_file or s.key_file):
+        raise check.fail(f"{prefix}.url", "ca_file/cert_file/key_file need an mqtts:// url")
+    if s.password_file is not None and not s.username:
+        raise check.fail(f"{prefix}.username", "required with password_file")
+
+
+def audit(check: Checker, data: Mapping[str, Any]) -> AuditConfig:
+    from sysconf.services import is_protected
+
+    t = Table(check, data, "audit", AuditConfig)
+    trim = t.read("trim", check.unit_list)
+    for index, unit in enumerate(trim):
+        if is_protected(unit):
+            raise check.fail(f"audit.trim[{index}]",
+                             f"{unit!r} is a protected unit and is never trimmed")
+    return AuditConfig(trim, t.read("keep", check.unit_list))

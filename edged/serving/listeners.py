@@ -1,0 +1,107 @@
+"""Where the API listens: the TCP and Unix sockets, bound before serving (the socket file
+removed at stop only while it is still ours), and the uvicorn server over them, with edged's
+HTTP limits and without uvicorn's own signal handling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+from edged.config import Config, ServerConfig
+
+
+def http_server(app: Any, srv: ServerConfig, drain_s: float):
+    """uvicorn serving `app` by `srv`'s limits; in-flight requests get `drain_s` at stop.
+
+    Connection budgets (per listener), header size and time, and body time are
+    edged.serving.http_limits' (uvicorn has no such options); uvicorn's own limit_concurrency
+    stays off, since it counts every listener together. WebSocket: no route uses it."""
+    import uvicorn
+
+    from edged.serving.http_limits import HttpLimits, protocol_class
+
+    limits = HttpLimits(header_timeout_s=srv.header_timeout_s,
+                        body_timeout_s=srv.body_timeout_s,
+                        max_header_bytes=srv.max_header_bytes,
+                        connections={"tcp": srv.max_connections,
+                                     "unix": srv.socket_max_connections},
+                        drain_s=drain_s)
+    uv_config = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
+                               timeout_graceful_shutdown=int(drain_s),
+                               http=protocol_class(limits), ws="none",
+                               timeout_keep_alive=srv.idle_timeout_s,  # type: ignore
+                               limit_concurrency=None)
+    return _Server(uv_config)
+
+
+class _Server:
+    """uvicorn's Server without its own signal handling.
+
+    uvicorn installs SIGTERM/SIGINT handlers for the duration of serve() and re-raises the
+    signal afterwards, which would kill the process before our drain and exit 0; the daemon
+    handles signals itself (see edged.daemon.Daemon.run)."""
+
+    def __new__(cls, config):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        return Server(config)
+
+
+def bind_sockets(config: Config) -> list[socket.socket]:
+    server = config.server
+    sockets = []
+    if server.listen_host is not None:
+        family = socket.AF_INET6 if ":" in server.listen_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((server.listen_host, server.listen_port or 0))
+        sockets.append(sock)
+    if server.socket is not None:
+        path = server.socket
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()  # a stale socket from a previous run
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        os.chmod(path, server.socket_mode)
+        sockets.append(sock)
+    for sock in sockets:
+        sock.listen(1024)
+        sock.set_inheritable(False)
+    return sockets
+
+
+def socket_identity(config: Config) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the Unix socket just bound, so stop removes only that file."""
+    if config.server.socket is None:
+        return None
+    st = config.server.socket.lstat()
+    return st.st_dev, st.st_ino
+
+
+def remove_socket_file(config: Config, identity: tuple[int, int] | None) -> None:
+    """Remove the socket this process created, and only while it is still that socket: a
+    file that replaced it (or anything else at the path) is left alone."""
+    path = config.server.socket
+    if path is None or identity is None:
+        return
+    with contextlib.suppress(OSError):
+        st = path.lstat()
+        if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == identity:
+            path.unlink()
+
+
+def describe(sock: socket.socket) -> str:
+    name = sock.getsockname()
+    return f"unix:{name}" if sock.family == socket.AF_UNIX else f"http://{name[0]}:{name[1]}"

@@ -1,0 +1,120 @@
+"""`cmd/...` from the fleet: `cmd/rebirth` and `cmd/audit`, each answered by an event.
+
+Commands arrive in the MQTT thread. An audit runs in a worker thread (it reads the whole
+system, about 0.2 s of a core here) and at most one per AUDIT_MIN_INTERVAL_S; a flood of
+audit commands is answered by at most REJECT_EVENTS_PER_S `command_rejected` events (each is
+an fsync'd spool write), the rest only counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import paho.mqtt.client as paho
+
+from edged.telemetry.mqtt.outbox import Outbox
+from edged.telemetry.mqtt.payloads import short_reason
+from edged.telemetry.topics import COMMAND_PREFIX
+
+log = logging.getLogger("edged.telemetry.mqtt")
+MAX_COMMAND_BYTES = 64 * 1024
+AUDIT_MIN_INTERVAL_S = 10.0
+REJECT_EVENTS_PER_S = 1.0
+KNOWN = ("audit", "rebirth")
+
+
+class Commands:
+    """The commands under `<base>cmd/`; answers go out through the outbox as events."""
+
+    def __init__(self, base: str, outbox: Outbox) -> None:
+        self.prefix = base + COMMAND_PREFIX
+        self.outbox = outbox
+        self.handler: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+        self._busy = False  # an audit is running (its worker clears it)
+        self._audit_started = -math.inf  # monotonic time of the last audit started
+        self._last_reject_event = -math.inf
+        self.counts = {"commands": 0, "commands_rejected": 0}
+
+    def on_command(self, msg: paho.MQTTMessage) -> None:
+        command = msg.topic[len(self.prefix):]
+        self.counts["commands"] += 1
+        payload, reason = parse(msg)
+        ref = {"id": payload["id"]} if payload and isinstance(payload.get("id"), str) else {}
+        if reason is None and command not in KNOWN:
+            reason = f"unknown command; known: {', '.join(KNOWN)}"
+        if reason is None and command == "audit":
+            reason = self._start_audit(payload or {}, ref)
+        if reason is not None:
+            self.counts["commands_rejected"] += 1
+            if reason.startswith(("at most one audit", "an audit is already running")):
+                now = time.monotonic()
+                if now - self._last_reject_event < 1.0 / REJECT_EVENTS_PER_S:
+                    return  # a flood: counted, not answered one by one
+                self._last_reject_event = now
+            log.warning("MQTT command %r rejected: %s", command, reason)
+            self.outbox.publish_event("command_rejected", {"command": command,
+                                                           "reason": reason, **ref})
+            return
+        if command == "rebirth":
+            self.outbox.publish_birth()
+            self.outbox.publish_event("command_done", {"command": "rebirth", **ref})
+
+    def _start_audit(self, payload: dict[str, Any], ref: dict[str, Any]) -> str | None:
+        handler = self.handler
+        if handler is None:
+            return "this daemon has no audit handler"
+        with self._lock:
+            if self._busy:
+                return "an audit is already running"
+            wait = self._audit_started + AUDIT_MIN_INTERVAL_S - time.monotonic()
+            if wait > 0:
+                return (f"at most one audit every {AUDIT_MIN_INTERVAL_S:g} s; the next may "
+                        f"start in {wait:.1f} s")
+            self._busy = True
+            self._audit_started = time.monotonic()
+
+        def work() -> None:
+            try:
+                summary = handler(payload)
+                self.outbox.publish_audit(summary)
+                self.outbox.publish_event("command_done", {"command": "audit", **ref})
+            except Exception as exc:
+                log.exception("audit command failed")
+                self.outbox.publish_event("command_failed", {"command": "audit",
+                                                             "reason": short_reason(exc),
+                                                             **ref})
+            finally:
+                with self._lock:
+                    self._busy = False
+
+        threading.Thread(target=work, name="edged-mqtt-audit", daemon=True).start()
+        return None
+
+
+def parse(msg: paho.MQTTMessage) -> tuple[dict[str, Any] | None, str | None]:
+    """(the JSON object, None), or why the command is refused."""
+    if msg.retain:
+        return None, "retained commands are ignored (they would run at every reconnect)"
+    if len(msg.payload) > MAX_COMMAND_BYTES:
+        return None, f"payload larger than {MAX_COMMAND_BYTES} bytes"
+    try:
+        payload = orjson.loads(msg.payload)
+    except orjson.JSONDecodeError as exc:
+        return None, f"payload is not JSON: {exc}"
+    if not isinstance(payload, dict):
+        return None, f"payload must be a JSON object, got {_json_type(payload)}"
+    if "id" in payload and not isinstance(payload["id"], str):
+        return payload, "id must be a string"
+    return payload, None
+
+
+def _json_type(value: Any) -> str:
+    return {list: "an array", str: "a string", int: "a number", float: "a number",
+            bool: "a boolean", type(None): "null"}.get(type(value), type(value).__name__)
