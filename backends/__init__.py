@@ -1,24 +1,39 @@
 """Inference runtimes behind one interface (`backends.base.Backend`).
 
-Each backend module is imported only when asked for by name, and imports its runtime only
-when it lists candidates or loads a model, so running a LiteRT model never imports OpenVINO.
+Each backend is one module, `backends/<name>_backend.py`, found by its file name. A backend
+module imports its runtime only when it lists candidates or loads a model, so running a LiteRT
+model never imports OpenVINO.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 from backends.base import Backend, Candidate, LoadOptions, Session
 from backends.errors import BackendError, InputError, ModelError
 from backends.tensors import TensorSpec
 
-# name -> module holding `BACKEND`; registration is data so nothing is imported up front.
-REGISTRY = {
-    "onnxruntime": "backends.onnxruntime_backend",
-    "openvino": "backends.openvino_backend",
-    "litert": "backends.litert_backend",
-}
-ALIASES = {"ort": "onnxruntime", "ov": "openvino", "tflite": "litert"}
+# Every `backends/<name>_backend.py` is a backend, found by its file name: adding a runtime is
+# one file (and its test), no list to edit. Each declares NAME, ALIASES, ORDER and BACKEND;
+# importing one is cheap because it imports its runtime only when asked to list candidates or
+# load a model. ORDER is the order candidates are listed, tried and reported in.
+_SUFFIX = "_backend"
+
+
+def _discover() -> tuple[dict[str, str], dict[str, str]]:
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.endswith(_SUFFIX):
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            found.append((module.ORDER, module.NAME, module.__name__, module.ALIASES))
+    found.sort()
+    registry = {name: module for _, name, module, _ in found}
+    aliases = {alias: name for _, name, _, names in found for alias in names}
+    return registry, aliases
+
+
+REGISTRY, ALIASES = _discover()  # name -> module holding `BACKEND`; alias -> name
 
 __all__ = [
     "REGISTRY",

@@ -26,6 +26,8 @@ from backends.model_info import ModelInfo
 from backends.tensors import TensorSpec
 
 NAME = "litert"
+ALIASES = ("tflite",)  # other names config and --backend accept
+ORDER = 30  # place among the candidates (backends.REGISTRY)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from backends.model_info import ModelInfo
 from backends.tensors import TensorSpec
 
 NAME = "onnxruntime"
+ALIASES = ("ort",)  # other names config and --backend accept
+ORDER = 10  # place among the candidates (backends.REGISTRY)
 # EP name -> (device label, note). EPs not listed here are offered under their own name.
 PROVIDERS = {
     "CPUExecutionProvider": ("CPU", ""),

@@ -20,6 +20,8 @@ from backends.model_info import ModelInfo
 from backends.tensors import TensorSpec
 
 NAME = "openvino"
+ALIASES = ("ov",)  # other names config and --backend accept
+ORDER = 20  # place among the candidates (backends.REGISTRY)
 # edged precision name -> OpenVINO INFERENCE_PRECISION_HINT
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 # Runtime layer precisions -> edged names.

@@ -38,7 +38,8 @@ from edged.quantize.calibration import (
 )
 from edged.quantize.calibration_spec import CalibrationError, Preprocess
 from edged.quantize.defaults import TARGETS
-from edged.quantize.quantizer import Settings, input_specs, quantize_model
+from edged.quantize.quantizer import input_specs, quantize_model
+from edged.quantize.recipes import Settings
 from edged.selection.inputs import rendered_text_lines, rendered_text_pages
 
 # name -> file, image generator, preprocessing (what `edgectl quantize` would be given)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -307,3 +308,30 @@ def test_openvino_threads_stay_on_the_cpu_set(models_dir: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert (out.stdout.strip().splitlines()[-1]
             == '{"0": [["0"], [0]], "1": [["1"], [1]]}'), out.stdout
+
+
+def test_backends_are_found_by_file_name_in_their_order_without_a_runtime():
+    # One file per backend: the registry is what the package holds, ordered by ORDER, and
+    # building it imports no runtime (config validation and `edgectl --help` rely on that).
+    code = textwrap.dedent("""
+        import importlib, json, sys
+        import backends
+        mods = [importlib.import_module(m) for m in backends.REGISTRY.values()]
+        print(json.dumps({
+            "names": list(backends.REGISTRY),
+            "orders": [m.ORDER for m in mods],
+            "match": all(m.BACKEND.name == m.NAME == n for m, n in zip(mods, backends.REGISTRY)),
+            "aliases": backends.ALIASES,
+            "runtimes": [r for r in ("onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime")
+                         if r in sys.modules],
+        }))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["names"] == ["onnxruntime", "openvino", "litert"]
+    assert got["orders"] == sorted(got["orders"])
+    assert got["match"]
+    assert got["aliases"] == {"ort": "onnxruntime", "ov": "openvino", "tflite": "litert"}
+    assert got["runtimes"] == []

@@ -2,7 +2,7 @@
 (the daemon's wire format: retained birth, the Will, spooled telemetry with ts/seq/bdSeq) fed
 with windows from `LatencyRecorder` and thermals from `ThermalState`, the objects the daemon's
 telemetry loop uses; malformed messages and the shared-subscription split use a plain paho
-client. The monitor runs as its own process (`python -m edged.fleet.monitor`, what `edgectl fleet`
+client. The monitor runs as its own process (`python -m edged.fleet`, what `edgectl fleet`
 calls), so exit codes, stdout and stderr are the real ones."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def devices(tmp_path: Path, broker: Broker):
 class MonitorProc:
     def __init__(self, *args: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "edged.fleet.monitor", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "edged.fleet", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=REPO, env=env)
         self.err: list[str] = []

@@ -18,8 +18,8 @@ from edged.cli.main import main
 from edged.cli.quantize import format_report
 from edged.quantize.calibration import Samples, load_samples, narrowness_warnings
 from edged.quantize.calibration_spec import CalibrationError, Preprocess
-from edged.quantize.quantizer import Settings, input_specs, quantize_model
-from edged.quantize.recipes import Recipe
+from edged.quantize.quantizer import input_specs, quantize_model
+from edged.quantize.recipes import Recipe, Settings
 from edged.quantize.report import Attempt, decide
 from edged.selection.accuracy import Accuracy
 from edged.selection.inputs import rendered_text_lines, rendered_text_pages

@@ -49,7 +49,7 @@ def test_data_is_read_at_the_served_shape(models_dir: Path, cls_images: Path) ->
 @pytest.mark.isa
 def test_variants_are_made_once_per_cpu_backend_and_cached(models_dir: Path, cls_images: Path,
                                                            tmp_path: Path) -> None:
-    from edged.quantize.quantizer import Settings
+    from edged.quantize.recipes import Settings
     from sysconf.hardware import probe
 
     hw = probe()

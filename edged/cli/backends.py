@@ -134,7 +134,7 @@ def _made_variants(args, hw, policy, state_dir: Path, progress):
     import logging
 
     from edged.quantize.calibration_spec import CalibrationError, CalibrationSpec
-    from edged.quantize.quantizer import Settings
+    from edged.quantize.recipes import Settings
     from edged.quantize.variants import (
         evaluation_of,
         load_data,

@@ -62,8 +62,8 @@ def cmd_quantize(args) -> int:
     from backends import ModelError
     from edged.quantize.calibration import calibration_and_evaluation
     from edged.quantize.calibration_spec import CalibrationError
-    from edged.quantize.quantizer import Settings, input_specs, quantize_model
-    from edged.quantize.recipes import QuantizeError
+    from edged.quantize.quantizer import input_specs, quantize_model
+    from edged.quantize.recipes import QuantizeError, Settings
 
     if not 0.0 <= args.max_drop < 1.0:
         raise UsageError(f"--max-drop {args.max_drop}: must be at least 0 and below 1")

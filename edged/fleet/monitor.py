@@ -263,10 +263,3 @@ def run_live(monitor: Monitor, fleet: Fleet, thresholds: Thresholds, *, out: Tex
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-
-if __name__ == "__main__":  # `python -m edged.fleet.monitor ...`: the same as `edgectl fleet ...`
-    from edged.cli.fleet import main
-
-    sys.exit(main())

@@ -32,13 +32,14 @@ from backends import BackendError, Candidate, LoadOptions, ModelError, get_backe
 from backends.model_info import inspect_model
 from edged.quantize.calibration import Samples
 from edged.quantize.calibration_spec import CalibrationError
-from edged.quantize.defaults import DEFAULT_MAX_DROP, METHODS, TARGETS
+from edged.quantize.defaults import METHODS
 from edged.quantize.recipes import (
     COMPUTE_OPS,
     Progress,
     QuantizeError,
     Quantizer,
     Recipe,
+    Settings,
     prepare,
     recipes_for,
 )
@@ -134,18 +135,6 @@ def data_producers(prepared: Path, nodes: Sequence[str]) -> list[str]:
 
 
 # -- the whole run ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Settings:
-    targets: tuple[str, ...] = TARGETS
-    method: str = "minmax"
-    max_drop: float = DEFAULT_MAX_DROP
-    threads: int | None = None
-    cpus: Sequence[int] | None = None
-    runs: int = 200
-    time_budget_s: float = 20.0
-    recipes: tuple[Recipe, ...] | None = None  # None: `recipes_for` this machine's CPU
-
 
 @dataclass
 class Measurement:

@@ -21,6 +21,7 @@ import numpy as np
 
 from backends import ModelError
 from edged.quantize.calibration import Samples
+from edged.quantize.defaults import DEFAULT_MAX_DROP, TARGETS
 
 Progress = Callable[[str, int, int], None]
 
@@ -185,3 +186,16 @@ class Quantizer:
                 raise QuantizeError(f"quantizing with recipe {recipe.label} failed: {exc}"
                                     ) from None
         return out
+
+
+# The settings of one quantize run: the recipes it tries, on which targets, judged how.
+@dataclass(frozen=True)
+class Settings:
+    targets: tuple[str, ...] = TARGETS
+    method: str = "minmax"
+    max_drop: float = DEFAULT_MAX_DROP
+    threads: int | None = None
+    cpus: Sequence[int] | None = None
+    runs: int = 200
+    time_budget_s: float = 20.0
+    recipes: tuple[Recipe, ...] | None = None  # None: `recipes_for` this machine's CPU

@@ -15,7 +15,7 @@ from edged.quantize.recipes import QuantizeError, Recipe
 from edged.selection.accuracy import Accuracy
 
 if TYPE_CHECKING:
-    from edged.quantize.quantizer import Settings
+    from edged.quantize.recipes import Settings
 
 # INT8 must be at least this much faster (median) than FP32 to be worth its accuracy cost;
 # the same 2 % band the backend selection treats as a tie.

@@ -165,7 +165,8 @@ def make_variants(original: Path, calibration: Samples, evaluation: Samples, sta
                   hw, settings=None, warnings: Sequence[str] = (),
                   progress: Progress | None = None) -> Made:
     """The best passing INT8 recipe per CPU backend, as files (cached; see the module)."""
-    from edged.quantize.quantizer import Settings, measure
+    from edged.quantize.quantizer import measure
+    from edged.quantize.recipes import Settings
 
     settings = settings or Settings(targets=present_targets(hw))
     key = variants_key(original, calibration, evaluation, hw, settings)
@@ -281,7 +282,7 @@ def run_request(request: dict[str, Any], progress: Progress | None = None) -> di
     housekeeping = tuple(request.get("housekeeping") or ()) or None
     hw = probe()
     calibration, evaluation, warnings = load_data(original, spec, dict(policy.shapes or {}))
-    from edged.quantize.quantizer import Settings
+    from edged.quantize.recipes import Settings
 
     settings = Settings(targets=present_targets(hw), max_drop=policy.max_drop,
                         threads=policy.threads, cpus=housekeeping)

@@ -248,7 +248,7 @@ def made_variants(path: Path, calibration: CalibrationSpec, policy: Policy,
     is the background job's. CalibrationError (an InputError to the caller) names the
     data."""
     from edged.quantize.calibration_spec import CalibrationError
-    from edged.quantize.quantizer import Settings
+    from edged.quantize.recipes import Settings
     from edged.quantize.variants import (
         cached_variants,
         evaluation_of,
