@@ -76,9 +76,11 @@ endef
 test-isa-avx2: data
 	$(ISA_AVX2_LANE)
 
+# ruff (lint and the formatter's check) on everything; mypy on the two lower layers first.
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy sysconf backends
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -109,9 +109,7 @@ def unavailable(backend: str, device: str, reason: str, precision: str = "model"
     return Candidate(backend, device, precision, available=False, reason=reason)
 
 
-def check_feeds(
-    specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray], model: str
-) -> None:
+def check_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray], model: str) -> None:
     """Reject wrong names, dtypes and shapes before the runtime sees them.
 
     Runtimes do check, but their messages name internal nodes or crash the process (LiteRT
@@ -129,8 +127,9 @@ def check_feeds(
     for name, array in feeds.items():
         spec = expected[name]
         if not isinstance(array, np.ndarray):
-            raise InputError(f"{model}: input {name!r} must be a numpy array, not "
-                             f"{type(array).__name__}")
+            raise InputError(
+                f"{model}: input {name!r} must be a numpy array, not {type(array).__name__}"
+            )
         if array.dtype.name != spec.dtype:
             raise InputError(
                 f"{model}: input {name!r} has dtype {array.dtype.name}, expected {spec.dtype}"

@@ -42,16 +42,38 @@ class DelegateSpec:
 
 # Vendor NPU delegates as the board vendors ship them (untested here: no NPU on this machine).
 DELEGATES = (
-    DelegateSpec("NPU-VX", "/usr/lib/libvx_delegate.so", ("fsl,imx8mp",), ("/dev/galcore",),
-                 "i.MX8M Plus VeriSilicon NPU (TIM-VX delegate)"),
-    DelegateSpec("NPU-EthosU", "/usr/lib/libethosu_delegate.so", ("fsl,imx93",),
-                 ("/dev/ethosu0",), "i.MX93 Ethos-U65 (needs a Vela-compiled model)"),
-    DelegateSpec("NPU-Neutron", "/usr/lib/libneutron_delegate.so", ("fsl,imx95",),
-                 ("/dev/neutron0",), "i.MX95 eIQ Neutron NPU"),
-    DelegateSpec("EdgeTPU", "libedgetpu.so.1", (), ("/dev/apex_0",),
-                 "Coral Edge TPU (needs an edgetpu-compiled model)", (("device", "pci:0"),)),
-    DelegateSpec("EdgeTPU-USB", "libedgetpu.so.1", (), (), "Coral USB Edge TPU",
-                 (("device", "usb"),)),
+    DelegateSpec(
+        "NPU-VX",
+        "/usr/lib/libvx_delegate.so",
+        ("fsl,imx8mp",),
+        ("/dev/galcore",),
+        "i.MX8M Plus VeriSilicon NPU (TIM-VX delegate)",
+    ),
+    DelegateSpec(
+        "NPU-EthosU",
+        "/usr/lib/libethosu_delegate.so",
+        ("fsl,imx93",),
+        ("/dev/ethosu0",),
+        "i.MX93 Ethos-U65 (needs a Vela-compiled model)",
+    ),
+    DelegateSpec(
+        "NPU-Neutron",
+        "/usr/lib/libneutron_delegate.so",
+        ("fsl,imx95",),
+        ("/dev/neutron0",),
+        "i.MX95 eIQ Neutron NPU",
+    ),
+    DelegateSpec(
+        "EdgeTPU",
+        "libedgetpu.so.1",
+        (),
+        ("/dev/apex_0",),
+        "Coral Edge TPU (needs an edgetpu-compiled model)",
+        (("device", "pci:0"),),
+    ),
+    DelegateSpec(
+        "EdgeTPU-USB", "libedgetpu.so.1", (), (), "Coral USB Edge TPU", (("device", "usb"),)
+    ),
 )
 
 
@@ -84,8 +106,11 @@ def _native_info_filtered() -> Iterator[None]:
             os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
-            kept = [line for line in capture.read().splitlines(keepends=True)
-                    if not line.startswith(b"INFO: ")]
+            kept = [
+                line
+                for line in capture.read().splitlines(keepends=True)
+                if not line.startswith(b"INFO: ")
+            ]
             if kept:
                 os.write(2, b"".join(kept))
 
@@ -116,35 +141,54 @@ class LiteRtBackend:
         try:
             _import()
         except ImportError as exc:
-            return [unavailable(NAME, "XNNPACK", f"neither ai-edge-litert nor tflite_runtime "
-                                                 f"is installed ({exc})")]
+            return [
+                unavailable(
+                    NAME,
+                    "XNNPACK",
+                    f"neither ai-edge-litert nor tflite_runtime is installed ({exc})",
+                )
+            ]
         wrong_format = model is not None and model.format not in self.formats
         result = []
-        for device, note in (("XNNPACK", "XNNPACK CPU delegate"),
-                             ("CPU", "built-in kernels, no delegate")):
+        for device, note in (
+            ("XNNPACK", "XNNPACK CPU delegate"),
+            ("CPU", "built-in kernels, no delegate"),
+        ):
             if wrong_format:
                 assert model is not None  # wrong_format says so
-                result.append(unavailable(NAME, device, f"LiteRT reads only .tflite, not "
-                                                        f"{model.format}"))
+                result.append(
+                    unavailable(NAME, device, f"LiteRT reads only .tflite, not {model.format}")
+                )
             else:
                 result.append(Candidate(NAME, device, "model", note=note))
         for spec in DELEGATES:
             if not _applies(spec, hw):
                 where = ", ".join(spec.nodes + spec.socs) or "a Coral USB device"
-                result.append(unavailable(NAME, spec.name, f"{spec.note}: not on this device "
-                                                           f"(looked for {where})"))
+                result.append(
+                    unavailable(
+                        NAME, spec.name, f"{spec.note}: not on this device (looked for {where})"
+                    )
+                )
                 continue
             error = _library_error(spec.library)
             if error:
-                result.append(unavailable(NAME, spec.name, f"{spec.note}: delegate did not "
-                                                           f"load: {error}"))
+                result.append(
+                    unavailable(NAME, spec.name, f"{spec.note}: delegate did not load: {error}")
+                )
             elif wrong_format:
                 result.append(unavailable(NAME, spec.name, "LiteRT reads only .tflite"))
             else:
-                result.append(Candidate(NAME, spec.name, "model", True, "",
-                                        {"delegate": spec.library,
-                                         "delegate_options": dict(spec.options)},
-                                        note=spec.note))
+                result.append(
+                    Candidate(
+                        NAME,
+                        spec.name,
+                        "model",
+                        True,
+                        "",
+                        {"delegate": spec.library, "delegate_options": dict(spec.options)},
+                        note=spec.note,
+                    )
+                )
         return result
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
@@ -172,27 +216,33 @@ class LiteRtSession:
         delegates = []
         if "delegate" in candidate.options:
             try:
-                delegates.append(interp.load_delegate(candidate.options["delegate"],
-                                                      candidate.options.get("delegate_options")))
+                delegates.append(
+                    interp.load_delegate(
+                        candidate.options["delegate"], candidate.options.get("delegate_options")
+                    )
+                )
             except (OSError, ValueError, RuntimeError) as exc:
-                raise BackendError(f"{candidate.device}: delegate "
-                                   f"{candidate.options['delegate']} failed: {exc}") from None
+                raise BackendError(
+                    f"{candidate.device}: delegate {candidate.options['delegate']} failed: {exc}"
+                ) from None
         kwargs: dict[str, Any] = {"num_threads": options.thread_count()}
         if candidate.device != "XNNPACK":
             # No default XNNPACK delegate: the plain built-in kernels (the reference), or an
             # external NPU delegate that should take the graph itself.
             kwargs["experimental_op_resolver_type"] = (
-                interp.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+                interp.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+            )
         try:
             with _native_info_filtered():
-                self._interp = interp.Interpreter(model_path=str(model.path),
-                                                  experimental_delegates=delegates or None,
-                                                  **kwargs)
+                self._interp = interp.Interpreter(
+                    model_path=str(model.path), experimental_delegates=delegates or None, **kwargs
+                )
                 self._resize(options)
                 self._interp.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
-            raise ModelError(f"{model.path}: LiteRT cannot load it: "
-                             f"{str(exc).splitlines()[0][:300]}") from None
+            raise ModelError(
+                f"{model.path}: LiteRT cannot load it: {str(exc).splitlines()[0][:300]}"
+            ) from None
         self._in = self._interp.get_input_details()
         self._out = self._interp.get_output_details()
         self.inputs = [_spec(d) for d in self._in]

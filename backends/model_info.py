@@ -21,13 +21,33 @@ from backends.errors import ModelError
 from backends.tensors import TensorSpec, format_shape
 
 QOPERATOR_OPS = {
-    "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd",
-    "QLinearMul", "QLinearSigmoid", "QLinearGlobalAveragePool", "QLinearConcat",
-    "QLinearAveragePool", "QLinearLeakyRelu", "DynamicQuantizeLinear",
+    "QLinearConv",
+    "QLinearMatMul",
+    "ConvInteger",
+    "MatMulInteger",
+    "QGemm",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSigmoid",
+    "QLinearGlobalAveragePool",
+    "QLinearConcat",
+    "QLinearAveragePool",
+    "QLinearLeakyRelu",
+    "DynamicQuantizeLinear",
 }
 # TFLite TensorType enum values (schema.fbs).
-TFLITE_TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 5: "string",
-                6: "bool", 7: "int16", 9: "int8", 10: "float64"}
+TFLITE_TYPES = {
+    0: "float32",
+    1: "float16",
+    2: "int32",
+    3: "uint8",
+    4: "int64",
+    5: "string",
+    6: "bool",
+    7: "int16",
+    9: "int8",
+    10: "float64",
+}
 
 
 @dataclass(frozen=True)
@@ -92,8 +112,9 @@ def inspect_model(path: str | Path) -> ModelInfo:
         precision, detail = _ir_precision(path, data)
     else:
         precision, detail, scheme = _onnx_precision(path, data)
-    return ModelInfo(path, fmt, hashlib.sha256(data).hexdigest(), len(data), precision, detail,
-                     scheme)
+    return ModelInfo(
+        path, fmt, hashlib.sha256(data).hexdigest(), len(data), precision, detail, scheme
+    )
 
 
 def detect_format(path: Path, data: bytes) -> str:
@@ -122,8 +143,10 @@ def _load_onnx(path: Path, data: bytes):
     try:
         return onnx.load_model_from_string(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise ModelError(f"{path}: not a valid ONNX model ({exc.__class__.__name__}: "
-                         f"{str(exc)[:120] or 'protobuf parse failed'})") from None
+        raise ModelError(
+            f"{path}: not a valid ONNX model ({exc.__class__.__name__}: "
+            f"{str(exc)[:120] or 'protobuf parse failed'})"
+        ) from None
 
 
 def _onnx_precision(path: Path, data: bytes) -> tuple[str, str, str | None]:
@@ -144,9 +167,15 @@ def _onnx_precision(path: Path, data: bytes) -> tuple[str, str, str | None]:
     int_weights = _share(weight_types, ("int8", "uint8"))
     if dq and int_weights:
         scheme = _int8_scheme(graph)
-        return "int8", (f"ONNX QDQ{f' {scheme.upper()}' if scheme else ''}: "
-                        f"{ops['QuantizeLinear']} QuantizeLinear, {dq} "
-                        f"DequantizeLinear, {int_weights} int8 weight tensors"), scheme
+        return (
+            "int8",
+            (
+                f"ONNX QDQ{f' {scheme.upper()}' if scheme else ''}: "
+                f"{ops['QuantizeLinear']} QuantizeLinear, {dq} "
+                f"DequantizeLinear, {int_weights} int8 weight tensors"
+            ),
+            scheme,
+        )
     if weight_types["float16"] > weight_types["float32"]:
         return "fp16", f"ONNX float16 weights ({weight_types['float16']} tensors)", None
     return "fp32", f"ONNX float32 ({len(graph.node)} nodes, no quantization)", None
@@ -160,16 +189,28 @@ def _int8_scheme(graph) -> str | None:
 
     inits = {init.name: init for init in graph.initializer}
     kinds = {2: "u8", 3: "s8"}  # TensorProto.UINT8, INT8
-    activations = {kinds[inits[n.input[2]].data_type] for n in graph.node
-                   if n.op_type == "QuantizeLinear" and len(n.input) > 2
-                   and n.input[2] in inits and inits[n.input[2]].data_type in kinds}
+    activations = {
+        kinds[inits[n.input[2]].data_type]
+        for n in graph.node
+        if n.op_type == "QuantizeLinear"
+        and len(n.input) > 2
+        and n.input[2] in inits
+        and inits[n.input[2]].data_type in kinds
+    }
     # Most of them: a constant operand quantized like an activation is an 8-bit tensor too.
-    weights = Counter(kinds[i.data_type] for i in graph.initializer
-                      if i.data_type in kinds and len(i.dims) >= 2).most_common(1)
+    weights = Counter(
+        kinds[i.data_type] for i in graph.initializer if i.data_type in kinds and len(i.dims) >= 2
+    ).most_common(1)
     if len(activations) != 1 or not weights:
         return None
-    widest = max((int(abs(numpy_helper.to_array(i).astype(int)).max()) for i in graph.initializer
-                  if i.data_type == 3 and len(i.dims) >= 2), default=0)
+    widest = max(
+        (
+            int(abs(numpy_helper.to_array(i).astype(int)).max())
+            for i in graph.initializer
+            if i.data_type == 3 and len(i.dims) >= 2
+        ),
+        default=0,
+    )
     scheme = f"{activations.pop()}{weights[0][0]}"
     return "u8s8-rr" if scheme == "u8s8" and widest <= 64 else scheme
 
@@ -188,7 +229,8 @@ def _ir_precision(path: Path, data: bytes) -> tuple[str, str]:
     types = Counter(layer.get("type") for layer in layers)
     const_types = Counter(
         (node.get("element_type") if (node := layer.find("data")) is not None else None)
-        for layer in layers if layer.get("type") == "Const"
+        for layer in layers
+        if layer.get("type") == "Const"
     )
     if types["FakeQuantize"]:
         return "int8", f"OpenVINO IR with {types['FakeQuantize']} FakeQuantize"
@@ -244,12 +286,16 @@ class _TfliteTables:
         return [start + width * i for i in range(count)]
 
     def tables(self, tab, field_index: int) -> list:
-        return [self.table(p + int.from_bytes(self.data[p : p + 4], "little"))
-                for p in self.positions(tab, field_index)]
+        return [
+            self.table(p + int.from_bytes(self.data[p : p + 4], "little"))
+            for p in self.positions(tab, field_index)
+        ]
 
     def ints(self, tab, field_index: int) -> list[int]:
-        return [int.from_bytes(self.data[p : p + 4], "little", signed=True)
-                for p in self.positions(tab, field_index)]
+        return [
+            int.from_bytes(self.data[p : p + 4], "little", signed=True)
+            for p in self.positions(tab, field_index)
+        ]
 
     def byte(self, tab, field_index: int, default: int = 0) -> int:
         off = tab.Offset(4 + 2 * field_index)
@@ -267,8 +313,10 @@ class _TfliteTables:
 
 
 def _corrupt_tflite(path: Path, data: bytes) -> ModelError:
-    return ModelError(f"{path}: truncated or corrupt TFLite model (a table or buffer lies "
-                      f"outside the {len(data)}-byte file)")
+    return ModelError(
+        f"{path}: truncated or corrupt TFLite model (a table or buffer lies "
+        f"outside the {len(data)}-byte file)"
+    )
 
 
 def _tflite_tensor_types(path: Path, data: bytes) -> list[int]:
@@ -278,8 +326,7 @@ def _tflite_tensor_types(path: Path, data: bytes) -> list[int]:
         model = reader.root()
         # Model field 2: subgraphs; SubGraph field 0: tensors; Tensor field 1: type (byte;
         # absent means FLOAT32); Model field 4: buffers, Buffer field 0: data.
-        types = [reader.byte(t, 1) for sg in reader.tables(model, 2)
-                 for t in reader.tables(sg, 0)]
+        types = [reader.byte(t, 1) for sg in reader.tables(model, 2) for t in reader.tables(sg, 0)]
         for buf in reader.tables(model, 4):
             reader.positions(buf, 0, width=1)
     except (IndexError, ValueError, struct.error):
@@ -302,18 +349,31 @@ def _tflite_signature(path: Path, data: bytes) -> tuple[list[TensorSpec], list[T
         def spec(index: int) -> TensorSpec:
             tensor = tensors[index]
             shape = reader.ints(tensor, 7) or reader.ints(tensor, 0)
-            return TensorSpec(reader.string(tensor, 3),
-                              TFLITE_TYPES.get(reader.byte(tensor, 1), "unknown"),
-                              tuple(None if d < 0 else d for d in shape))
+            return TensorSpec(
+                reader.string(tensor, 3),
+                TFLITE_TYPES.get(reader.byte(tensor, 1), "unknown"),
+                tuple(None if d < 0 else d for d in shape),
+            )
 
-        return ([spec(i) for i in reader.ints(subgraphs[0], 1)],
-                [spec(i) for i in reader.ints(subgraphs[0], 2)])
+        return (
+            [spec(i) for i in reader.ints(subgraphs[0], 1)],
+            [spec(i) for i in reader.ints(subgraphs[0], 2)],
+        )
     except (IndexError, ValueError, struct.error):
         raise _corrupt_tflite(path, data) from None
 
 
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64",
-               9: "bool", 10: "float16", 11: "float64"}
+ONNX_DTYPES = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+}
 
 
 def _onnx_signature(path: Path, data: bytes) -> tuple[list[TensorSpec], list[TensorSpec]]:
@@ -322,12 +382,13 @@ def _onnx_signature(path: Path, data: bytes) -> tuple[list[TensorSpec], list[Ten
 
     def spec(value) -> TensorSpec:
         tensor = value.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None
-                     for d in tensor.shape.dim)
+        dims = tuple(
+            d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None
+            for d in tensor.shape.dim
+        )
         return TensorSpec(value.name, ONNX_DTYPES.get(tensor.elem_type, "unknown"), dims)
 
-    return ([spec(v) for v in graph.input if v.name not in inits],
-            [spec(v) for v in graph.output])
+    return ([spec(v) for v in graph.input if v.name not in inits], [spec(v) for v in graph.output])
 
 
 def signature(path: str | Path) -> tuple[list[TensorSpec], list[TensorSpec]] | None:
@@ -343,21 +404,29 @@ def signature(path: str | Path) -> tuple[list[TensorSpec], list[TensorSpec]] | N
     return None
 
 
-def signature_mismatch(original: tuple[list[TensorSpec], list[TensorSpec]],
-                       variant: tuple[list[TensorSpec], list[TensorSpec]]) -> str | None:
+def signature_mismatch(
+    original: tuple[list[TensorSpec], list[TensorSpec]],
+    variant: tuple[list[TensorSpec], list[TensorSpec]],
+) -> str | None:
     """What differs between two models' inputs/outputs (names, dtypes, fixed dims), or None.
     A dim that is dynamic in either is not compared (a variant may fix a size)."""
-    for kind, want, got in (("inputs", original[0], variant[0]),
-                            ("outputs", original[1], variant[1])):
+    for kind, want, got in (
+        ("inputs", original[0], variant[0]),
+        ("outputs", original[1], variant[1]),
+    ):
         if [s.name for s in want] != [s.name for s in got]:
-            return (f"{kind} are {[s.name for s in got]}, the original's are "
-                    f"{[s.name for s in want]}")
+            return (
+                f"{kind} are {[s.name for s in got]}, the original's are {[s.name for s in want]}"
+            )
         for a, b in zip(want, got, strict=True):
             if a.dtype != b.dtype:
                 return f"{kind[:-1]} {a.name!r} is {b.dtype}, the original's is {a.dtype}"
             if len(a.shape) != len(b.shape) or any(
-                    x is not None and y is not None and x != y
-                    for x, y in zip(a.shape, b.shape, strict=True)):
-                return (f"{kind[:-1]} {a.name!r} has shape {format_shape(b.shape)}, the "
-                        f"original's is {format_shape(a.shape)}")
+                x is not None and y is not None and x != y
+                for x, y in zip(a.shape, b.shape, strict=True)
+            ):
+                return (
+                    f"{kind[:-1]} {a.name!r} has shape {format_shape(b.shape)}, the "
+                    f"original's is {format_shape(a.shape)}"
+                )
     return None

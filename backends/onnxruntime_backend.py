@@ -36,9 +36,15 @@ PROVIDERS = {
 # Providers that are not a local device to run on.
 NOT_LOCAL = {"AzureExecutionProvider": "remote (cloud) execution provider, not a local device"}
 ORT_DTYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16",
-    "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(bool)": "bool",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(bool)": "bool",
 }
 
 
@@ -53,8 +59,13 @@ class OnnxRuntimeBackend:
     formats = ("onnx",)
 
     def version(self) -> str | None:
-        return dist_version("onnxruntime", "onnxruntime-openvino", "onnxruntime-qnn",
-                            "onnxruntime-gpu", "onnxruntime-directml")
+        return dist_version(
+            "onnxruntime",
+            "onnxruntime-openvino",
+            "onnxruntime-qnn",
+            "onnxruntime-gpu",
+            "onnxruntime-directml",
+        )
 
     def candidates(self, hw, model: ModelInfo | None) -> list[Candidate]:
         try:
@@ -63,17 +74,18 @@ class OnnxRuntimeBackend:
             return [unavailable(NAME, "CPU", f"onnxruntime is not installed ({exc})")]
         result = []
         for provider in ort.get_available_providers():
-            device, note = PROVIDERS.get(provider, (provider.removesuffix("ExecutionProvider"),
-                                                    ""))
+            device, note = PROVIDERS.get(provider, (provider.removesuffix("ExecutionProvider"), ""))
             if provider in NOT_LOCAL:
                 result.append(unavailable(NAME, device, NOT_LOCAL[provider]))
                 continue
             if model is not None and model.format not in self.formats:
-                result.append(unavailable(NAME, device, f"onnxruntime reads only ONNX, not "
-                                                        f"{model.format}"))
+                result.append(
+                    unavailable(NAME, device, f"onnxruntime reads only ONNX, not {model.format}")
+                )
                 continue
-            result.append(Candidate(NAME, device, "model", True, "",
-                                    {"provider": provider}, note=note))
+            result.append(
+                Candidate(NAME, device, "model", True, "", {"provider": provider}, note=note)
+            )
         return result
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
@@ -109,13 +121,15 @@ class OrtSession:
             # it computes the quantized model's arithmetic in float32.
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         provider = candidate.options.get("provider", "CPUExecutionProvider")
-        providers = [provider] if provider == "CPUExecutionProvider" else [
-            provider, "CPUExecutionProvider"]
+        providers = (
+            [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
+        )
         try:
             self._session = ort.InferenceSession(str(model.path), so, providers=providers)
         except Exception as exc:  # onnxruntime raises its own pybind classes (Fail, InvalidGraph)
-            raise ModelError(f"{model.path}: onnxruntime cannot load it: "
-                             f"{str(exc).splitlines()[0][:300]}") from None
+            raise ModelError(
+                f"{model.path}: onnxruntime cannot load it: {str(exc).splitlines()[0][:300]}"
+            ) from None
         self.inputs = [_spec(i) for i in self._session.get_inputs()]
         self.outputs = [_spec(o) for o in self._session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
@@ -126,8 +140,9 @@ class OrtSession:
         try:
             values = self._session.run(self._output_names, dict(feeds))
         except Exception as exc:
-            raise BackendError(f"{self.model.name}: onnxruntime run failed: "
-                               f"{str(exc).splitlines()[0][:300]}") from None
+            raise BackendError(
+                f"{self.model.name}: onnxruntime run failed: {str(exc).splitlines()[0][:300]}"
+            ) from None
         return dict(zip(self._output_names, values, strict=True))
 
     def info(self) -> dict[str, Any]:

@@ -25,11 +25,25 @@ ORDER = 20  # place among the candidates (backends.REGISTRY)
 # edged precision name -> OpenVINO INFERENCE_PRECISION_HINT
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 # Runtime layer precisions -> edged names.
-RUNTIME_NAMES = {"u8": "int8", "i8": "int8", "f32": "fp32", "bf16": "bf16", "f16": "fp16",
-                 "i32": "int32", "u1": "binary"}
+RUNTIME_NAMES = {
+    "u8": "int8",
+    "i8": "int8",
+    "f32": "fp32",
+    "bf16": "bf16",
+    "f16": "fp16",
+    "i32": "int32",
+    "u1": "binary",
+}
 # Layers whose precision is the precision of the model's arithmetic.
-COMPUTE_LAYERS = {"Convolution", "GroupConvolution", "FullyConnected", "MatMul",
-                  "Deconvolution", "GroupDeconvolution", "ConvolutionBackpropData"}
+COMPUTE_LAYERS = {
+    "Convolution",
+    "GroupConvolution",
+    "FullyConnected",
+    "MatMul",
+    "Deconvolution",
+    "GroupDeconvolution",
+    "ConvolutionBackpropData",
+}
 
 
 def _import():
@@ -71,8 +85,9 @@ class OpenVinoBackend:
                 continue
             for precision in _precisions(device, caps):
                 if model is not None and model.format not in self.formats:
-                    result.append(unavailable(NAME, device, f"openvino cannot read "
-                                                            f"{model.format}", precision))
+                    result.append(
+                        unavailable(NAME, device, f"openvino cannot read {model.format}", precision)
+                    )
                 else:
                     result.append(Candidate(NAME, device, precision, note=full_name))
         return result
@@ -105,12 +120,15 @@ class OvSession:
         try:
             ov_model = core().read_model(str(model.path))
         except RuntimeError as exc:
-            raise ModelError(f"{model.path}: openvino cannot read it: "
-                             f"{_first_line(exc)}") from None
+            raise ModelError(f"{model.path}: openvino cannot read it: {_first_line(exc)}") from None
         if options.shapes:
             first = -1 if options.dynamic_batch else None
-            ov_model.reshape({name: ov.PartialShape([first or shape[0], *shape[1:]])
-                              for name, shape in options.shapes.items()})
+            ov_model.reshape(
+                {
+                    name: ov.PartialShape([first or shape[0], *shape[1:]])
+                    for name, shape in options.shapes.items()
+                }
+            )
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
         hint = PRECISION_HINTS.get(candidate.precision)
         if hint:
@@ -123,16 +141,19 @@ class OvSession:
         # With pinning on, OpenVINO's CPU plugin resets the *calling* thread's affinity to the
         # whole process mask on every infer (openvinotoolkit/openvino#24826; seen here with
         # 2026.4: a thread on {1} comes back on {0, 1}). run() puts the caller back.
-        self._caller_cpus = (set(options.cpus) if options.cpus
-                             and candidate.device.startswith("CPU") else None)
+        self._caller_cpus = (
+            set(options.cpus) if options.cpus and candidate.device.startswith("CPU") else None
+        )
         if options.cache_dir is not None:
             options.cache_dir.mkdir(parents=True, exist_ok=True)
             config["CACHE_DIR"] = str(options.cache_dir)
         try:
             self._compiled = core().compile_model(ov_model, candidate.device, config)
         except RuntimeError as exc:
-            raise BackendError(f"{model.path}: openvino cannot compile it for "
-                               f"{candidate.device}: {_first_line(exc)}") from None
+            raise BackendError(
+                f"{model.path}: openvino cannot compile it for "
+                f"{candidate.device}: {_first_line(exc)}"
+            ) from None
         self._request = self._compiled.create_infer_request()
         self.inputs = [_spec(port) for port in self._compiled.inputs]
         self.outputs = [_spec(port) for port in self._compiled.outputs]
@@ -152,8 +173,11 @@ class OvSession:
         hinted = RUNTIME_NAMES.get(hint, hint)
         # f16 on a CPU without fp16 arithmetic is how weights are stored (decompressed to
         # f32 for the math), not a precision that ran.
-        if ("fp16" in counts and self.candidate.device.startswith("CPU")
-                and "FP16" not in _capabilities("CPU")):
+        if (
+            "fp16" in counts
+            and self.candidate.device.startswith("CPU")
+            and "FP16" not in _capabilities("CPU")
+        ):
             counts["fp32"] += counts.pop("fp16")
         total = sum(counts.values())
         main = [p for p, n in counts.most_common() if total and n / total >= 0.1]
@@ -170,19 +194,24 @@ class OvSession:
         try:
             result = self._request.infer(dict(feeds))
         except RuntimeError as exc:
-            raise BackendError(f"{self.model.name}: openvino run failed: "
-                               f"{_first_line(exc)}") from None
+            raise BackendError(
+                f"{self.model.name}: openvino run failed: {_first_line(exc)}"
+            ) from None
         finally:
             if self._caller_cpus is not None:
                 os.sched_setaffinity(0, self._caller_cpus)  # one syscall, about a microsecond
-        return {spec.name: np.array(result[port], copy=True)
-                for spec, port in zip(self.outputs, self._compiled.outputs, strict=True)}
+        return {
+            spec.name: np.array(result[port], copy=True)
+            for spec, port in zip(self.outputs, self._compiled.outputs, strict=True)
+        }
 
     def info(self) -> dict[str, Any]:
-        return {**self._precision,
-                "execution_devices": list(self._compiled.get_property("EXECUTION_DEVICES")),
-                # True when the compile was skipped: a restart reused the model cache dir.
-                "loaded_from_cache": bool(self._loaded_from_cache())}
+        return {
+            **self._precision,
+            "execution_devices": list(self._compiled.get_property("EXECUTION_DEVICES")),
+            # True when the compile was skipped: a restart reused the model cache dir.
+            "loaded_from_cache": bool(self._loaded_from_cache()),
+        }
 
     def _loaded_from_cache(self) -> bool:
         try:

@@ -61,8 +61,13 @@ class Client:
     def close(self) -> None:
         self._conn.close()
 
-    def _request(self, method: str, path: str, body: bytes | None = None,
-                 headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
         for attempt in (0, 1):  # one retry: the server may have closed an idle keep-alive
             try:
                 self._conn.request(method, path, body=body, headers=dict(headers or {}))
@@ -99,8 +104,9 @@ class Client:
     def status(self) -> dict[str, Any]:
         return self.get_json("/edged/status")
 
-    def infer(self, model: str, inputs: Mapping[str, np.ndarray],
-              timeout_ms: float | None = None) -> dict[str, np.ndarray]:
+    def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], timeout_ms: float | None = None
+    ) -> dict[str, np.ndarray]:
         header: dict[str, Any] = {"inputs": [], "parameters": {"binary_data_output": True}}
         if timeout_ms is not None:
             header["parameters"]["timeout"] = int(timeout_ms * 1000)  # protocol: microseconds
@@ -108,14 +114,22 @@ class Client:
         for name, array in inputs.items():
             array = np.ascontiguousarray(array)
             data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-            header["inputs"].append({"name": name, "shape": list(array.shape),
-                                     "datatype": datatype_of(array.dtype.name),
-                                     "parameters": {"binary_data_size": len(data)}})
+            header["inputs"].append(
+                {
+                    "name": name,
+                    "shape": list(array.shape),
+                    "datatype": datatype_of(array.dtype.name),
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            )
             chunks.append(data)
         head = json.dumps(header, separators=(",", ":")).encode()
         status, headers, body = self._request(
-            "POST", f"/v2/models/{model}/infer", head + b"".join(chunks),
-            {"Inference-Header-Content-Length": str(len(head))})
+            "POST",
+            f"/v2/models/{model}/infer",
+            head + b"".join(chunks),
+            {"Inference-Header-Content-Length": str(len(head))},
+        )
         if status != 200:
             try:
                 message = json.loads(body).get("error", "")
@@ -135,8 +149,9 @@ def decode_response(body: bytes, headers: Mapping[str, str]) -> dict[str, np.nda
         dtype = DATATYPES[out["datatype"]]
         size = (out.get("parameters") or {}).get("binary_data_size")
         if size is not None:
-            outputs[out["name"]] = np.frombuffer(body, dtype=dtype, count=size // dtype.itemsize,
-                                                 offset=offset).reshape(out["shape"])
+            outputs[out["name"]] = np.frombuffer(
+                body, dtype=dtype, count=size // dtype.itemsize, offset=offset
+            ).reshape(out["shape"])
             offset += size
         else:
             outputs[out["name"]] = np.asarray(out["data"], dtype=dtype).reshape(out["shape"])

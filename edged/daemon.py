@@ -31,10 +31,11 @@ from edged.serving.listeners import (
     describe,
     http_server,
     remove_socket_file,
+    server_changes,
     socket_identity,
 )
 from edged.serving.metrics import ServingMetrics
-from edged.serving.model_set import load_models
+from edged.serving.model_set import load_models, stop_workers
 from edged.serving.models import ServedModel
 from edged.telemetry.from_config import open_telemetry
 from sysconf.cpusets import CpuPlan
@@ -78,12 +79,12 @@ class Daemon:
         self._tasks: set[asyncio.Task] = set()
 
     # -- models ------------------------------------------------------------------------------
-    def load_models(self, config: Config, current: dict[str, ServedModel]
-                    ) -> tuple[dict[str, ServedModel], dict[str, str]]:
+    def load_models(
+        self, config: Config, current: dict[str, ServedModel]
+    ) -> tuple[dict[str, ServedModel], dict[str, str]]:
         """Models for `config` (see edged.serving.model_set.load_models), with this daemon's
         hardware, systemd notifier and fail-over hooks."""
-        return load_models(config, current, self.hw, self.notifier.notify,
-                           self._failover_hook)
+        return load_models(config, current, self.hw, self.notifier.notify, self._failover_hook)
 
     def _failover_hook(self, name: str):
         counter = self.metrics.failovers.labels(name)
@@ -128,16 +129,25 @@ class Daemon:
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             self.notifier.notify(f"STATUS=cannot listen: {exc}")
-            self._stop_workers(self.models.values())
+            stop_workers(self.models.values(), DRAIN_S)
             return EXIT_FAILED
         from edged.serving.metrics import IntrusionCollector
 
-        self.metrics.registry.register(IntrusionCollector(
-            lambda: {cpu for m in self.models.values() for cpu in (m.worker.cpus or ())},
-            lambda: {name: m.worker.native_id for name, m in self.models.items()}))
+        self.metrics.registry.register(
+            IntrusionCollector(
+                lambda: {cpu for m in self.models.values() for cpu in (m.worker.cpus or ())},
+                lambda: {name: m.worker.native_id for name, m in self.models.items()},
+            )
+        )
         self.start_telemetry()
-        api = Api(lambda: self.models, self.metrics, self.config.server.max_body_bytes,
-                  self.status, lambda: self.failed, reload=self._on_hup)
+        api = Api(
+            lambda: self.models,
+            self.metrics,
+            self.config.server.max_body_bytes,
+            self.status,
+            lambda: self.failed,
+            reload=self._on_hup,
+        )
         api.max_decode_bytes = self.config.server.max_decode_bytes
         self._server = server = http_server(api, self.config.server, DRAIN_S)
         loop = asyncio.get_running_loop()
@@ -150,7 +160,8 @@ class Daemon:
         from edged.hotplug import AcceleratorMonitor
 
         monitor = AcceleratorMonitor(
-            lambda action, path: loop.call_soon_threadsafe(self._on_hotplug, action, path))
+            lambda action, path: loop.call_soon_threadsafe(self._on_hotplug, action, path)
+        )
         monitor.start()
         interval = watchdog_interval_s()
         if interval:
@@ -164,7 +175,7 @@ class Daemon:
             monitor.stop()
             for task in tasks:
                 task.cancel()
-            await asyncio.to_thread(self._stop_workers, list(self.models.values()))
+            await asyncio.to_thread(stop_workers, list(self.models.values()), DRAIN_S)
             # The last partial window, then the retained offline state before a clean
             # DISCONNECT (which suppresses the Will).
             if self.telemetry is not None:
@@ -189,11 +200,14 @@ class Daemon:
         # Without a broker: a summary line per payload at INFO, the payload itself at DEBUG
         # or in [telemetry] payload_file (birth, events and audit stay as the publisher logs
         # them).
-        sink = LogSink(self.publisher, self.config.telemetry.payload_file) \
-            if isinstance(self.publisher, LogPublisher) else self.publisher
+        sink = (
+            LogSink(self.publisher, self.config.telemetry.payload_file)
+            if isinstance(self.publisher, LogPublisher)
+            else self.publisher
+        )
         self.telemetry = TelemetryLoop(
-            self.config.telemetry.interval_s, lambda: self.models, sink,
-            sampler=self.core_sampler())
+            self.config.telemetry.interval_s, lambda: self.models, sink, sampler=self.core_sampler()
+        )
         self.telemetry.start()
 
     def core_sampler(self):
@@ -208,8 +222,9 @@ class Daemon:
     def with_cpu_plan(self, config: Config) -> Config:
         """`config` with its models on the CPUs edged.placement.plan_cpus decides (the tune
         unit's plan when no model names its CPUs). Sets `cpu_plan`."""
-        config, self.cpu_plan = plan_cpus(config, self.root, self._allowed, self.housekeeping,
-                                          self.cpu_plan)
+        config, self.cpu_plan = plan_cpus(
+            config, self.root, self._allowed, self.housekeeping, self.cpu_plan
+        )
         return config
 
     def _birth(self) -> dict[str, Any]:
@@ -242,8 +257,9 @@ class Daemon:
         except Exception:  # an audit that crashes must not take the daemon down
             log.exception("start-up audit failed")
             return
-        log.info("audit: %s; failing: %s", summary["statuses"],
-                 ", ".join(summary["failing"]) or "none")
+        log.info(
+            "audit: %s; failing: %s", summary["statuses"], ", ".join(summary["failing"]) or "none"
+        )
         if self.publisher is not None:
             self.publisher.publish_audit(summary)
 
@@ -284,8 +300,12 @@ class Daemon:
             hw = await asyncio.to_thread(probe)
             if hw.fingerprint() == self.hw.fingerprint():
                 return
-            log.info("hardware changed (%s %s): %s", action, path,
-                     ", ".join(a.name for a in hw.accelerators) or "no accelerators")
+            log.info(
+                "hardware changed (%s %s): %s",
+                action,
+                path,
+                ", ".join(a.name for a in hw.accelerators) or "no accelerators",
+            )
             self.hw = hw
             for served in list(self.models.values()):
                 try:
@@ -293,8 +313,13 @@ class Daemon:
                 except Exception as exc:  # keep serving what runs; say why it did not adapt
                     outcome = f"could not adapt: {exc}"
                 log.info("model %s: %s", served.name, outcome)
-                self._event("hardware_change", model=served.name, outcome=outcome,
-                            action=action, device=path)
+                self._event(
+                    "hardware_change",
+                    model=served.name,
+                    outcome=outcome,
+                    action=action,
+                    device=path,
+                )
                 self.notifier.notify(f"STATUS={self._status_line()}")
 
     def _on_stop(self, sig: int) -> None:
@@ -349,8 +374,9 @@ class Daemon:
 
     async def reload(self) -> None:
         log.info("reloading %s", self.config.source)
-        self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}",
-                             "STATUS=reloading")
+        self.notifier.notify(
+            "RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}", "STATUS=reloading"
+        )
         try:
             config = await asyncio.to_thread(load_config, self.config.source)
             config = self.with_cpu_plan(config)
@@ -364,11 +390,13 @@ class Daemon:
         # socket this process bound, not whatever sits at a new path).
         pending = server_changes(self.config.server, config.server)
         if pending:
-            log.warning("reload: [server] %s changed; that takes a restart (still serving "
-                        "with the running values)", ", ".join(pending))
+            log.warning(
+                "reload: [server] %s changed; that takes a restart (still serving "
+                "with the running values)",
+                ", ".join(pending),
+            )
         # hang_s follows the models' watchdog_ms and is read live by the watchdog.
-        config = replace(config, server=replace(self.config.server,
-                                                hang_s=config.server.hang_s))
+        config = replace(config, server=replace(self.config.server, hang_s=config.server.hang_s))
         self.restart_needed = pending
         old = self.models
         models, failed = await asyncio.to_thread(self.load_models, config, old)
@@ -376,12 +404,16 @@ class Daemon:
         self.reloads += 1
         self.last_reload_error = "; ".join(f"{k}: {v}" for k, v in failed.items()) or None
         retired = [m for name, m in old.items() if models.get(name) is not m]
-        await asyncio.to_thread(self._stop_workers, retired)
+        await asyncio.to_thread(stop_workers, retired, DRAIN_S)
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
         self.start_variant_jobs()
-        self._event("reload", models=sorted(models), failed=failed,
-                    replaced=sorted(m.name for m in retired),
-                    restart_needed=[f"server.{k}" for k in pending])
+        self._event(
+            "reload",
+            models=sorted(models),
+            failed=failed,
+            replaced=sorted(m.name for m in retired),
+            restart_needed=[f"server.{k}" for k in pending],
+        )
         if self.publisher is not None:
             self.publisher.set_birth(self._birth())
 
@@ -391,8 +423,12 @@ class Daemon:
         edged.quantize.job). Called after READY: readiness never waits for them."""
         from edged.quantize.job import start_variant_jobs
 
-        start_variant_jobs(self.models, self.config, self.housekeeping or sorted(self._allowed),
-                           self._variants_made)
+        start_variant_jobs(
+            self.models,
+            self.config,
+            self.housekeeping or sorted(self._allowed),
+            self._variants_made,
+        )
 
     def _variants_made(self, served: ServedModel, report: dict[str, Any]) -> str:
         """The job's decision (stored under the served policy's key) swapped in, in the
@@ -408,27 +444,6 @@ class Daemon:
         self._event("selection", model=served.name, result=done, why=selection.why)
         return done
 
-    @staticmethod
-    def _stop_workers(models) -> None:
-        """Stop all workers at once, each bounded by DRAIN_S, so N models take DRAIN_S."""
-        for served in models:
-            if served.job is not None:
-                served.job.stop()
-        workers = [served.worker for served in models]
-        threads = [threading.Thread(target=w.stop, args=(DRAIN_S,)) for w in workers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-
-
-def server_changes(running, new) -> list[str]:
-    """The [server] fields that differ between two configs (they take a restart)."""
-    import dataclasses
-
-    return [f.name for f in dataclasses.fields(running)
-            if f.name != "hang_s" and getattr(running, f.name) != getattr(new, f.name)]
-
 
 _hup_during_start = threading.Event()
 
@@ -436,10 +451,17 @@ _hup_during_start = threading.Event()
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edged", description="edged inference daemon")
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH,
-                        help=f"TOML config (default {DEFAULT_CONFIG_PATH})")
-    parser.add_argument("--check-config", action="store_true",
-                        help="validate the config and exit (0 valid, 2 invalid)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG_PATH,
+        help=f"TOML config (default {DEFAULT_CONFIG_PATH})",
+    )
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the config and exit (0 valid, 2 invalid)",
+    )
     args = parser.parse_args(argv)
     # Until the event loop takes over, a SIGHUP (systemctl reload during a long first start)
     # must not kill the daemon: remember it and reload once serving.
@@ -452,8 +474,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_config:
         print(f"edged: {config.source}: OK ({len(config.models)} model(s))")
         return EXIT_OK
-    logging.basicConfig(level=config.server.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.server.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if not config.models:
         log.warning("%s: no [[models]]; serving nothing", config.source)
     try:

@@ -42,8 +42,9 @@ class AcceleratorMonitor:
             monitor = pyudev.Monitor.from_netlink(context)
             for subsystem in WATCHED_SUBSYSTEMS:
                 monitor.filter_by(subsystem)
-            self._observer = pyudev.MonitorObserver(monitor, callback=self._event,
-                                                    name="edged-hotplug")
+            self._observer = pyudev.MonitorObserver(
+                monitor, callback=self._event, name="edged-hotplug"
+            )
             self._observer.start()
         except Exception as exc:  # ImportError, OSError from netlink, libudev missing
             self.error = f"{exc.__class__.__name__}: {exc}"

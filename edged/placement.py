@@ -19,9 +19,13 @@ from sysconf.sysroot import SysRoot
 log = logging.getLogger("edged")  # the daemon's log: its lines keep their logger name
 
 
-def plan_cpus(config: Config, root: SysRoot, allowed: Set[int],
-              housekeeping: list[int] | None, previous: CpuPlan | None
-              ) -> tuple[Config, CpuPlan | None]:
+def plan_cpus(
+    config: Config,
+    root: SysRoot,
+    allowed: Set[int],
+    housekeeping: list[int] | None,
+    previous: CpuPlan | None,
+) -> tuple[Config, CpuPlan | None]:
     """`config` with its models on the plan's inference CPUs, and the plan (None: models
     stay unpinned). When no model names its CPUs, decide them as `edgectl apply` (the tune
     unit) does: sysconf.cpusets.decide() (an isolated set, else the last core) for
@@ -35,9 +39,15 @@ def plan_cpus(config: Config, root: SysRoot, allowed: Set[int],
 
     pinned = sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
     if pinned or not config.models:
-        plan = None if not pinned else CpuPlan(
-            tuple(pinned), tuple(config.server.housekeeping_cpus or housekeeping or ()),
-            "models")
+        plan = (
+            None
+            if not pinned
+            else CpuPlan(
+                tuple(pinned),
+                tuple(config.server.housekeeping_cpus or housekeeping or ()),
+                "models",
+            )
+        )
         if pinned:
             try:  # what the tune unit will do differently, said where operators look
                 for note in decide(read_cpusets(root), pinned).notes:
@@ -52,15 +62,23 @@ def plan_cpus(config: Config, root: SysRoot, allowed: Set[int],
         return config, None
     allowed = allowed if root.is_live else set(plan.inference)
     if not set(plan.inference) <= allowed:
-        log.warning("models stay unpinned: inference CPUs %s (%s) are outside this "
-                    "process's CPU set %s", list(plan.inference), plan.source,
-                    sorted(allowed))
+        log.warning(
+            "models stay unpinned: inference CPUs %s (%s) are outside this process's CPU set %s",
+            list(plan.inference),
+            plan.source,
+            sorted(allowed),
+        )
         return config, None
     if previous != plan:
-        log.info("CPU plan (%s): models on CPUs %s, housekeeping on %s", plan.source,
-                 plan.to_dict()["inference_list"], plan.to_dict()["housekeeping_list"])
-    return replace(config, models=tuple(replace(mc, cpus=plan.inference)
-                                        for mc in config.models)), plan
+        log.info(
+            "CPU plan (%s): models on CPUs %s, housekeeping on %s",
+            plan.source,
+            plan.to_dict()["inference_list"],
+            plan.to_dict()["housekeeping_list"],
+        )
+    return replace(
+        config, models=tuple(replace(mc, cpus=plan.inference) for mc in config.models)
+    ), plan
 
 
 def pin_housekeeping(config: Config) -> list[int] | None:
@@ -76,8 +94,11 @@ def pin_housekeeping(config: Config) -> list[int] | None:
         wanted = tuple(cpu for cpu in allowed if cpu not in pinned)
     usable = [cpu for cpu in wanted if cpu in allowed]
     if not usable:
-        log.warning("no housekeeping CPU left (models pinned to %s of %s); the API threads "
-                    "stay unpinned", sorted(set(allowed) - set(wanted)), allowed)
+        log.warning(
+            "no housekeeping CPU left (models pinned to %s of %s); the API threads stay unpinned",
+            sorted(set(allowed) - set(wanted)),
+            allowed,
+        )
         return None
     # Threads that already exist (a BLAS pool started at import, say) keep the CPU set they
     # were born with, so every task of the process is moved, not only this one. No model
@@ -101,8 +122,11 @@ def lock_memory() -> bool:
     mcl_current, mcl_future = 1, 2
     if libc.mlockall(mcl_current | mcl_future) != 0:
         err = ctypes.get_errno()
-        log.warning("mlockall failed (%s): needs CAP_IPC_LOCK and LimitMEMLOCK=infinity; "
-                    "running with unlocked memory", os.strerror(err))
+        log.warning(
+            "mlockall failed (%s): needs CAP_IPC_LOCK and LimitMEMLOCK=infinity; "
+            "running with unlocked memory",
+            os.strerror(err),
+        )
         return False
     log.info("memory locked (mlockall)")
     return True
@@ -126,9 +150,13 @@ def thread_affinities() -> list[dict[str, Any]]:
         after = stat.rsplit(")", 1)[-1].split()
         policy = SCHED_POLICIES.get(int(after[38]), after[38]) if len(after) > 38 else "?"
         priority = int(after[37]) if len(after) > 37 else 0
-        rows.append({"tid": int(tid), "name": comm,
-                     "cpus": fields.get("Cpus_allowed_list", "?").strip(),
-                     "policy": policy if not priority else f"{policy}:{priority}",
-                     "involuntary_switches": int(fields.get("nonvoluntary_ctxt_switches",
-                                                            "0").strip())})
+        rows.append(
+            {
+                "tid": int(tid),
+                "name": comm,
+                "cpus": fields.get("Cpus_allowed_list", "?").strip(),
+                "policy": policy if not priority else f"{policy}:{priority}",
+                "involuntary_switches": int(fields.get("nonvoluntary_ctxt_switches", "0").strip()),
+            }
+        )
     return rows

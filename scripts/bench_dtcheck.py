@@ -46,7 +46,7 @@ DTC_RELATION: dict[str, str] = {
     "DT-DMA-DISABLED-CONTROLLER": "none (dtc ignores `status`)",
     "DT-DMA-NAMES-MISMATCH": "none (dtc's dmas_property checks cell counts, not dma-names)",
     "DT-PHANDLE-DANGLING": "overlap: dtc's *_property phandle checks (all nodes; edged: "
-                           "enabled nodes only)",
+    "enabled nodes only)",
     "DT-DMA-SHARED-REQUEST": "none (cross-node)",
     "DT-CMA-MISSING": "none (cross-node: accelerators vs reserved-memory)",
     "DT-CMA-SMALL": "none (cross-node)",
@@ -63,8 +63,16 @@ def corpora(fetch: bool) -> list[tuple[str, Path]]:
     need = [d for d in (arm64, armhf) if not (d / ".complete").exists()]
     if need and fetch:
         log("fetching the .dtb corpora (fetch_test_data.py --only dtb --with-armhf)")
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_test_data.py"),
-                        "--only", "dtb", "--with-armhf"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "fetch_test_data.py"),
+                "--only",
+                "dtb",
+                "--with-armhf",
+            ],
+            check=True,
+        )
     for arch, folder in (("arm64", arm64), ("armhf", armhf)):
         if (folder / ".complete").exists():
             out.append((arch, folder))
@@ -110,9 +118,15 @@ def run_edged(files: list[tuple[str, Path]]) -> dict[str, Any]:
         "check": timing(check_t),
         "parse_plus_check": timing([a + b for a, b in zip(parse_t, check_t, strict=True)]),
         "wall_s": time.perf_counter() - t_all,
-        "rules": {rule: {"findings": hits[rule], "trees": len(trees_hit[rule]),
-                         "severity": RULES[rule][0], "dtc": DTC_RELATION.get(rule, "")}
-                  for rule in RULES},
+        "rules": {
+            rule: {
+                "findings": hits[rule],
+                "trees": len(trees_hit[rule]),
+                "severity": RULES[rule][0],
+                "dtc": DTC_RELATION.get(rule, ""),
+            }
+            for rule in RULES
+        },
         "trees_with_any": len(set().union(*trees_hit.values())) if trees_hit else 0,
     }
 
@@ -125,8 +139,11 @@ def run_dtc(files: list[tuple[str, Path]], dtc: str) -> dict[str, Any]:
     t_all = time.perf_counter()
     for i, (name, path) in enumerate(files, 1):
         t0 = time.perf_counter()
-        proc = subprocess.run([dtc, "-I", "dtb", "-O", "dts", "-o", "/dev/null", str(path)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [dtc, "-I", "dtb", "-O", "dts", "-o", "/dev/null", str(path)],
+            capture_output=True,
+            text=True,
+        )
         times.append(time.perf_counter() - t0)
         if proc.returncode != 0:
             failed.append(name)
@@ -139,23 +156,30 @@ def run_dtc(files: list[tuple[str, Path]], dtc: str) -> dict[str, Any]:
         if i % 200 == 0 or i == len(files):
             log(f"dtc {i}/{len(files)} ({time.perf_counter() - t_all:.1f} s)")
     return {
-        "version": subprocess.run([dtc, "--version"], capture_output=True,
-                                  text=True).stdout.strip(),
+        "version": subprocess.run(
+            [dtc, "--version"], capture_output=True, text=True
+        ).stdout.strip(),
         "per_tree": timing(times),
         "wall_s": time.perf_counter() - t_all,
         "failed": failed,
-        "classes": {k: {"warnings": hits[k], "trees": len(trees_hit[k])}
-                    for k in sorted(hits, key=lambda k: -hits[k])},
+        "classes": {
+            k: {"warnings": hits[k], "trees": len(trees_hit[k])}
+            for k in sorted(hits, key=lambda k: -hits[k])
+        },
         "trees_with_any": len(set().union(*trees_hit.values())) if trees_hit else 0,
     }
 
 
 def print_report(res: dict[str, Any]) -> None:
-    print(f"corpora: {', '.join(f'{a} {n}' for a, n in res['corpora'].items())} "
-          f"({res['files']} .dtb files)")
+    print(
+        f"corpora: {', '.join(f'{a} {n}' for a, n in res['corpora'].items())} "
+        f"({res['files']} .dtb files)"
+    )
     e = res["edged"]
-    print(f"\nedged: {e['parsed']} parsed, {len(e['parse_errors'])} parse errors, "
-          f"wall {e['wall_s']:.1f} s")
+    print(
+        f"\nedged: {e['parsed']} parsed, {len(e['parse_errors'])} parse errors, "
+        f"wall {e['wall_s']:.1f} s"
+    )
     print("| step | median ms | p99 ms | total s |\n|---|---|---|---|")
     for key in ("parse", "check", "parse_plus_check"):
         t = e[key]
@@ -168,9 +192,11 @@ def print_report(res: dict[str, Any]) -> None:
     d = res.get("dtc")
     if d:
         t = d["per_tree"]
-        print(f"\n{d['version']}: wall {d['wall_s']:.1f} s, per tree median {t['median_ms']:.2f} "
-              f"ms, p99 {t['p99_ms']:.2f} ms; {len(d['failed'])} failed; trees with any "
-              f"warning: {d['trees_with_any']}")
+        print(
+            f"\n{d['version']}: wall {d['wall_s']:.1f} s, per tree median {t['median_ms']:.2f} "
+            f"ms, p99 {t['p99_ms']:.2f} ms; {len(d['failed'])} failed; trees with any "
+            f"warning: {d['trees_with_any']}"
+        )
         print("| dtc class | warnings | trees |\n|---|---|---|")
         for k, v in d["classes"].items():
             print(f"| {k} | {v['warnings']} | {v['trees']} |")
@@ -181,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, help="only the first N files (sorted) per corpus")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--no-dtc", action="store_true", help="skip the dtc comparison")
-    parser.add_argument("--no-fetch", action="store_true",
-                        help="use what is fetched; do not fetch the armhf corpus")
+    parser.add_argument(
+        "--no-fetch", action="store_true", help="use what is fetched; do not fetch the armhf corpus"
+    )
     args = parser.parse_args(argv)
     found = corpora(fetch=not args.no_fetch)
     if not found:

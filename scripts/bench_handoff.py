@@ -28,7 +28,8 @@ import numpy as np
 
 from backends.base import Candidate
 from backends.tensors import TensorSpec
-from edged.serving.engine import BatchingConfig, ModelWorker
+from edged.serving.engine import ModelWorker
+from edged.serving.requests import BatchingConfig
 
 
 class NoopSession:
@@ -76,8 +77,10 @@ def main() -> int:
     if rest:
         layouts["uvloop, split"] = (uvloop.run, rest, last)
         layouts["uvloop, shared"] = (uvloop.run, last, last)
-    workers = {name: ModelWorker("noop", NoopSession(), BatchingConfig(), cpus=worker_cpus)
-               for name, (_, _, worker_cpus) in layouts.items()}
+    workers = {
+        name: ModelWorker("noop", NoopSession(), BatchingConfig(), cpus=worker_cpus)
+        for name, (_, _, worker_cpus) in layouts.items()
+    }
     for worker in workers.values():
         worker.start()
     rounds: dict[str, list[float]] = {name: [] for name in layouts}
@@ -92,12 +95,19 @@ def main() -> int:
             worker.stop()
     result = {name: round(statistics.median(v), 1) for name, v in rounds.items()}
     if args.json:
-        benchlib.write_json({**benchlib.report_header("handoff"),
-                             "us_per_round_trip_median": result, "rounds": rounds})
+        benchlib.write_json(
+            {
+                **benchlib.report_header("handoff"),
+                "us_per_round_trip_median": result,
+                "rounds": rounds,
+            }
+        )
     else:
         for name, value in result.items():
-            print(f"{name:14} {value:6.1f} µs per request handed to the worker and back "
-                  f"(median of {args.rounds} rounds x {args.calls} calls)")
+            print(
+                f"{name:14} {value:6.1f} µs per request handed to the worker and back "
+                f"(median of {args.rounds} rounds x {args.calls} calls)"
+            )
         print(f"uvloop / asyncio: {result['uvloop'] / result['asyncio']:.2f}")
     return 0
 

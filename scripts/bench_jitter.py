@@ -70,7 +70,8 @@ from fetch_test_data import models_dir
 from backends import Candidate, LoadOptions, get_backend
 from backends.model_info import inspect_model
 from edged.selection.inputs import make_inputs, parse_shape_args, resolve_shapes
-from edged.serving.engine import BatchingConfig, EngineError, ModelWorker, Timing
+from edged.serving.engine import ModelWorker
+from edged.serving.requests import BatchingConfig, EngineError, Timing
 from sysconf.intrusions import (
     interrupts_per_cpu,
     rates,
@@ -107,8 +108,7 @@ SETUPS = {
     "unpinned_idle": Setup("(1) unpinned, idle", False, False, None),
     "unpinned_load": Setup("(2) unpinned, stress-ng on all CPUs", False, False, "all"),
     "pinned_load": Setup("(3) pinned to CPU 1, load on CPU 0", True, False, "housekeeping"),
-    "pinned_fifo_load": Setup("(4) pinned + SCHED_FIFO, load on CPU 0", True, True,
-                              "housekeeping"),
+    "pinned_fifo_load": Setup("(4) pinned + SCHED_FIFO, load on CPU 0", True, True, "housekeeping"),
 }
 
 
@@ -122,10 +122,12 @@ def load_session(path: Path, pinned: bool):
     return get_backend("onnxruntime").load(
         inspect_model(path),
         Candidate("onnxruntime", "CPU", "model", options={"provider": "CPUExecutionProvider"}),
-        LoadOptions(threads=1, cpus=[INFERENCE_CPU] if pinned else None))
+        LoadOptions(threads=1, cpus=[INFERENCE_CPU] if pinned else None),
+    )
 
 
 # -- the load -----------------------------------------------------------------------------------
+
 
 class Load:
     """One stress-ng run, bounded by its own --timeout and stopped by `stop` (always called)."""
@@ -133,21 +135,34 @@ class Load:
     def __init__(self, where: str, seconds: float, tmp: Path, stressors: str) -> None:
         self.where = where
         work = Path(tempfile.mkdtemp(prefix="stress-", dir=tmp))
-        cmd = ["stress-ng", *shlex.split(stressors), "--temp-path", str(work),
-               "--timeout", f"{int(seconds + LOAD_RAMP_S) + 10}s"]
+        cmd = [
+            "stress-ng",
+            *shlex.split(stressors),
+            "--temp-path",
+            str(work),
+            "--timeout",
+            f"{int(seconds + LOAD_RAMP_S) + 10}s",
+        ]
         if where == "housekeeping":
             cmd[1:1] = ["--taskset", str(HOUSEKEEPING_CPU)]
         self.cmd = cmd
         self._err = open(work / "stderr.txt", "w+b")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self._err, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._err,
+            start_new_session=True,
+        )
 
     def check(self) -> dict[str, Any]:
         """stress-ng still running, and where its workers may run (Cpus_allowed_list)."""
         if self.proc.poll() is not None:
             self._err.seek(0)
-            raise RuntimeError(f"stress-ng exited early ({self.proc.returncode}): "
-                               f"{self._err.read().decode(errors='replace')[-500:]}")
+            raise RuntimeError(
+                f"stress-ng exited early ({self.proc.returncode}): "
+                f"{self._err.read().decode(errors='replace')[-500:]}"
+            )
         allowed = {}
         for pid in _descendants(self.proc.pid):
             with contextlib.suppress(OSError):
@@ -209,6 +224,7 @@ def load_running(where: str | None, seconds: float, tmp: Path, stressors: str):
 
 # -- intrusion counters -------------------------------------------------------------------------
 
+
 @dataclass
 class Counters:
     at: float
@@ -220,14 +236,23 @@ class Counters:
     stat: dict[int, tuple[int, int, int]]  # /proc/stat per CPU: task, irq+softirq, steal ticks
 
     @classmethod
-    def read(cls, root: SysRoot, worker_tid: int | None, submitter_tid: int | None
-             ) -> Counters:
+    def read(cls, root: SysRoot, worker_tid: int | None, submitter_tid: int | None) -> Counters:
         cpus, lines = read_interrupts(root)
         column = cpus.index(INFERENCE_CPU) if INFERENCE_CPU in cpus else None
-        rows = {f"{line.irq} {line.actions}" if line.numeric else line.irq: line.counts[column]
-                for line in lines if column is not None and column < len(line.counts)}
-        return cls(time.perf_counter(), interrupts_per_cpu(root), rows, softirqs_per_cpu(root),
-                   _switches(worker_tid), _switches(submitter_tid), _cpu_stat(root))
+        rows = {
+            f"{line.irq} {line.actions}" if line.numeric else line.irq: line.counts[column]
+            for line in lines
+            if column is not None and column < len(line.counts)
+        }
+        return cls(
+            time.perf_counter(),
+            interrupts_per_cpu(root),
+            rows,
+            softirqs_per_cpu(root),
+            _switches(worker_tid),
+            _switches(submitter_tid),
+            _cpu_stat(root),
+        )
 
 
 def _cpu_stat(root: SysRoot) -> dict[int, tuple[int, int, int]]:
@@ -255,14 +280,21 @@ def intrusions(before: Counters, after: Counters) -> dict[str, Any]:
     soft_before = {k: sum(v.values()) for k, v in before.softirqs.items()}
     soft_after = {k: sum(v.values()) for k, v in after.softirqs.items()}
     soft = rates(soft_before, soft_after, seconds)
-    kinds = {kind: (n - before.softirqs.get(cpu, {}).get(kind, 0)) / seconds
-             for kind, n in after.softirqs.get(cpu, {}).items()}
-    rows = {name: (n - before.irq_rows.get(name, n)) / seconds
-            for name, n in after.irq_rows.items()}
+    kinds = {
+        kind: (n - before.softirqs.get(cpu, {}).get(kind, 0)) / seconds
+        for kind, n in after.softirqs.get(cpu, {}).items()
+    }
+    rows = {
+        name: (n - before.irq_rows.get(name, n)) / seconds for name, n in after.irq_rows.items()
+    }
 
     def tick_ms(a, b, index):
-        return (a.get(cpu, (0, 0, 0))[index] - b.get(cpu, (0, 0, 0))[index]) * 1000 \
-            / os.sysconf("SC_CLK_TCK") / seconds
+        return (
+            (a.get(cpu, (0, 0, 0))[index] - b.get(cpu, (0, 0, 0))[index])
+            * 1000
+            / os.sysconf("SC_CLK_TCK")
+            / seconds
+        )
 
     def per_s(a, b, index):
         return (b[index] - a[index]) / seconds if a and b else None
@@ -281,18 +313,27 @@ def intrusions(before: Counters, after: Counters) -> dict[str, Any]:
         "worker_invol_per_s": per_s(before.worker, after.worker, 1),
         "worker_vol_per_s": per_s(before.worker, after.worker, 0),
         "submitter_invol_per_s": per_s(before.submitter, after.submitter, 1),
-        "top_irqs": {k: round(v, 1) for k, v in sorted(rows.items(), key=lambda kv: -kv[1])[:4]
-                     if v > 0},
-        "top_softirqs": {k: round(v, 1) for k, v in sorted(kinds.items(),
-                                                           key=lambda kv: -kv[1])[:3] if v > 0},
+        "top_irqs": {
+            k: round(v, 1) for k, v in sorted(rows.items(), key=lambda kv: -kv[1])[:4] if v > 0
+        },
+        "top_softirqs": {
+            k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:3] if v > 0
+        },
     }
 
 
 # -- one timed segment ----------------------------------------------------------------------------
 
-def segment(worker: ModelWorker, feeds, hz: float, seconds: float,
-            submit_cpus: set[int] | None, root: SysRoot, record: bool = True
-            ) -> dict[str, Any]:
+
+def segment(
+    worker: ModelWorker,
+    feeds,
+    hz: float,
+    seconds: float,
+    submit_cpus: set[int] | None,
+    root: SysRoot,
+    record: bool = True,
+) -> dict[str, Any]:
     """Submit at t0 + i/hz for `seconds`; latency = done - scheduled. A request whose slot has
     passed is submitted at once (never skipped), so lateness accumulates as it would for a
     real periodic producer."""
@@ -361,7 +402,9 @@ def segment(worker: ModelWorker, feeds, hz: float, seconds: float,
     stats = percentiles(lat)
     return {
         **stats,
-        "requests": n, "completed": int(ok.sum()), "errors": int(n - ok.sum()),
+        "requests": n,
+        "completed": int(ok.sum()),
+        "errors": int(n - ok.sum()),
         "error_samples": errors,
         "over_period": int((lat > period * 1e3).sum()),  # missed the next tick
         "wake": percentiles(wake),
@@ -374,11 +417,21 @@ def segment(worker: ModelWorker, feeds, hz: float, seconds: float,
 
 def percentiles(ms: np.ndarray) -> dict[str, float]:
     if not len(ms):
-        return {"p50_ms": float("nan"), "p99_ms": float("nan"), "p999_ms": float("nan"),
-                "max_ms": float("nan"), "spread_ms": float("nan")}
+        return {
+            "p50_ms": float("nan"),
+            "p99_ms": float("nan"),
+            "p999_ms": float("nan"),
+            "max_ms": float("nan"),
+            "spread_ms": float("nan"),
+        }
     stats = benchlib.latency_stats(ms / 1e3)
-    return {"p50_ms": stats.p50_ms, "p99_ms": stats.p99_ms, "p999_ms": stats.p999_ms,
-            "max_ms": stats.max_ms, "spread_ms": round(stats.p99_ms - stats.p50_ms, 4)}
+    return {
+        "p50_ms": stats.p50_ms,
+        "p99_ms": stats.p99_ms,
+        "p999_ms": stats.p999_ms,
+        "max_ms": stats.max_ms,
+        "spread_ms": round(stats.p99_ms - stats.p50_ms, 4),
+    }
 
 
 def worker_thread_facts(worker: ModelWorker) -> dict[str, Any]:
@@ -387,8 +440,7 @@ def worker_thread_facts(worker: ModelWorker) -> dict[str, Any]:
 
     for row in thread_affinities():
         if row["tid"] == worker.native_id:
-            return {"cpus": row["cpus"], "policy": row["policy"],
-                    "engine_says": worker.scheduling}
+            return {"cpus": row["cpus"], "policy": row["policy"], "engine_says": worker.scheduling}
     return {"cpus": "?", "policy": "?", "engine_says": worker.scheduling}
 
 
@@ -402,8 +454,17 @@ CYCLIC_RUNS = {
 
 
 def cyclictest(seconds: float, fifo: bool) -> dict[str, Any]:
-    cmd = ["cyclictest", "-m", "-q", "--laptop", f"-D{max(1, round(seconds))}s", "-i1000",
-           f"-a{INFERENCE_CPU}", "-t1", f"-h{HIST_US}"]
+    cmd = [
+        "cyclictest",
+        "-m",
+        "-q",
+        "--laptop",
+        f"-D{max(1, round(seconds))}s",
+        "-i1000",
+        f"-a{INFERENCE_CPU}",
+        "-t1",
+        f"-h{HIST_US}",
+    ]
     cmd += [f"-p{CYCLICTEST_PRIORITY}"] if fifo else ["--policy=other"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
     result = parse_cyclictest(out.stdout)
@@ -422,16 +483,22 @@ def parse_cyclictest(text: str) -> dict[str, Any]:
         if row:
             counts[int(row[1])] = int(row[2])
             continue
-        head = re.match(r"#\s*(Total|Min Latencies|Avg Latencies|Max Latencies|"
-                        r"Histogram Overflows):\s*(\d+)", line)
+        head = re.match(
+            r"#\s*(Total|Min Latencies|Avg Latencies|Max Latencies|"
+            r"Histogram Overflows):\s*(\d+)",
+            line,
+        )
         if head:
             summary[head[1]] = int(head[2])
     total = summary.get("Total")
     overflows = summary.get("Histogram Overflows", 0)
-    result: dict[str, Any] = {"total": total, "overflows": overflows,
-                              "min_us": summary.get("Min Latencies"),
-                              "avg_us": summary.get("Avg Latencies"),
-                              "max_us": summary.get("Max Latencies")}
+    result: dict[str, Any] = {
+        "total": total,
+        "overflows": overflows,
+        "min_us": summary.get("Min Latencies"),
+        "avg_us": summary.get("Avg Latencies"),
+        "max_us": summary.get("Max Latencies"),
+    }
     if counts and total:
         edges = np.array(sorted(counts))
         cumulative = np.cumsum([counts[k] for k in edges])
@@ -461,12 +528,22 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         row["requests"] = sum(run["requests"] for run in runs)
         row["errors"] = sum(run["errors"] for run in runs)
         for part in ("wake", "queue", "compute"):
-            row[part] = {m: round(median([run[part][m] for run in runs]), 4)
-                         for m in ("p50_ms", "p999_ms", "max_ms")}
+            row[part] = {
+                m: round(median([run[part][m] for run in runs]), 4)
+                for m in ("p50_ms", "p999_ms", "max_ms")
+            }
         intr = [run["intrusions"] for run in runs]
-        for name in ("irq_per_s", "irq_per_s_other_cpu", "softirq_per_s", "steal_ms_per_s",
-                     "busy_ms_per_s", "irq_time_ms_per_s",
-                     "worker_invol_per_s", "worker_vol_per_s", "submitter_invol_per_s"):
+        for name in (
+            "irq_per_s",
+            "irq_per_s_other_cpu",
+            "softirq_per_s",
+            "steal_ms_per_s",
+            "busy_ms_per_s",
+            "irq_time_ms_per_s",
+            "worker_invol_per_s",
+            "worker_vol_per_s",
+            "submitter_invol_per_s",
+        ):
             values = [i[name] for i in intr if i[name] is not None]
             row[name] = round(median(values), 2) if values else None
         row["top_irqs_rounds"] = [i["top_irqs"] for i in intr]
@@ -478,19 +555,27 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         spread = [r[key]["p999_ms"] / r[key]["p50_ms"] for r in rounds]
         gain = [r["unpinned_load"]["p999_ms"] / r[key]["p999_ms"] for r in rounds]
         row = configs[key]
-        targets.append({
-            "target": f"{SETUPS[key].label}: p99.9 <= {TARGET_SPREAD}x its p50",
-            "value": round(median(spread), 3), "rounds": [round(v, 3) for v in spread],
-            "figures": f"p99.9 {row['p999_ms']:.3f} ms / p50 {row['p50_ms']:.3f} ms = "
-                       f"{median(spread):.2f}x (rounds {min(spread):.2f}-{max(spread):.2f}x)",
-            "pass": median(spread) <= TARGET_SPREAD})
-        targets.append({
-            "target": f"{SETUPS[key].label}: p99.9 >= {TARGET_GAIN}x lower than (2)",
-            "value": round(median(gain), 3), "rounds": [round(v, 3) for v in gain],
-            "figures": f"(2) p99.9 {configs['unpinned_load']['p999_ms']:.3f} ms / "
-                       f"{row['p999_ms']:.3f} ms = {median(gain):.2f}x (rounds "
-                       f"{min(gain):.2f}-{max(gain):.2f}x)",
-            "pass": median(gain) >= TARGET_GAIN})
+        targets.append(
+            {
+                "target": f"{SETUPS[key].label}: p99.9 <= {TARGET_SPREAD}x its p50",
+                "value": round(median(spread), 3),
+                "rounds": [round(v, 3) for v in spread],
+                "figures": f"p99.9 {row['p999_ms']:.3f} ms / p50 {row['p50_ms']:.3f} ms = "
+                f"{median(spread):.2f}x (rounds {min(spread):.2f}-{max(spread):.2f}x)",
+                "pass": median(spread) <= TARGET_SPREAD,
+            }
+        )
+        targets.append(
+            {
+                "target": f"{SETUPS[key].label}: p99.9 >= {TARGET_GAIN}x lower than (2)",
+                "value": round(median(gain), 3),
+                "rounds": [round(v, 3) for v in gain],
+                "figures": f"(2) p99.9 {configs['unpinned_load']['p999_ms']:.3f} ms / "
+                f"{row['p999_ms']:.3f} ms = {median(gain):.2f}x (rounds "
+                f"{min(gain):.2f}-{max(gain):.2f}x)",
+                "pass": median(gain) >= TARGET_GAIN,
+            }
+        )
     return {"configs": configs, "targets": targets}
 
 
@@ -501,92 +586,130 @@ def machine_facts(root: SysRoot) -> dict[str, Any]:
     hw = probe(root)
     sets = read_cpusets(root)
     report = read_irq_report(root)
-    on_core = [line for line in report.lines if line.numeric and INFERENCE_CPU in
-               report.effective.get(line.irq, report.affinity.get(line.irq, []))]
-    return {**benchlib.machine(hw), "isolated": sets.isolated, "isolcpus": sets.isolcpus,
-            "nohz_full": sets.nohz_full,
-            "irqs_effective_on_inference_cpu": [f"{line.irq} {line.actions}"
-                                                for line in on_core]}
+    on_core = [
+        line
+        for line in report.lines
+        if line.numeric
+        and INFERENCE_CPU in report.effective.get(line.irq, report.affinity.get(line.irq, []))
+    ]
+    return {
+        **benchlib.machine(hw),
+        "isolated": sets.isolated,
+        "isolcpus": sets.isolcpus,
+        "nohz_full": sets.nohz_full,
+        "irqs_effective_on_inference_cpu": [f"{line.irq} {line.actions}" for line in on_core],
+    }
 
 
 # -- report -------------------------------------------------------------------------------------
 
+
 def print_report(report: dict[str, Any]) -> None:
     a = report["args"]
     m = report["machine"]
-    print(f"model {report['model']} x 1x3x48x192, onnxruntime CPU, 1 thread, through "
-          f"edged's ModelWorker; {a['hz']:g} Hz for {a['seconds']:g} s per config x "
-          f"{a['rounds']} rounds (medians of per-round figures); scheduler thread: "
-          f"{report['submitter']}")
+    print(
+        f"model {report['model']} x 1x3x48x192, onnxruntime CPU, 1 thread, through "
+        f"edged's ModelWorker; {a['hz']:g} Hz for {a['seconds']:g} s per config x "
+        f"{a['rounds']} rounds (medians of per-round figures); scheduler thread: "
+        f"{report['submitter']}"
+    )
     print(f"load: stress-ng {a['stress']} (--taskset {HOUSEKEEPING_CPU} in (3)/(4))")
-    print(f"machine: {m['cpu_model']}, {m['cpus']} CPUs, kernel {m['kernel']}; isolated "
-          f"CPUs: {m['isolated'] or 'none'}; IRQs with effective affinity on CPU "
-          f"{INFERENCE_CPU}: {len(m['irqs_effective_on_inference_cpu'])}; loadavg "
-          f"{report['loadavg_1min_start']} -> {report['loadavg_1min_end']}")
+    print(
+        f"machine: {m['cpu_model']}, {m['cpus']} CPUs, kernel {m['kernel']}; isolated "
+        f"CPUs: {m['isolated'] or 'none'}; IRQs with effective affinity on CPU "
+        f"{INFERENCE_CPU}: {len(m['irqs_effective_on_inference_cpu'])}; loadavg "
+        f"{report['loadavg_1min_start']} -> {report['loadavg_1min_end']}"
+    )
     print()
     print("latency from the scheduled start, ms:")
-    print(f"{'config':42} {'p50':>7} {'p99':>7} {'p99.9':>7} {'max':>7} {'worst':>7} "
-          f"{'p99-p50':>7} {'>period':>7}")
+    print(
+        f"{'config':42} {'p50':>7} {'p99':>7} {'p99.9':>7} {'max':>7} {'worst':>7} "
+        f"{'p99-p50':>7} {'>period':>7}"
+    )
     for row in report["summary"]["configs"].values():
-        print(f"{row['label']:42} {row['p50_ms']:7.3f} {row['p99_ms']:7.3f} "
-              f"{row['p999_ms']:7.3f} {row['max_ms']:7.3f} {row['max_ms_worst']:7.3f} "
-              f"{row['spread_ms']:7.3f} {row['over_period']:>7}")
-    print("(worst: the largest max of any round; >period: requests, all rounds, that finished "
-          "after the next tick was due)")
+        print(
+            f"{row['label']:42} {row['p50_ms']:7.3f} {row['p99_ms']:7.3f} "
+            f"{row['p999_ms']:7.3f} {row['max_ms']:7.3f} {row['max_ms_worst']:7.3f} "
+            f"{row['spread_ms']:7.3f} {row['over_period']:>7}"
+        )
+    print(
+        "(worst: the largest max of any round; >period: requests, all rounds, that finished "
+        "after the next tick was due)"
+    )
     print()
     print("parts (p50 / p99.9, ms) and intrusions on CPU 1 (per second):")
-    print(f"{'config':42} {'wake-up':>13} {'queue':>13} {'compute':>13} {'irq/s':>7} "
-          f"{'softirq/s':>9} {'invol cs/s':>10} {'irq ms/s':>8}")
+    print(
+        f"{'config':42} {'wake-up':>13} {'queue':>13} {'compute':>13} {'irq/s':>7} "
+        f"{'softirq/s':>9} {'invol cs/s':>10} {'irq ms/s':>8}"
+    )
     for row in report["summary"]["configs"].values():
-        pairs = [f"{row[part]['p50_ms']:.3f}/{row[part]['p999_ms']:.3f}"
-                 for part in ("wake", "queue", "compute")]
+        pairs = [
+            f"{row[part]['p50_ms']:.3f}/{row[part]['p999_ms']:.3f}"
+            for part in ("wake", "queue", "compute")
+        ]
         invol = row["worker_invol_per_s"]
-        print(f"{row['label']:42} {pairs[0]:>13} {pairs[1]:>13} {pairs[2]:>13} "
-              f"{row['irq_per_s']:7.1f} {row['softirq_per_s']:9.1f} "
-              f"{'?' if invol is None else f'{invol:.2f}':>10} {row['irq_time_ms_per_s']:8.1f}")
-    print("(wake-up: scheduler thread's lateness past the slot; queue/compute: edged's Timing; "
-          "invol cs/s: the worker thread's involuntary context switches; irq ms/s: CPU 1 time "
-          "in hard and soft interrupts, /proc/stat, sampled at the tick)")
+        print(
+            f"{row['label']:42} {pairs[0]:>13} {pairs[1]:>13} {pairs[2]:>13} "
+            f"{row['irq_per_s']:7.1f} {row['softirq_per_s']:9.1f} "
+            f"{'?' if invol is None else f'{invol:.2f}':>10} {row['irq_time_ms_per_s']:8.1f}"
+        )
+    print(
+        "(wake-up: scheduler thread's lateness past the slot; queue/compute: edged's Timing; "
+        "invol cs/s: the worker thread's involuntary context switches; irq ms/s: CPU 1 time "
+        "in hard and soft interrupts, /proc/stat, sampled at the tick)"
+    )
     for key, row in report["summary"]["configs"].items():
         top = row["top_irqs_rounds"][0]
         soft = row["top_softirqs_rounds"][0]
-        print(f"  {key}: worker thread {report['workers'][key]}; CPU 1 top IRQs (round 1) "
-              f"{top}; softirqs {soft}")
+        print(
+            f"  {key}: worker thread {report['workers'][key]}; CPU 1 top IRQs (round 1) "
+            f"{top}; softirqs {soft}"
+        )
     print()
     cyc = report.get("cyclictest")
     if cyc:
-        print(f"cyclictest on CPU {INFERENCE_CPU} (µs; {a['cyclic_seconds']:g} s each, "
-              "1 kHz):")
-        print(f"{'run':32} {'min':>6} {'avg':>6} {'p50':>6} {'p99':>6} {'p99.9':>6} "
-              f"{'max':>6}")
+        print(f"cyclictest on CPU {INFERENCE_CPU} (µs; {a['cyclic_seconds']:g} s each, 1 kHz):")
+        print(f"{'run':32} {'min':>6} {'avg':>6} {'p50':>6} {'p99':>6} {'p99.9':>6} {'max':>6}")
         for key, row in cyc.items():
             if "error" in row:
                 print(f"{CYCLIC_RUNS[key][0]:32} failed: {row['error']}")
                 continue
-            print(f"{CYCLIC_RUNS[key][0]:32} " + " ".join(
-                f"{row.get(k) if row.get(k) is not None else '>' + str(HIST_US):>6}"
-                for k in ("min_us", "avg_us", "p50_us", "p99_us", "p999_us", "max_us")))
+            print(
+                f"{CYCLIC_RUNS[key][0]:32} "
+                + " ".join(
+                    f"{row.get(k) if row.get(k) is not None else '>' + str(HIST_US):>6}"
+                    for k in ("min_us", "avg_us", "p50_us", "p99_us", "p999_us", "max_us")
+                )
+            )
         print()
     for target in report["summary"]["targets"]:
-        print(f"{'PASS' if target['pass'] else 'FAIL'}  {target['target']}: "
-              f"{target['figures']}")
+        print(f"{'PASS' if target['pass'] else 'FAIL'}  {target['target']}: {target['figures']}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0,
-                        help="timed seconds per configuration per round")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="timed seconds per configuration per round"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hz", type=float, default=200.0, help="request rate (fixed period)")
-    parser.add_argument("--cyclic-seconds", type=float,
-                        help="seconds per cyclictest run (default: --seconds; 0 skips it)")
-    parser.add_argument("--submit-on", choices=("inference", "housekeeping"),
-                        default="inference",
-                        help="CPU of the scheduler thread in the pinned configurations")
-    parser.add_argument("--stress", default=STRESS,
-                        help=f"stress-ng stressors of the load (default: {STRESS!r})")
-    parser.add_argument("--model", type=Path, help=f"model file (default {MODEL} from the "
-                                                   "test data)")
+    parser.add_argument(
+        "--cyclic-seconds",
+        type=float,
+        help="seconds per cyclictest run (default: --seconds; 0 skips it)",
+    )
+    parser.add_argument(
+        "--submit-on",
+        choices=("inference", "housekeeping"),
+        default="inference",
+        help="CPU of the scheduler thread in the pinned configurations",
+    )
+    parser.add_argument(
+        "--stress", default=STRESS, help=f"stress-ng stressors of the load (default: {STRESS!r})"
+    )
+    parser.add_argument(
+        "--model", type=Path, help=f"model file (default {MODEL} from the test data)"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     if args.rounds < 1 or not 0 < args.seconds <= 600 or not 1 <= args.hz <= 5000:
@@ -597,19 +720,24 @@ def main(argv: list[str] | None = None) -> int:
         log("stress-ng is not installed (apt-get install stress-ng)")
         return 2
     if not {INFERENCE_CPU, HOUSEKEEPING_CPU} <= os.sched_getaffinity(0):
-        parser.error(f"needs CPUs {HOUSEKEEPING_CPU} and {INFERENCE_CPU} in this process's "
-                     f"affinity")
+        parser.error(
+            f"needs CPUs {HOUSEKEEPING_CPU} and {INFERENCE_CPU} in this process's affinity"
+        )
     model = (args.model or models_dir() / MODEL).resolve()
     if not model.is_file():
         parser.error(f"no model at {model} (run scripts/fetch_test_data.py)")
 
     root = SysRoot()
     report: dict[str, Any] = {
-        "benchmark": "jitter", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine_facts(root), "model": model.name,
+        "benchmark": "jitter",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine_facts(root),
+        "model": model.name,
         "loadavg_1min_start": benchlib.loadavg(),
-        "submitter": (f"CPU {INFERENCE_CPU if args.submit_on == 'inference' else HOUSEKEEPING_CPU}"
-                      f" in (3)/(4), unpinned in (1)/(2)"),
+        "submitter": (
+            f"CPU {INFERENCE_CPU if args.submit_on == 'inference' else HOUSEKEEPING_CPU}"
+            f" in (3)/(4), unpinned in (1)/(2)"
+        ),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
     submit_cpu = INFERENCE_CPU if args.submit_on == "inference" else HOUSEKEEPING_CPU
@@ -621,17 +749,28 @@ def main(argv: list[str] | None = None) -> int:
             if feeds is None:
                 shapes = resolve_shapes(session.inputs, parse_shape_args([SHAPE]), model.name)
                 feeds = make_inputs(session.inputs, shapes)
-            batching = BatchingConfig(max_batch_size=1, max_queue_size=100_000,
-                                      timeout_ms=600_000,
-                                      rt_priority=RT_PRIORITY if setup.fifo else 0)
-            worker = ModelWorker(f"jit-{key[:8]}", session, batching,
-                                 cpus=[INFERENCE_CPU] if setup.pinned else None)
+            batching = BatchingConfig(
+                max_batch_size=1,
+                max_queue_size=100_000,
+                timeout_ms=600_000,
+                rt_priority=RT_PRIORITY if setup.fifo else 0,
+            )
+            worker = ModelWorker(
+                f"jit-{key[:8]}", session, batching, cpus=[INFERENCE_CPU] if setup.pinned else None
+            )
             worker.start()
             workers[key] = worker
         log(f"warm-up: {WARMUP_S} s per worker")
         for key, worker in workers.items():
-            segment(worker, feeds, args.hz, WARMUP_S,
-                    {submit_cpu} if SETUPS[key].pinned else None, root, record=False)
+            segment(
+                worker,
+                feeds,
+                args.hz,
+                WARMUP_S,
+                {submit_cpu} if SETUPS[key].pinned else None,
+                root,
+                record=False,
+            )
         report["workers"] = {k: worker_thread_facts(w) for k, w in workers.items()}
         for key, facts in report["workers"].items():
             want = "fifo" if SETUPS[key].fifo else "other"
@@ -643,25 +782,38 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="edged-bench-jitter-") as tmpname:
             tmp = Path(tmpname)
             for r in range(args.rounds):
-                order = keys[r % len(keys):] + keys[:r % len(keys)]  # rotate who goes first
+                order = keys[r % len(keys) :] + keys[: r % len(keys)]  # rotate who goes first
                 results: dict[str, dict[str, Any]] = {}
                 for key in order:
                     setup = SETUPS[key]
                     with load_running(setup.load, args.seconds, tmp, args.stress) as load_info:
-                        result = segment(workers[key], feeds, args.hz, args.seconds,
-                                         {submit_cpu} if setup.pinned else None, root)
+                        result = segment(
+                            workers[key],
+                            feeds,
+                            args.hz,
+                            args.seconds,
+                            {submit_cpu} if setup.pinned else None,
+                            root,
+                        )
                     result["load"] = load_info
                     results[key] = result
                     intr = result["intrusions"]
-                    log(f"round {r + 1}/{args.rounds} {key}: p50 {result['p50_ms']:.3f} "
+                    log(
+                        f"round {r + 1}/{args.rounds} {key}: p50 {result['p50_ms']:.3f} "
                         f"p99 {result['p99_ms']:.3f} p99.9 {result['p999_ms']:.3f} max "
                         f"{result['max_ms']:.3f} ms; CPU1 irq/s {intr['irq_per_s']:.0f}, "
                         f"softirq/s {intr['softirq_per_s']:.0f}, worker invol/s "
-                        f"{intr['worker_invol_per_s'] or 0:.2f}; load {load_info}")
+                        f"{intr['worker_invol_per_s'] or 0:.2f}; load {load_info}"
+                    )
                 rounds.append(results)
             report["summary"] = summarize(rounds)
-            report["rounds"] = [{k: {kk: vv for kk, vv in v.items() if kk != "latencies_ms"}
-                                 for k, v in rnd.items()} for rnd in rounds]
+            report["rounds"] = [
+                {
+                    k: {kk: vv for kk, vv in v.items() if kk != "latencies_ms"}
+                    for k, v in rnd.items()
+                }
+                for rnd in rounds
+            ]
             if args.cyclic_seconds > 0 and shutil.which("cyclictest"):
                 report["cyclictest"] = {}
                 for key, (label, where, fifo) in CYCLIC_RUNS.items():

@@ -131,17 +131,21 @@ class SetupError(Exception):
 
 # -- the MLServer venv ---------------------------------------------------------------------------
 
+
 def venv_versions(venv: Path) -> dict[str, str] | None:
     """Versions importable in the venv, or None when it is missing or broken."""
     python = venv / "bin" / "python"
     if not python.is_file() or not (venv / "bin" / "mlserver").is_file():
         return None
-    code = ("import json, mlserver, numpy, onnxruntime; print(json.dumps({'mlserver': "
-            "mlserver.__version__, 'onnxruntime': onnxruntime.__version__, "
-            "'numpy': numpy.__version__}))")
+    code = (
+        "import json, mlserver, numpy, onnxruntime; print(json.dumps({'mlserver': "
+        "mlserver.__version__, 'onnxruntime': onnxruntime.__version__, "
+        "'numpy': numpy.__version__}))"
+    )
     try:
-        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=120
+        )
     except subprocess.TimeoutExpired:
         return None
     if done.returncode != 0:
@@ -157,38 +161,53 @@ def ensure_venv(venv: Path) -> dict[str, str]:
     ort_version = onnxruntime.__version__
     have = venv_versions(venv)
     if have and have["mlserver"] == MLSERVER_VERSION and have["onnxruntime"] == ort_version:
-        log(f"reusing {venv} (mlserver {have['mlserver']}, onnxruntime "
-            f"{have['onnxruntime']}, numpy {have['numpy']})")
+        log(
+            f"reusing {venv} (mlserver {have['mlserver']}, onnxruntime "
+            f"{have['onnxruntime']}, numpy {have['numpy']})"
+        )
         return have
     if not (venv / "bin" / "python").is_file():
         log(f"creating the venv {venv} (python3 -m venv)")
         venv.parent.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(["python3", "-m", "venv", str(venv)], capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run(
+            ["python3", "-m", "venv", str(venv)], capture_output=True, text=True, timeout=300
+        )
         if done.returncode != 0:
             raise SetupError(f"python3 -m venv {venv} failed:\n{done.stderr.strip()}")
     wanted = [f"mlserver=={MLSERVER_VERSION}", f"onnxruntime=={ort_version}", "numpy"]
     log(f"pip install {' '.join(wanted)} into {venv} (this may take a few minutes)")
     started = time.monotonic()
     try:
-        done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install",
-                               "--disable-pip-version-check", *wanted], capture_output=True,
-                              text=True, timeout=PIP_TIMEOUT_S)
+        done = subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                *wanted,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=PIP_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired as exc:
         raise SetupError(f"pip install did not finish within {PIP_TIMEOUT_S:.0f} s") from exc
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-40:])
-        raise SetupError(f"pip install {' '.join(wanted)} failed (exit {done.returncode}):\n"
-                         f"{tail}")
+        raise SetupError(f"pip install {' '.join(wanted)} failed (exit {done.returncode}):\n{tail}")
     have = venv_versions(venv)
     if not have:
         raise SetupError(f"pip install succeeded but mlserver does not import in {venv}")
-    log(f"installed in {time.monotonic() - started:.0f} s: mlserver {have['mlserver']}, "
-        f"onnxruntime {have['onnxruntime']}, numpy {have['numpy']}")
+    log(
+        f"installed in {time.monotonic() - started:.0f} s: mlserver {have['mlserver']}, "
+        f"onnxruntime {have['onnxruntime']}, numpy {have['numpy']}"
+    )
     return have
 
 
 # -- MLServer -----------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -201,18 +220,33 @@ def write_repository(folder: Path, model: Path) -> tuple[int, int]:
     http_port, grpc_port = free_port(), free_port()
     while grpc_port == http_port:  # bounded in practice: the kernel hands out distinct ports
         grpc_port = free_port()
-    (folder / "settings.json").write_text(json.dumps({
-        "host": "127.0.0.1", "http_port": http_port, "grpc_port": grpc_port,
-        "metrics_endpoint": None, "parallel_workers": 0, "debug": False,
-        "load_models_at_startup": True,
-    }, indent=2))
+    (folder / "settings.json").write_text(
+        json.dumps(
+            {
+                "host": "127.0.0.1",
+                "http_port": http_port,
+                "grpc_port": grpc_port,
+                "metrics_endpoint": None,
+                "parallel_workers": 0,
+                "debug": False,
+                "load_models_at_startup": True,
+            },
+            indent=2,
+        )
+    )
     model_dir = folder / MODEL_NAME
     model_dir.mkdir()
     (model_dir / "runtime.py").write_text(RUNTIME_PY)
-    (model_dir / "model-settings.json").write_text(json.dumps({
-        "name": MODEL_NAME, "implementation": "runtime.OnnxModel",
-        "parameters": {"uri": str(model)},
-    }, indent=2))
+    (model_dir / "model-settings.json").write_text(
+        json.dumps(
+            {
+                "name": MODEL_NAME,
+                "implementation": "runtime.OnnxModel",
+                "parameters": {"uri": str(model)},
+            },
+            indent=2,
+        )
+    )
     return http_port, grpc_port
 
 
@@ -236,29 +270,41 @@ class MLServer:
         self.port, self.grpc_port = write_repository(folder, model)
         self.log_path = folder / "mlserver.log"
         self._log = self.log_path.open("w")
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("MLSERVER_", "PYTHON", "VIRTUAL_ENV"))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("MLSERVER_", "PYTHON", "VIRTUAL_ENV"))
+        }
         env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         self.started = time.perf_counter()
         # cwd: MLServer reads a .env there and puts .envs/.metrics folders there
-        self.proc = subprocess.Popen([str(venv / "bin" / "mlserver"), "start", str(folder)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=folder)
+        self.proc = subprocess.Popen(
+            [str(venv / "bin" / "mlserver"), "start", str(folder)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=folder,
+        )
         self.ready_s: float | None = None
 
     def wait_ready(self) -> MLServer:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
-            if (http_status(self.port, "/v2/health/ready") == 200
-                    and http_status(self.port, f"/v2/models/{MODEL_NAME}/ready") == 200):
+            if (
+                http_status(self.port, "/v2/health/ready") == 200
+                and http_status(self.port, f"/v2/models/{MODEL_NAME}/ready") == 200
+            ):
                 self.ready_s = time.perf_counter() - self.started
                 return self
             if self.proc.poll() is not None:
-                raise SetupError(f"mlserver exited with {self.proc.returncode}; log tail:\n"
-                                 f"{self.log_tail()}")
+                raise SetupError(
+                    f"mlserver exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
-                raise SetupError(f"mlserver not ready within {READY_TIMEOUT_S:.0f} s; log "
-                                 f"tail:\n{self.log_tail()}")
+                raise SetupError(
+                    f"mlserver not ready within {READY_TIMEOUT_S:.0f} s; log "
+                    f"tail:\n{self.log_tail()}"
+                )
             time.sleep(0.1)
 
     def log_tail(self, lines: int = 40) -> str:
@@ -279,12 +325,11 @@ class MLServer:
 
 # -- clients ------------------------------------------------------------------------------------
 
-def triton_runner(address: str, feeds: Mapping[str, np.ndarray], outputs: list[str],
-                  binary: bool):
+
+def triton_runner(address: str, feeds: Mapping[str, np.ndarray], outputs: list[str], binary: bool):
     import tritonclient.http as th
 
-    client = th.InferenceServerClient(url=address, connection_timeout=30.0,
-                                      network_timeout=30.0)
+    client = th.InferenceServerClient(url=address, connection_timeout=30.0, network_timeout=30.0)
 
     def run() -> dict[str, np.ndarray]:
         inputs = []
@@ -323,11 +368,14 @@ def check(name: str, got: Mapping[str, Any], reference: Mapping[str, np.ndarray]
             raise RuntimeError(f"{name}: no output {out!r} in the answer")
         value = np.asarray(value, dtype=np.float32).reshape(want.shape)
         if not np.allclose(value, want, rtol=0.0, atol=ATOL):
-            raise RuntimeError(f"{name}: output {out!r} differs from in-process onnxruntime "
-                               f"(max abs diff {float(np.max(np.abs(value - want))):.3g})")
+            raise RuntimeError(
+                f"{name}: output {out!r} differs from in-process onnxruntime "
+                f"(max abs diff {float(np.max(np.abs(value - want))):.3g})"
+            )
 
 
 # -- timing -------------------------------------------------------------------------------------
+
 
 def summarize(per_round: list[dict[str, LatencyStats]]) -> dict[str, Any]:
     paths: dict[str, Any] = {}
@@ -336,26 +384,38 @@ def summarize(per_round: list[dict[str, LatencyStats]]) -> dict[str, Any]:
             continue
         p50 = [r[key].p50_ms for r in per_round]
         p99 = [r[key].p99_ms for r in per_round]
-        paths[key] = {"label": PATHS[key], "p50_ms": round(median(p50), 4),
-                      "p99_ms": round(median(p99), 4), "p50_ms_rounds": p50,
-                      "p99_ms_rounds": p99, "max_ms_rounds": [r[key].max_ms for r in per_round]}
+        paths[key] = {
+            "label": PATHS[key],
+            "p50_ms": round(median(p50), 4),
+            "p99_ms": round(median(p99), 4),
+            "p50_ms_rounds": p50,
+            "p99_ms_rounds": p99,
+            "max_ms_rounds": [r[key].max_ms for r in per_round],
+        }
     for key in ("mlserver_json", "edged_json"):
         if key in paths and "client_json" in paths:
-            paths[key]["minus_client_json_p50_ms"] = round(median(
-                [r[key].p50_ms - r["client_json"].p50_ms for r in per_round]), 4)
+            paths[key]["minus_client_json_p50_ms"] = round(
+                median([r[key].p50_ms - r["client_json"].p50_ms for r in per_round]), 4
+            )
     ml_keys = [k for k in ("mlserver_json", "mlserver_binary") if k in paths]
     best = min(ml_keys, key=lambda k: paths[k]["p50_ms"])
     targets = []
-    for ml, edged, what in (("mlserver_json", "edged_json", "JSON vs JSON"),
-                            (best, "edged_binary", f"MLServer's best ({best}) vs edged binary")):
+    for ml, edged, what in (
+        ("mlserver_json", "edged_json", "JSON vs JSON"),
+        (best, "edged_binary", f"MLServer's best ({best}) vs edged binary"),
+    ):
         values = [r[ml].p50_ms / r[edged].p50_ms for r in per_round]
         ratio = median(values)
-        targets.append({
-            "target": f"{what}: MLServer p50 / edged p50 >= {TARGET_FACTOR:g}",
-            "value": round(ratio, 2), "rounds": [round(v, 2) for v in values],
-            "figures": f"{paths[ml]['p50_ms']:.3f} ms / {paths[edged]['p50_ms']:.3f} ms: "
-                       f"{ratio:.1f}x (rounds {min(values):.1f}-{max(values):.1f}x)",
-            "pass": ratio >= TARGET_FACTOR})
+        targets.append(
+            {
+                "target": f"{what}: MLServer p50 / edged p50 >= {TARGET_FACTOR:g}",
+                "value": round(ratio, 2),
+                "rounds": [round(v, 2) for v in values],
+                "figures": f"{paths[ml]['p50_ms']:.3f} ms / {paths[edged]['p50_ms']:.3f} ms: "
+                f"{ratio:.1f}x (rounds {min(values):.1f}-{max(values):.1f}x)",
+                "pass": ratio >= TARGET_FACTOR,
+            }
+        )
     return {"paths": paths, "targets": targets}
 
 
@@ -383,24 +443,32 @@ def write_tiny_model(path: Path) -> Path:
 
     def weight(name: str, *shape: int) -> onnx.TensorProto:
         return numpy_helper.from_array(
-            (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32), name)
+            (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32), name
+        )
 
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1],
-                         strides=[2, 2]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
         helper.make_node("Relu", ["c2"], ["r2"]),
         helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
         helper.make_node("Flatten", ["g"], ["f"]),
         helper.make_node("Gemm", ["f", "w3", "b3"], ["y"]),
     ]
     graph = helper.make_graph(
-        nodes, "tiny_cnn",
+        nodes,
+        "tiny_cnn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(TINY_SHAPE))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
-        [weight("w1", 32, 3, 3, 3), weight("b1", 32), weight("w2", 64, 32, 3, 3),
-         weight("b2", 64), weight("w3", 64, 10), weight("b3", 10)])
+        [
+            weight("w1", 32, 3, 3, 3),
+            weight("b1", 32),
+            weight("w2", 64, 32, 3, 3),
+            weight("b2", 64),
+            weight("w3", 64, 10),
+            weight("b3", 10),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -410,34 +478,42 @@ def write_tiny_model(path: Path) -> Path:
 
 # -- report -------------------------------------------------------------------------------------
 
+
 def print_report(report: dict[str, Any]) -> None:
     seq = report["sequential"]
-    print(f"model {report['model']} x {next(iter(report['input'].values()))} FP32; MLServer "
-          f"{report['mlserver']['version']} (custom runtime, onnxruntime "
-          f"{report['mlserver']['onnxruntime']}) vs edged (onnxruntime "
-          f"{report['onnxruntime']}, 1 thread, max_batch_size 1); tritonclient "
-          f"{report['tritonclient']}; {report['args']['requests']} requests/path/round x "
-          f"{report['args']['rounds']} rounds (medians of per-round figures); loadavg "
-          f"{report['loadavg_1min_start']} -> {report['loadavg_1min_end']}")
+    print(
+        f"model {report['model']} x {next(iter(report['input'].values()))} FP32; MLServer "
+        f"{report['mlserver']['version']} (custom runtime, onnxruntime "
+        f"{report['mlserver']['onnxruntime']}) vs edged (onnxruntime "
+        f"{report['onnxruntime']}, 1 thread, max_batch_size 1); tritonclient "
+        f"{report['tritonclient']}; {report['args']['requests']} requests/path/round x "
+        f"{report['args']['rounds']} rounds (medians of per-round figures); loadavg "
+        f"{report['loadavg_1min_start']} -> {report['loadavg_1min_end']}"
+    )
     print(f"{'path':34} {'p50 ms':>9} {'p99 ms':>9} {'p50 - JSON encode':>18}")
     for row in seq["paths"].values():
         rest = row.get("minus_client_json_p50_ms")
-        print(f"{row['label']:34} {row['p50_ms']:9.3f} {row['p99_ms']:9.3f} "
-              f"{'' if rest is None else f'{rest:18.3f}'}")
+        print(
+            f"{row['label']:34} {row['p50_ms']:9.3f} {row['p99_ms']:9.3f} "
+            f"{'' if rest is None else f'{rest:18.3f}'}"
+        )
     binary = report["mlserver_binary_try"]
-    print(f"MLServer with tritonclient binary tensors: "
-          f"{'works' if binary['works'] else 'fails: ' + binary['error']}")
+    print(
+        f"MLServer with tritonclient binary tensors: "
+        f"{'works' if binary['works'] else 'fails: ' + binary['error']}"
+    )
     print()
     for target in seq["targets"]:
-        print(f"{'PASS' if target['pass'] else 'FAIL'}  {target['target']}: "
-              f"{target['figures']}")
+        print(f"{'PASS' if target['pass'] else 'FAIL'}  {target['target']}: {target['figures']}")
     print()
     ml, ed = report["mlserver_process"], report["edged_process"]
-    print(f"RSS after the runs (children included): MLServer {ml['rss_mib']} MiB "
-          f"({ml['processes']} process(es)), edged {ed['rss_mib']} MiB "
-          f"({ed['processes']} process(es)); start-to-ready: MLServer "
-          f"{report['mlserver']['ready_s']:.2f} s (HTTP poll), edged "
-          f"{report['edged_ready_s']:.2f} s (READY=1)")
+    print(
+        f"RSS after the runs (children included): MLServer {ml['rss_mib']} MiB "
+        f"({ml['processes']} process(es)), edged {ed['rss_mib']} MiB "
+        f"({ed['processes']} process(es)); start-to-ready: MLServer "
+        f"{report['mlserver']['ready_s']:.2f} s (HTTP poll), edged "
+        f"{report['edged_ready_s']:.2f} s (READY=1)"
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -469,8 +545,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         **benchlib.report_header("mlserver"),
         "loadavg_1min_start": benchlib.loadavg(),
-        "model": model.name, "input": {input_name: list(shape)},
-        "onnxruntime": ort.__version__, "tritonclient": version("tritonclient"),
+        "model": model.name,
+        "input": {input_name: list(shape)},
+        "onnxruntime": ort.__version__,
+        "tritonclient": version("tritonclient"),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
     with tempfile.TemporaryDirectory(prefix="edged-bench-mls-") as name:
@@ -483,13 +561,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             closers.append(mls.stop)
             mls.wait_ready()
             log(f"MLServer ready on 127.0.0.1:{mls.port} after {mls.ready_s:.1f} s")
-            report["mlserver"] = {**{k: versions[k] for k in ("onnxruntime", "numpy")},
-                                  "version": versions["mlserver"],
-                                  "ready_s": round(mls.ready_s or 0.0, 2)}
+            report["mlserver"] = {
+                **{k: versions[k] for k in ("onnxruntime", "numpy")},
+                "version": versions["mlserver"],
+                "ready_s": round(mls.ready_s or 0.0, 2),
+            }
             log("starting edged")
             (tmp / "edged").mkdir()
-            config = write_config(tmp / "edged", model, {input_name: shape},
-                                  tmp / "edged" / "state", 1, 0)
+            config = write_config(
+                tmp / "edged", model, {input_name: shape}, tmp / "edged" / "state", 1, 0
+            )
             daemon = Edged(tmp / "edged", config)
             closers.append(daemon.stop)
             daemon.wait_ready()
@@ -499,15 +580,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with Client(daemon.tcp, timeout=10) as client:
                 status = client.status()["models"][0]
             if (status["backend"], status["device"]) != ("onnxruntime", "CPU"):
-                raise RuntimeError(f"edged runs {status['backend']}:{status['device']}, "
-                                   f"not onnxruntime:CPU")
+                raise RuntimeError(
+                    f"edged runs {status['backend']}:{status['device']}, not onnxruntime:CPU"
+                )
             mls_address = f"127.0.0.1:{mls.port}"
             runners: dict[str, Callable[[], Any]] = {
                 "inproc": lambda: session.run(output_names, feeds),
-                "client_json": json_encode_runner(feeds, output_names)}
-            for key, address, binary in (("mlserver_json", mls_address, False),
-                                         ("edged_json", daemon.tcp, False),
-                                         ("edged_binary", daemon.tcp, True)):
+                "client_json": json_encode_runner(feeds, output_names),
+            }
+            for key, address, binary in (
+                ("mlserver_json", mls_address, False),
+                ("edged_json", daemon.tcp, False),
+                ("edged_binary", daemon.tcp, True),
+            ):
                 call, close = triton_runner(address, feeds, output_names, binary)
                 closers.append(close)
                 check(key, call(), reference)
@@ -522,8 +607,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 message = " ".join(f"{type(exc).__name__}: {exc}".split())
                 report["mlserver_binary_try"] = {"works": False, "error": message[:300]}
                 log(f"MLServer with tritonclient binary tensors fails: {message[:300]}")
-            log("outputs agree with in-process onnxruntime (atol 1e-4); sequential: "
-                f"{args.requests} requests x {len(runners)} paths x {args.rounds} rounds")
+            log(
+                "outputs agree with in-process onnxruntime (atol 1e-4); sequential: "
+                f"{args.requests} requests x {len(runners)} paths x {args.rounds} rounds"
+            )
             per_round = sequential(runners, args.requests, args.rounds, BLOCK, WARMUP)
             report["sequential"] = summarize(per_round)
             report["mlserver_process"] = rss_mib(mls.proc.pid)
@@ -541,14 +628,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV,
-                        help=f"MLServer's venv, created when missing (default {DEFAULT_VENV})")
-    parser.add_argument("--requests", type=int, default=300,
-                        help="timed sequential requests per path per round")
+    parser.add_argument(
+        "--venv",
+        type=Path,
+        default=DEFAULT_VENV,
+        help=f"MLServer's venv, created when missing (default {DEFAULT_VENV})",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=300, help="timed sequential requests per path per round"
+    )
     parser.add_argument("--rounds", type=int, default=6, help="sequential rounds")
-    parser.add_argument("--tiny", action="store_true",
-                        help=f"serve a generated tiny CNN ({'x'.join(map(str, TINY_SHAPE))} "
-                             f"input, ~0.2 ms in-process) instead of {MODEL_FILE}")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help=f"serve a generated tiny CNN ({'x'.join(map(str, TINY_SHAPE))} "
+        f"input, ~0.2 ms in-process) instead of {MODEL_FILE}",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     if min(args.requests, args.rounds) < 1:

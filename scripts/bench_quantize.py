@@ -44,15 +44,18 @@ from edged.selection.inputs import rendered_text_lines, rendered_text_pages
 
 # name -> file, image generator, preprocessing (what `edgectl quantize` would be given)
 MODELS: dict[str, dict[str, Any]] = {
-    "det": {"file": "ppocrv4_det.onnx",
-            "images": lambda count, seed, sizes: rendered_text_pages(count, seed, sizes=sizes),
-            "preprocess": Preprocess(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
-            "cli": "--mean 0.485,0.456,0.406 --std 0.229,0.224,0.225"},
-    "cls": {"file": "ppocr_cls.onnx",
-            "images": lambda count, seed, sizes: rendered_text_lines(count, seed, height=48,
-                                                                     width=192),
-            "preprocess": Preprocess(size=(48, 192), mean=(0.5,), std=(0.5,)),
-            "cli": "--resize 48x192 --mean 0.5 --std 0.5"},
+    "det": {
+        "file": "ppocrv4_det.onnx",
+        "images": lambda count, seed, sizes: rendered_text_pages(count, seed, sizes=sizes),
+        "preprocess": Preprocess(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+        "cli": "--mean 0.485,0.456,0.406 --std 0.229,0.224,0.225",
+    },
+    "cls": {
+        "file": "ppocr_cls.onnx",
+        "images": lambda count, seed, sizes: rendered_text_lines(count, seed, height=48, width=192),
+        "preprocess": Preprocess(size=(48, 192), mean=(0.5,), std=(0.5,)),
+        "cli": "--resize 48x192 --mean 0.5 --std 0.5",
+    },
 }
 # rendered_text_pages' default page sizes (height, width); the interleaved benchmark of
 # quantize_model times the first evaluation sample, so the first size is the timed one.
@@ -82,21 +85,41 @@ class Progress:
             log(f"{self.prefix}: {phase} ({total}) at {time.perf_counter() - self.start:.1f} s")
 
 
-def run_one(name: str, spec: dict[str, Any], path: Path, target: str, calibration, evaluation,
-            warnings: list[str], args, workdir: Path, log) -> dict[str, Any]:
-    settings = Settings(targets=(target,), threads=args.threads, runs=args.runs,
-                        time_budget_s=args.time_budget)
+def run_one(
+    name: str,
+    spec: dict[str, Any],
+    path: Path,
+    target: str,
+    calibration,
+    evaluation,
+    warnings: list[str],
+    args,
+    workdir: Path,
+    log,
+) -> dict[str, Any]:
+    settings = Settings(
+        targets=(target,), threads=args.threads, runs=args.runs, time_budget_s=args.time_budget
+    )
     t0 = time.perf_counter()
-    report = quantize_model(path, workdir / f"{name}-{target}.onnx", calibration, evaluation,
-                            settings, warnings, Progress(f"{name} {target}"))
+    report = quantize_model(
+        path,
+        workdir / f"{name}-{target}.onnx",
+        calibration,
+        evaluation,
+        settings,
+        warnings,
+        Progress(f"{name} {target}"),
+    )
     wall = time.perf_counter() - t0
     out = report.to_dict()
     out["wall_s"] = round(wall, 1)
     out["model"] = name
     out["timed_shape"] = [list(v.shape) for v in evaluation.feeds[0].values()]
     fp32 = out["fp32_ms"].get(target)
-    log(f"{name} {target}: {out['recipe']} in {wall:.1f} s"
-        + (f", fp32 p50 {fp32:.3f} ms" if fp32 is not None else ""))
+    log(
+        f"{name} {target}: {out['recipe']} in {wall:.1f} s"
+        + (f", fp32 p50 {fp32:.3f} ms" if fp32 is not None else "")
+    )
     return out
 
 
@@ -104,9 +127,11 @@ def format_result(r: dict[str, Any]) -> str:
     target = r["attempts"][0]["target"] if r["attempts"] else r["target"]
     fp32 = r["fp32_ms"].get(target)
     shape = "x".join(str(d) for d in r["timed_shape"][0])
-    lines = [f"{r['model']} on {target} (timed at {shape}; quantize wall {r['wall_s']:.1f} s; "
-             f"{r['samples']['calibration']} calibration / {r['samples']['evaluation']} "
-             f"evaluation images)"]
+    lines = [
+        f"{r['model']} on {target} (timed at {shape}; quantize wall {r['wall_s']:.1f} s; "
+        f"{r['samples']['calibration']} calibration / {r['samples']['evaluation']} "
+        f"evaluation images)"
+    ]
     lines.append(f"  FP32 p50: {'-' if fp32 is None else f'{fp32:.3f} ms'}")
     if r["recipe"] == "fp32":
         lines.append(f"  picked: FP32 kept: {r['reason']}")
@@ -114,13 +139,16 @@ def format_result(r: dict[str, Any]) -> str:
         acc = r["accuracy"]
         picked = next(a for a in r["attempts"] if a["recipe"] == r["recipe"])
         top1 = acc.get("top1_agreement")
-        lines.append(f"  picked: {r['recipe']} ({len(r['fp32_nodes'])} FP32 nodes), p50 "
-                     f"{picked['p50_ms']:.3f} ms, {r['speedup']:.2f}x FP32; cosine "
-                     f"{acc['cosine']:.4f} mean / {acc['cosine_min']:.4f} min, max-abs "
-                     f"{acc['max_abs']:.3g}"
-                     + (f", top-1 agreement {top1:.3f}" if top1 is not None else ""))
-    lines.append(f"  {'attempted recipe':<26} {'fp32 nodes':>10} {'cosine':>8} {'min':>8} "
-                 f"{'max-abs':>8} {'top-1':>6} {'gate':>5} {'p50 ms':>8} {'speedup':>7}")
+        lines.append(
+            f"  picked: {r['recipe']} ({len(r['fp32_nodes'])} FP32 nodes), p50 "
+            f"{picked['p50_ms']:.3f} ms, {r['speedup']:.2f}x FP32; cosine "
+            f"{acc['cosine']:.4f} mean / {acc['cosine_min']:.4f} min, max-abs "
+            f"{acc['max_abs']:.3g}" + (f", top-1 agreement {top1:.3f}" if top1 is not None else "")
+        )
+    lines.append(
+        f"  {'attempted recipe':<26} {'fp32 nodes':>10} {'cosine':>8} {'min':>8} "
+        f"{'max-abs':>8} {'top-1':>6} {'gate':>5} {'p50 ms':>8} {'speedup':>7}"
+    )
     for a in r["attempts"]:
         acc = a["accuracy"] or {}
         gate = "pass" if a["passed"] else ("error" if a["error"] else "fail")
@@ -128,11 +156,13 @@ def format_result(r: dict[str, Any]) -> str:
         def fmt(value, spec):
             return "-" if value is None else format(value, spec)
 
-        lines.append(f"  {a['recipe']:<26} {len(a['fp32_nodes']):>10} "
-                     f"{fmt(acc.get('cosine'), '.4f'):>8} {fmt(acc.get('cosine_min'), '.4f'):>8} "
-                     f"{fmt(acc.get('max_abs'), '.3g'):>8} "
-                     f"{fmt(acc.get('top1_agreement'), '.3f'):>6} {gate:>5} "
-                     f"{fmt(a['p50_ms'], '.3f'):>8} {fmt(a['speedup'], '.2f'):>7}")
+        lines.append(
+            f"  {a['recipe']:<26} {len(a['fp32_nodes']):>10} "
+            f"{fmt(acc.get('cosine'), '.4f'):>8} {fmt(acc.get('cosine_min'), '.4f'):>8} "
+            f"{fmt(acc.get('max_abs'), '.3g'):>8} "
+            f"{fmt(acc.get('top1_agreement'), '.3f'):>6} {gate:>5} "
+            f"{fmt(a['p50_ms'], '.3f'):>8} {fmt(a['speedup'], '.2f'):>7}"
+        )
         if a["error"]:
             lines.append(f"    {a['error']}")
     for warning in r["warnings"]:
@@ -143,20 +173,38 @@ def format_result(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="det,cls", help="comma list of det, cls")
-    parser.add_argument("--targets", default=",".join(TARGETS),
-                        help=f"comma list of {', '.join(TARGETS)}; each is quantized for alone")
-    parser.add_argument("--calibration", type=int, default=120,
-                        help="calibration images (default 120)")
-    parser.add_argument("--eval", type=int, default=40,
-                        help="evaluation images, another seed (default 40)")
-    parser.add_argument("--runs", type=int, default=200,
-                        help="timed runs per recipe in the interleaved benchmark (default 200)")
-    parser.add_argument("--time-budget", type=float, default=10.0, metavar="S",
-                        help="seconds of benchmarking per model and target (default 10)")
+    parser.add_argument(
+        "--targets",
+        default=",".join(TARGETS),
+        help=f"comma list of {', '.join(TARGETS)}; each is quantized for alone",
+    )
+    parser.add_argument(
+        "--calibration", type=int, default=120, help="calibration images (default 120)"
+    )
+    parser.add_argument(
+        "--eval", type=int, default=40, help="evaluation images, another seed (default 40)"
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=200,
+        help="timed runs per recipe in the interleaved benchmark (default 200)",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds of benchmarking per model and target (default 10)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="inference threads")
-    parser.add_argument("--det-sizes", default=DET_SIZES, metavar="HxW,...",
-                        help="page sizes of the det images, cycled; the first is the timed "
-                             f"shape (default {DET_SIZES})")
+    parser.add_argument(
+        "--det-sizes",
+        default=DET_SIZES,
+        metavar="HxW,...",
+        help="page sizes of the det images, cycled; the first is the timed "
+        f"shape (default {DET_SIZES})",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -177,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = models_dir([MODELS[m]["file"] for m in models])
     report: dict[str, Any] = {
         **benchlib.report_header("quantize", runtimes=True),
-        "calibration_images": args.calibration, "evaluation_images": args.eval,
+        "calibration_images": args.calibration,
+        "evaluation_images": args.eval,
         "det_sizes": [list(s) for s in det_sizes],
         "loadavg_1min_start": benchlib.loadavg(),
         "results": [],
@@ -189,21 +238,26 @@ def main(argv: list[str] | None = None) -> int:
             spec = MODELS[name]
             path = folder / spec["file"]
             t0 = time.perf_counter()
-            cal_dir = write_images(workdir / name / "calibration",
-                                   spec["images"](args.calibration, CALIBRATION_SEED,
-                                                  det_sizes))
-            eval_dir = write_images(workdir / name / "eval",
-                                    spec["images"](args.eval, EVALUATION_SEED, det_sizes))
+            cal_dir = write_images(
+                workdir / name / "calibration",
+                spec["images"](args.calibration, CALIBRATION_SEED, det_sizes),
+            )
+            eval_dir = write_images(
+                workdir / name / "eval", spec["images"](args.eval, EVALUATION_SEED, det_sizes)
+            )
             inputs = input_specs(path)
             calibration = load_samples(cal_dir, inputs, spec["preprocess"])
             evaluation = load_samples(eval_dir, inputs, spec["preprocess"])
             warnings = narrowness_warnings(calibration, inputs)
-            log(f"{name}: {len(calibration)} + {len(evaluation)} PNG images written and "
+            log(
+                f"{name}: {len(calibration)} + {len(evaluation)} PNG images written and "
                 f"loaded in {time.perf_counter() - t0:.1f} s"
-                + (f"; warnings: {'; '.join(warnings)}" if warnings else ""))
+                + (f"; warnings: {'; '.join(warnings)}" if warnings else "")
+            )
             for target in targets:
-                result = run_one(name, spec, path, target, calibration, evaluation, warnings,
-                                 args, workdir, log)
+                result = run_one(
+                    name, spec, path, target, calibration, evaluation, warnings, args, workdir, log
+                )
                 result["cli_preprocess"] = spec["cli"]
                 report["results"].append(result)
                 if not args.json:
@@ -213,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         benchlib.write_json(report)
     else:
-        print(f"total wall {report['wall_s']:.1f} s; loadavg {report['loadavg_1min_start']} -> "
-              f"{report['loadavg_1min_end']}")
+        print(
+            f"total wall {report['wall_s']:.1f} s; loadavg {report['loadavg_1min_start']} -> "
+            f"{report['loadavg_1min_end']}"
+        )
     return 0
 
 

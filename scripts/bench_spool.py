@@ -99,7 +99,7 @@ def one_round(folder: Path, args: argparse.Namespace) -> dict:
     # At the size bound: a spool a quarter of the size, so the last 3/4 of the appends each
     # drop the oldest item first (what a long outage does).
     bounded = Spool(folder / "bounded.db", max_bytes=args.items * args.payload // 4)
-    at_bound = fill(bounded, args.items, args.payload)[args.items // 4 + 1:]
+    at_bound = fill(bounded, args.items, args.payload)[args.items // 4 + 1 :]
     dropped = bounded.take_dropped()
     assert dropped >= len(at_bound), (dropped, len(at_bound))
     bounded.close()
@@ -128,9 +128,15 @@ def mqtt_round(folder: Path, args: argparse.Namespace) -> dict:
     from tests.support.broker import MOSQUITTO_SUB, Broker, pub
 
     broker = Broker(folder / "broker")  # port chosen, not started: nobody listens there
-    publisher = Publisher(MqttSettings(url=broker.url, group="bench", device_id="device"),
-                          Spool(folder / "mqtt-spool.db"), folder, owns_spool=True,
-                          window=args.mqtt_window, reconnect_min_s=0.2, reconnect_max_s=1.0)
+    publisher = Publisher(
+        MqttSettings(url=broker.url, group="bench", device_id="device"),
+        Spool(folder / "mqtt-spool.db"),
+        folder,
+        owns_spool=True,
+        window=args.mqtt_window,
+        reconnect_min_s=0.2,
+        reconnect_max_s=1.0,
+    )
     publisher.set_birth({"version": "bench"})
     pad = "x" * max(0, args.payload - 60)  # ~ --payload bytes of JSON with ts/seq/bdSeq
     for i in range(args.mqtt_items):
@@ -142,10 +148,25 @@ def mqtt_round(folder: Path, args: argparse.Namespace) -> dict:
     try:
         # A retained probe arrives as soon as the subscription is in place: then start.
         pub(broker.port, probe, "{}", "-r")
-        sub = subprocess.Popen([MOSQUITTO_SUB, "-h", "127.0.0.1", "-p", str(broker.port),
-                                "-t", topic, "-t", probe, "-q", "1",
-                                "-C", str(args.mqtt_items + 1)],
-                               stdout=subprocess.PIPE, text=True)
+        sub = subprocess.Popen(
+            [
+                MOSQUITTO_SUB,
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(broker.port),
+                "-t",
+                topic,
+                "-t",
+                probe,
+                "-q",
+                "1",
+                "-C",
+                str(args.mqtt_items + 1),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert sub.stdout is not None
         first_line = sub.stdout.readline()
         assert first_line.strip() == "{}", first_line
@@ -185,16 +206,26 @@ def main() -> int:
     parser.add_argument("--payload", type=int, default=300, help="bytes per message")
     parser.add_argument("--batch", type=int, default=500, help="pending(limit=...)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where the spool files go (default: the temp dir); use the "
-                             "device's state dir file system to measure its fsync")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the spool files go (default: the temp dir); use the "
+        "device's state dir file system to measure its fsync",
+    )
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--mqtt-items", type=int, default=5_000,
-                        help="messages replayed over MQTT per round")
-    parser.add_argument("--mqtt-window", type=int, default=100,
-                        help="the publisher's in-flight QoS 1 window (edged's default: 100)")
-    parser.add_argument("--no-mqtt", action="store_true",
-                        help="the spool alone (no mosquitto needed)")
+    parser.add_argument(
+        "--mqtt-items", type=int, default=5_000, help="messages replayed over MQTT per round"
+    )
+    parser.add_argument(
+        "--mqtt-window",
+        type=int,
+        default=100,
+        help="the publisher's in-flight QoS 1 window (edged's default: 100)",
+    )
+    parser.add_argument(
+        "--no-mqtt", action="store_true", help="the spool alone (no mosquitto needed)"
+    )
     args = parser.parse_args()
     if args.payload < 8:
         parser.error("--payload must be at least 8 bytes")
@@ -212,13 +243,16 @@ def main() -> int:
             shutil.rmtree(folder, ignore_errors=True)
     load_after = benchlib.loadavg()
     median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    spread = {key: [min(r[key] for r in rounds), max(r[key] for r in rounds)]
-              for key in rounds[0]}
+    spread = {key: [min(r[key] for r in rounds), max(r[key] for r in rounds)] for key in rounds[0]}
     result = {
         **benchlib.report_header("spool"),
-        "items": args.items, "payload_bytes": args.payload, "batch": args.batch,
-        "mqtt_items": 0 if args.no_mqtt else args.mqtt_items, "mqtt_window": args.mqtt_window,
-        "rounds": args.rounds, "dir": str(args.dir or tempfile.gettempdir()),
+        "items": args.items,
+        "payload_bytes": args.payload,
+        "batch": args.batch,
+        "mqtt_items": 0 if args.no_mqtt else args.mqtt_items,
+        "mqtt_window": args.mqtt_window,
+        "rounds": args.rounds,
+        "dir": str(args.dir or tempfile.gettempdir()),
         "loadavg_1min": [load_before, load_after],
         "median": {k: round(v, 3) for k, v in median.items()},
         "min_max": {k: [round(v, 3) for v in mm] for k, mm in spread.items()},
@@ -227,12 +261,16 @@ def main() -> int:
     if args.json:
         benchlib.write_json(result)
         return 0
-    print(f"spool: {args.items} x {args.payload} B, pending(limit={args.batch}) + ack, "
-          f"{args.rounds} rounds in {result['dir']}; loadavg {load_before:.2f} -> "
-          f"{load_after:.2f}; median (min-max)")
+    print(
+        f"spool: {args.items} x {args.payload} B, pending(limit={args.batch}) + ack, "
+        f"{args.rounds} rounds in {result['dir']}; loadavg {load_before:.2f} -> "
+        f"{load_after:.2f}; median (min-max)"
+    )
     if not args.no_mqtt:
-        print(f"MQTT replay: {args.mqtt_items} spooled with the broker down, window "
-              f"{args.mqtt_window}; target >= 1000 msg/s")
+        print(
+            f"MQTT replay: {args.mqtt_items} spooled with the broker down, window "
+            f"{args.mqtt_window}; target >= 1000 msg/s"
+        )
     for key, value in median.items():
         lo, hi = spread[key]
         print(f"  {key:34} {value:12.3f}  ({lo:.3f}-{hi:.3f})")

@@ -41,15 +41,18 @@ TARGET_PCT = 0.5
 
 def daemon_config(folder: Path, telemetry: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    return write_config(folder, f"""
+    return write_config(
+        folder,
+        f"""
 {telemetry}
 
 [[models]]
 name = "face"
-path = "{models_dir() / 'face_detection_short_range.tflite'}"
+path = "{models_dir() / "face_detection_short_range.tflite"}"
 backend = "litert:XNNPACK"
 threads = 1
-""")
+""",
+    )
 
 
 def load(address: str, stop: threading.Event, hz: float = 50.0) -> None:
@@ -100,8 +103,9 @@ def cpu_seconds(pid: int) -> tuple[float, dict[tuple[int, str], float]]:
     return times.user + times.system, threads
 
 
-def measure(daemons: dict[str, Daemon], seconds: float, reverse: bool
-            ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+def measure(
+    daemons: dict[str, Daemon], seconds: float, reverse: bool
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Both daemons over the same window: CPU fraction of a core, and each one's per-thread
     fractions by thread name."""
     order = ["off", "on"] if reverse else ["on", "off"]
@@ -139,11 +143,13 @@ def sampler_costs() -> dict[str, object]:
     cpus = sorted(os.sched_getaffinity(0))
     sampler = CoreSampler(cpus[-1:], activity=None)
     result: dict[str, object] = {
-        "live": {"lines": len(Path("/proc/interrupts").read_text().splitlines()),
-                 "cpus": len(cpus),
-                 "sample_us": median_us(sampler.sample_once),
-                 "full_parse_us": median_us(lambda: (interrupts_per_cpu(live),
-                                                     softirqs_per_cpu(live)))}}
+        "live": {
+            "lines": len(Path("/proc/interrupts").read_text().splitlines()),
+            "cpus": len(cpus),
+            "sample_us": median_us(sampler.sample_once),
+            "full_parse_us": median_us(lambda: (interrupts_per_cpu(live), softirqs_per_cpu(live))),
+        }
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for rows in (0, 300):
             b = grown_board(8, rows)
@@ -165,10 +171,13 @@ def sampler_costs() -> dict[str, object]:
                 sampler.sample_once()
                 times.append(time.perf_counter() - t0)
             result[f"rk3588_fixture_{rows or 'as_is'}"] = {
-                "lines": len(path.read_text().splitlines()), "cpus": 8,
+                "lines": len(path.read_text().splitlines()),
+                "cpus": 8,
                 "sample_us": round(statistics.median(times) * 1e6, 1),
-                "full_parse_us": median_us(lambda root=root: (interrupts_per_cpu(root),
-                                                              softirqs_per_cpu(root)))}
+                "full_parse_us": median_us(
+                    lambda root=root: (interrupts_per_cpu(root), softirqs_per_cpu(root))
+                ),
+            }
     return result
 
 
@@ -181,20 +190,24 @@ def main() -> int:
     header = benchlib.report_header("telemetry_cpu")
     costs = sampler_costs()
     scenarios = ("idle", "load")
-    per_round: dict[str, dict[str, list[float]]] = {
-        s: {"on": [], "off": []} for s in scenarios}
+    per_round: dict[str, dict[str, list[float]]] = {s: {"on": [], "off": []} for s in scenarios}
     threads: dict[str, list[dict[str, dict[str, float]]]] = {s: [] for s in scenarios}
     with tempfile.TemporaryDirectory() as tmp, Broker(Path(tmp) / "broker") as broker:
         daemons = {
             "off": Daemon(daemon_config(Path(tmp) / "off", "[telemetry]\nenabled = false")),
-            "on": Daemon(daemon_config(Path(tmp) / "on", f"""
+            "on": Daemon(
+                daemon_config(
+                    Path(tmp) / "on",
+                    f"""
 [telemetry]
 interval_s = 1
 [telemetry.mqtt]
 url = "{broker.url}"
 group = "bench"
 device_id = "cpu"
-""")),
+""",
+                )
+            ),
         }
         try:
             for d in daemons.values():
@@ -203,9 +216,14 @@ device_id = "cpu"
             for r in range(args.rounds):
                 for scenario in scenarios:
                     stop = threading.Event()
-                    loaders = [threading.Thread(target=load, args=(d.address, stop),
-                                                daemon=True)
-                               for d in daemons.values()] if scenario == "load" else []
+                    loaders = (
+                        [
+                            threading.Thread(target=load, args=(d.address, stop), daemon=True)
+                            for d in daemons.values()
+                        ]
+                        if scenario == "load"
+                        else []
+                    )
                     for t in loaders:
                         t.start()
                     time.sleep(1.0)  # out of the previous scenario
@@ -216,15 +234,20 @@ device_id = "cpu"
                     for k in ("on", "off"):
                         per_round[scenario][k].append(share[k])
                     threads[scenario].append(by_name)
-                    log(f"round {r + 1}/{args.rounds} {scenario}: on "
-                        f"{share['on'] * 100:.2f} %, off {share['off'] * 100:.2f} % of a core")
+                    log(
+                        f"round {r + 1}/{args.rounds} {scenario}: on "
+                        f"{share['on'] * 100:.2f} %, off {share['off'] * 100:.2f} % of a core"
+                    )
         finally:
             for d in daemons.values():
                 d.stop()
     result: dict[str, object] = {
-        **header, "seconds": args.seconds, "rounds": args.rounds,
+        **header,
+        "seconds": args.seconds,
+        "rounds": args.rounds,
         "cpu_source": "schedstat (ns)" if SCHEDSTAT else "psutil (10 ms ticks)",
-        "sampler_cost": costs}
+        "sampler_cost": costs,
+    }
     ok = True
     for scenario in scenarios:
         on, off = per_round[scenario]["on"], per_round[scenario]["off"]
@@ -235,15 +258,18 @@ device_id = "cpu"
         def median_of(name: str, k: str, rounds=rounds) -> float:
             return statistics.median([t[k].get(name, 0.0) for t in rounds])
 
-        by_thread = {n: {k: round(median_of(n, k) * 100, 3) for k in ("on", "off")}
-                     for n in sorted(names, key=lambda n: -median_of(n, "on"))[:6]}
+        by_thread = {
+            n: {k: round(median_of(n, k) * 100, 3) for k in ("on", "off")}
+            for n in sorted(names, key=lambda n: -median_of(n, "on"))[:6]
+        }
         cost = statistics.median(diff) * 100
         result[scenario] = {
             "cpu_on_pct": round(statistics.median(on) * 100, 3),
             "cpu_off_pct": round(statistics.median(off) * 100, 3),
             "telemetry_cost_pct": round(cost, 3),
             "ratio_on_off": round(statistics.median(on) / statistics.median(off), 2)
-            if statistics.median(off) > 0 else None,
+            if statistics.median(off) > 0
+            else None,
             "per_round_cost_pct": [round(d * 100, 3) for d in diff],
             "threads_pct": by_thread,  # thread name -> {"on", "off"}: median % of a core
             "target_met": cost < TARGET_PCT,
@@ -252,23 +278,29 @@ device_id = "cpu"
     if args.json:
         benchlib.write_json(result)
     else:
-        print(f"{benchlib.machine_line(header['machine'])}; CPU time from "
-              f"{result['cpu_source']}")
-        for scenario, what in (("idle", "idle (no client)"),
-                               ("load", "face model at 50 Hz")):
+        print(f"{benchlib.machine_line(header['machine'])}; CPU time from {result['cpu_source']}")
+        for scenario, what in (("idle", "idle (no client)"), ("load", "face model at 50 Hz")):
             s = result[scenario]
             assert isinstance(s, dict)
-            print(f"{'PASS' if s['target_met'] else 'FAIL'}  {what}: telemetry on (1 Hz, "
-                  f"MQTT) {s['cpu_on_pct']:.2f} % of a core, off {s['cpu_off_pct']:.2f} %; "
-                  f"telemetry costs {s['telemetry_cost_pct']:.2f} % (median of per-round "
-                  f"differences {s['per_round_cost_pct']}); target < {TARGET_PCT} %")
-            print("      per thread, median % of a core (on / off): " + ", ".join(
-                f"{n} {v['on']:.3f} / {v['off']:.3f}" for n, v in s["threads_pct"].items()))
+            print(
+                f"{'PASS' if s['target_met'] else 'FAIL'}  {what}: telemetry on (1 Hz, "
+                f"MQTT) {s['cpu_on_pct']:.2f} % of a core, off {s['cpu_off_pct']:.2f} %; "
+                f"telemetry costs {s['telemetry_cost_pct']:.2f} % (median of per-round "
+                f"differences {s['per_round_cost_pct']}); target < {TARGET_PCT} %"
+            )
+            print(
+                "      per thread, median % of a core (on / off): "
+                + ", ".join(
+                    f"{n} {v['on']:.3f} / {v['off']:.3f}" for n, v in s["threads_pct"].items()
+                )
+            )
         for name, c in costs.items():
             assert isinstance(c, dict)
-            print(f"sampler, {name} ({c['lines']} lines of /proc/interrupts, {c['cpus']} CPUs):"
-                  f" {c['sample_us']} µs a sample (full parse of both files "
-                  f"{c['full_parse_us']} µs)")
+            print(
+                f"sampler, {name} ({c['lines']} lines of /proc/interrupts, {c['cpus']} CPUs):"
+                f" {c['sample_us']} µs a sample (full parse of both files "
+                f"{c['full_parse_us']} µs)"
+            )
     return 0 if ok else 1
 
 

@@ -38,20 +38,24 @@ from tests.support.daemon_harness import Daemon, write_config
 
 def config(folder: Path, calibration: Path | None, cpu: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    calib = (f'calibration = {{ data = "{calibration}", mean = 0.5, std = 0.5 }}'
-             if calibration else "")
-    return write_config(folder, f"""
+    calib = (
+        f'calibration = {{ data = "{calibration}", mean = 0.5, std = 0.5 }}' if calibration else ""
+    )
+    return write_config(
+        folder,
+        f"""
 [telemetry]
 enabled = false
 
 [[models]]
 name = "cls"
-path = "{models_dir() / 'ppocr_cls.onnx'}"
+path = "{models_dir() / "ppocr_cls.onnx"}"
 threads = 1
 cpus = "{cpu}"
 shapes = {{ x = [1, 3, 48, 192] }}
 {calib}
-""")
+""",
+    )
 
 
 def client_loop(address: str, stop: threading.Event, hz: float, out: list[float]) -> None:
@@ -69,12 +73,18 @@ def client_loop(address: str, stop: threading.Event, hz: float, out: list[float]
 
 def percentiles(ms: list[float]) -> dict[str, float]:
     stats = benchlib.latency_stats([x / 1e3 for x in ms])
-    return {"n": len(ms), "p50_ms": round(stats.p50_ms, 3), "p99_ms": round(stats.p99_ms, 3),
-            "p999_ms": round(stats.p999_ms, 3), "max_ms": round(max(ms), 3)}
+    return {
+        "n": len(ms),
+        "p50_ms": round(stats.p50_ms, 3),
+        "p99_ms": round(stats.p99_ms, 3),
+        "p999_ms": round(stats.p999_ms, 3),
+        "max_ms": round(max(ms), 3),
+    }
 
 
-def run_phase(folder: Path, calibration: Path | None, seconds: float | None, hz: float,
-              cpu: int, log) -> dict:
+def run_phase(
+    folder: Path, calibration: Path | None, seconds: float | None, hz: float, cpu: int, log
+) -> dict:
     daemon = Daemon(config(folder, calibration, cpu)).wait_ready()
     latencies: list[float] = []
     stop = threading.Event()
@@ -100,8 +110,18 @@ def run_phase(folder: Path, calibration: Path | None, seconds: float | None, hz:
         daemon.stop()
     result = {"seconds": round(elapsed, 1), **percentiles(latencies)}
     if job is not None:
-        result["job"] = {k: job.get(k) for k in ("state", "duration_s", "peak_rss_bytes",
-                                                 "scheduling", "cpus", "pick", "error")}
+        result["job"] = {
+            k: job.get(k)
+            for k in (
+                "state",
+                "duration_s",
+                "peak_rss_bytes",
+                "scheduling",
+                "cpus",
+                "pick",
+                "error",
+            )
+        }
     log(f"{'job' if calibration else 'no job'}: {result}")
     return result
 
@@ -130,36 +150,52 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = phases["job"]["seconds"] if "job" in phases else None
                 if kind == "no job" and seconds is None:
                     seconds = 30.0  # a first "no job" phase: the job's usual length here
-                phases[kind] = run_phase(folder, images if kind == "job" else None, seconds,
-                                         args.hz, cpu, log)
+                phases[kind] = run_phase(
+                    folder, images if kind == "job" else None, seconds, args.hz, cpu, log
+                )
             rounds.append(phases)
     ratio = statistics.median(r["job"]["p99_ms"] / r["no job"]["p99_ms"] for r in rounds)
     report = {
-        **benchlib.report_header("variant_job"), "model_cpu": cpu, "hz": args.hz, "rounds": rounds,
-        "median": {kind: {k: statistics.median(r[kind][k] for r in rounds)
-                          for k in ("p50_ms", "p99_ms", "p999_ms")}
-                   for kind in ("job", "no job")},
+        **benchlib.report_header("variant_job"),
+        "model_cpu": cpu,
+        "hz": args.hz,
+        "rounds": rounds,
+        "median": {
+            kind: {
+                k: statistics.median(r[kind][k] for r in rounds)
+                for k in ("p50_ms", "p99_ms", "p999_ms")
+            }
+            for kind in ("job", "no job")
+        },
         "p99_job_over_no_job": round(ratio, 3),
-        "job_duration_s_median": statistics.median(r["job"]["job"]["duration_s"] or 0
-                                                   for r in rounds),
-        "job_peak_rss_mib_median": round(statistics.median(
-            (r["job"]["job"]["peak_rss_bytes"] or 0) for r in rounds) / 2**20, 1),
+        "job_duration_s_median": statistics.median(
+            r["job"]["job"]["duration_s"] or 0 for r in rounds
+        ),
+        "job_peak_rss_mib_median": round(
+            statistics.median((r["job"]["job"]["peak_rss_bytes"] or 0) for r in rounds) / 2**20, 1
+        ),
     }
     if args.json:
         benchlib.write_json(report)
     else:
-        print(f"{benchlib.machine_line(report['machine'])}; model on CPU {cpu}, client at "
-              f"{args.hz:g} Hz over the Unix socket")
+        print(
+            f"{benchlib.machine_line(report['machine'])}; model on CPU {cpu}, client at "
+            f"{args.hz:g} Hz over the Unix socket"
+        )
         for i, r in enumerate(rounds, 1):
             for kind in ("job", "no job"):
                 x = r[kind]
-                print(f"  round {i} {kind:6}: {x['seconds']:6.1f} s, n={x['n']:5d}, p50 "
-                      f"{x['p50_ms']:.3f} ms, p99 {x['p99_ms']:.3f} ms, p99.9 "
-                      f"{x['p999_ms']:.3f} ms, max {x['max_ms']:.3f} ms")
+                print(
+                    f"  round {i} {kind:6}: {x['seconds']:6.1f} s, n={x['n']:5d}, p50 "
+                    f"{x['p50_ms']:.3f} ms, p99 {x['p99_ms']:.3f} ms, p99.9 "
+                    f"{x['p999_ms']:.3f} ms, max {x['max_ms']:.3f} ms"
+                )
         m = report["median"]
-        print(f"median p99: job {m['job']['p99_ms']:.3f} ms, no job {m['no job']['p99_ms']:.3f} "
-              f"ms -> ratio {report['p99_job_over_no_job']:.2f}; job {report['job_duration_s_median']:.1f} s, "  # noqa: E501
-              f"peak {report['job_peak_rss_mib_median']:.0f} MiB")
+        print(
+            f"median p99: job {m['job']['p99_ms']:.3f} ms, no job {m['no job']['p99_ms']:.3f} "
+            f"ms -> ratio {report['p99_job_over_no_job']:.2f}; job {report['job_duration_s_median']:.1f} s, "  # noqa: E501
+            f"peak {report['job_peak_rss_mib_median']:.0f} MiB"
+        )
     return 0
 
 

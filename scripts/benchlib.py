@@ -66,8 +66,12 @@ def machine(hw: HardwareFacts | None = None, runtimes: bool = False) -> dict[str
 
         hw = probe()
     facts: dict[str, Any] = {
-        "cpu_model": hw.cpu_model, "cpus": hw.cpu_count, "arch": hw.arch,
-        "isa_int8": hw.isa_int8, "isa": hw.isa_summary(), "kernel": platform.release(),
+        "cpu_model": hw.cpu_model,
+        "cpus": hw.cpu_count,
+        "arch": hw.arch,
+        "isa_int8": hw.isa_int8,
+        "isa": hw.isa_summary(),
+        "kernel": platform.release(),
         "python": platform.python_version(),
     }
     if runtimes:
@@ -79,15 +83,20 @@ def machine(hw: HardwareFacts | None = None, runtimes: bool = False) -> dict[str
 
 def machine_line(facts: Mapping[str, Any]) -> str:
     """The header line of a text report."""
-    return (f"machine: {facts['cpu_model']}, {facts['cpus']} CPUs, {facts['arch']}, "
-            f"ISA {facts['isa']}")
+    return (
+        f"machine: {facts['cpu_model']}, {facts['cpus']} CPUs, {facts['arch']}, ISA {facts['isa']}"
+    )
 
 
-def report_header(benchmark: str, hw: HardwareFacts | None = None,
-                  runtimes: bool = False) -> dict[str, Any]:
+def report_header(
+    benchmark: str, hw: HardwareFacts | None = None, runtimes: bool = False
+) -> dict[str, Any]:
     """The first keys of a JSON report: which benchmark, when, on what."""
-    return {"benchmark": benchmark, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "machine": machine(hw, runtimes)}
+    return {
+        "benchmark": benchmark,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(hw, runtimes),
+    }
 
 
 def write_json(report: Mapping[str, Any]) -> None:

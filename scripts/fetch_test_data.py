@@ -164,11 +164,21 @@ def fetch_wheel(wheel: Wheel, wheels_dir: Path) -> Path:
         return path
     wheels_dir.mkdir(parents=True, exist_ok=True)
     log(f"downloading {wheel.requirement} from PyPI")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(wheels_dir), wheel.requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(wheels_dir),
+        wheel.requirement,
+    ]
     if wheel.platform:
-        cmd += ["--platform", wheel.platform, "--python-version", "3.11",
-                "--implementation", "cp"]
+        cmd += ["--platform", wheel.platform, "--python-version", "3.11", "--implementation", "cp"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not path.exists():
         raise FetchError(f"pip download {wheel.requirement} failed: {proc.stderr.strip()[-400:]}")
@@ -194,8 +204,9 @@ def fetch_models(root: Path) -> None:
         log(f"extracted {dest.name}")
 
 
-def _apt_env(state: Path, arches: tuple[str, ...] = ("arm64",),
-             suite: str = KERNEL_DEB["suite"]) -> dict[str, str]:
+def _apt_env(
+    state: Path, arches: tuple[str, ...] = ("arm64",), suite: str = KERNEL_DEB["suite"]
+) -> dict[str, str]:
     """A private apt configuration: `suite`'s `arches` lists in `state` (the first is the
     native one), the host's apt left alone."""
     uri = _debian_archive_uri()
@@ -240,8 +251,9 @@ def _debian_archive_uri() -> str:
             parts = line.split()
             if len(parts) > 2 and parts[0] == "deb" and parts[1].rstrip("/").endswith("/debian"):
                 return parts[1]
-    raise FetchError("no Debian archive found in /etc/apt sources (the packages the tests "
-                     "fetch come from it)")
+    raise FetchError(
+        "no Debian archive found in /etc/apt sources (the packages the tests fetch come from it)"
+    )
 
 
 def fetch_kernel_deb(root: Path, deb: dict[str, str] = KERNEL_DEB) -> Path:
@@ -260,8 +272,9 @@ def fetch_kernel_deb(root: Path, deb: dict[str, str] = KERNEL_DEB) -> Path:
         raise FetchError(f"apt-get update failed: {proc.stderr.strip()[-400:]}")
     spec = f"{deb['package']}:{deb['arch']}={deb['version']}"
     log(f"apt-get download {spec}")
-    proc = subprocess.run(["apt-get", "-q", "download", spec], env=env, cwd=debs,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["apt-get", "-q", "download", spec], env=env, cwd=debs, capture_output=True, text=True
+    )
     if proc.returncode != 0 or not path.exists():
         raise FetchError(f"apt-get download {spec} failed: {proc.stderr.strip()[-400:]}")
     check_sha(path, deb["sha256"])
@@ -355,8 +368,9 @@ def quantize_models(root: Path) -> None:
         stamp.write_text(want + "\n")
 
 
-def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str,
-                 reduce_range: bool = True) -> None:
+def quantize_qdq(
+    src: Path, out: Path, shape: tuple[int, ...], norm: str, reduce_range: bool = True
+) -> None:
     """`src` as static per-channel U8S8 QDQ calibrated on text-like images; with
     `reduce_range` False, plain 8-bit weights (the tests' example of a model that saturates
     on x86 without VNNI)."""
@@ -399,8 +413,11 @@ def quantize_qdq(src: Path, out: Path, shape: tuple[int, ...], norm: str,
 
 def write_manifest(root: Path) -> None:
     manifest = {
-        "models": {p.name: sha256_file(p) for p in sorted((root / "models").glob("*.*"))
-                   if p.suffix in (".onnx", ".tflite")},
+        "models": {
+            p.name: sha256_file(p)
+            for p in sorted((root / "models").glob("*.*"))
+            if p.suffix in (".onnx", ".tflite")
+        },
         "dtb": KERNEL_DEB["dest"],
     }
     armhf = root / "dtb" / KERNEL_DEB_ARMHF["dest"] / ".complete"
@@ -413,8 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=["models", "dtb"], help="fetch just one kind")
     parser.add_argument("--print-dir", action="store_true", help="print the cache folder")
-    parser.add_argument("--with-armhf", action="store_true",
-                        help="also fetch the armhf board .dtb files (~43 MB download; opt-in)")
+    parser.add_argument(
+        "--with-armhf",
+        action="store_true",
+        help="also fetch the armhf board .dtb files (~43 MB download; opt-in)",
+    )
     args = parser.parse_args(argv)
     root = cache_dir()
     if args.print_dir:

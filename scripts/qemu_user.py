@@ -104,15 +104,18 @@ def _ready() -> Path | None:
     if not all(os.access(folder / f"qemu-{arch}", os.X_OK) for arch in ARCHES):
         return None
     if resolved["version"] != QEMU_DEB.version:
-        log(f"using {QEMU_DEB.package} {resolved['version']}, not the pinned {QEMU_DEB.version} "
-            "(no longer in the archive): move QEMU_DEB in scripts/qemu_user.py to it")
+        log(
+            f"using {QEMU_DEB.package} {resolved['version']}, not the pinned {QEMU_DEB.version} "
+            "(no longer in the archive): move QEMU_DEB in scripts/qemu_user.py to it"
+        )
     return folder
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: Path | None = None):
     try:
-        return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=APT_TIMEOUT_S)
+        return subprocess.run(
+            cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=APT_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired as exc:
         raise FetchError(f"{' '.join(cmd)}: no answer in {APT_TIMEOUT_S} s") from exc
 
@@ -153,19 +156,25 @@ def _download(deb: QemuDeb, debs: Path) -> tuple[Path, str, str]:
         if record is None:
             raise FetchError(f"{pkg} is not in Debian {deb.suite}'s package index")
         version, sha = record["Version"], record["SHA256"]
-        log(f"WARNING: pinned {pkg} {deb.version} is no longer in Debian {deb.suite}; "
+        log(
+            f"WARNING: pinned {pkg} {deb.version} is no longer in Debian {deb.suite}; "
             f"taking the current candidate {version} (sha256 {sha}, checked by apt against "
-            "the signed Release file). Move QEMU_DEB in scripts/qemu_user.py to it.")
+            "the signed Release file). Move QEMU_DEB in scripts/qemu_user.py to it."
+        )
     elif record["SHA256"] != sha:
-        raise FetchError(f"{pkg} {version}: the archive's sha256 {record['SHA256']} does not "
-                         f"match the pinned {sha}")
+        raise FetchError(
+            f"{pkg} {version}: the archive's sha256 {record['SHA256']} does not "
+            f"match the pinned {sha}"
+        )
     size = int(record.get("Size", "0")) >> 20
     log(f"apt-get download {pkg}={version} ({size} MiB)")
     proc = _run(["apt-get", "-q", "download", f"{pkg}={version}"], env, cwd=debs)
     found = sorted(debs.glob(f"{deb.package}_*_{deb.arch}.deb"))
     if proc.returncode != 0 or len(found) != 1:
-        raise FetchError(f"apt-get download {pkg}={version} failed: "
-                         f"{proc.stderr.strip()[-400:] or [p.name for p in found]}")
+        raise FetchError(
+            f"apt-get download {pkg}={version} failed: "
+            f"{proc.stderr.strip()[-400:] or [p.name for p in found]}"
+        )
     check_sha(found[0], sha)
     return found[0], version, sha
 
@@ -177,8 +186,9 @@ def _data_tar(deb: Path) -> Iterator[tarfile.TarFile]:
         with _deb_data_tar(deb) as tar:
             yield tar
         return
-    proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None and proc.stderr is not None
     done = False
     try:
@@ -225,12 +235,13 @@ def _fetch() -> Path:
         part = folder.with_name(folder.name + ".part")
         log(f"unpacking {', '.join(f'qemu-{a}' for a in ARCHES)} from {path.name}")
         _unpack(path, part)
-    probe = subprocess.run([str(part / "qemu-x86_64"), "--version"], capture_output=True,
-                           text=True)
+    probe = subprocess.run([str(part / "qemu-x86_64"), "--version"], capture_output=True, text=True)
     upstream = version.split(":", 1)[-1].split("+", 1)[0]
     if probe.returncode != 0 or upstream not in probe.stdout:
-        raise FetchError(f"{part}/qemu-x86_64 --version: {(probe.stdout + probe.stderr)[:200]!r}"
-                         f" (expected version {upstream})")
+        raise FetchError(
+            f"{part}/qemu-x86_64 --version: {(probe.stdout + probe.stderr)[:200]!r}"
+            f" (expected version {upstream})"
+        )
     (part / ".complete").write_text(sha + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     part.rename(folder)
@@ -249,8 +260,9 @@ def qemu_dir() -> Path:
     if folder is not None:
         return folder
     if platform.machine() != "x86_64":
-        raise FetchError(f"the pinned {QEMU_DEB.package} is the amd64 build; this host is "
-                         f"{platform.machine()}")
+        raise FetchError(
+            f"the pinned {QEMU_DEB.package} is the amd64 build; this host is {platform.machine()}"
+        )
     root = qemu_root()
     root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as lock:
@@ -273,8 +285,12 @@ def qemu_binary(arch: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--print-path", choices=ARCHES, metavar="|".join(ARCHES),
-                        help="print the path of that emulator on stdout")
+    parser.add_argument(
+        "--print-path",
+        choices=ARCHES,
+        metavar="|".join(ARCHES),
+        help="print the path of that emulator on stdout",
+    )
     args = parser.parse_args(argv)
     try:
         folder = qemu_dir()

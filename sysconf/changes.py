@@ -82,8 +82,14 @@ JOURNAL_NAME = "tuning-journal.jsonl"
 PERSISTENT_JOURNAL_NAME = "persistent-journal.jsonl"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # Errors that mean "the kernel will not take this value here", not "edged is broken".
-REFUSED = {errno.EIO: "EIO", errno.EINVAL: "EINVAL", errno.EPERM: "EPERM",
-           errno.EACCES: "EACCES", errno.EBUSY: "EBUSY", errno.ENOTSUP: "ENOTSUP"}
+REFUSED = {
+    errno.EIO: "EIO",
+    errno.EINVAL: "EINVAL",
+    errno.EPERM: "EPERM",
+    errno.EACCES: "EACCES",
+    errno.EBUSY: "EBUSY",
+    errno.ENOTSUP: "ENOTSUP",
+}
 
 
 @dataclass(frozen=True)
@@ -104,8 +110,13 @@ class Change:
 
     def to_dict(self) -> dict:
         """The plan JSON's fields (scripts rely on exactly these)."""
-        return {"kind": self.kind, "path": self.path, "old": self.old, "new": self.new,
-                "reason": self.reason}
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "old": self.old,
+            "new": self.new,
+            "reason": self.reason,
+        }
 
 
 class UntrustedJournal(ValueError):
@@ -154,11 +165,16 @@ def selected_choice(text: str | None) -> str | None:
 LINK_KINDS = frozenset({"mask", "enable"})
 
 # The kinds `outlives_tuning` sends to the persistent journal.
-PERSISTENT_KINDS = frozenset({
-    "cmdline",  # the boot command line (cmdline.txt, extlinux.conf, /etc/default/grub)
-    "mask", "enable", "unit",  # service masks, enable links and installed unit files
-    "sysctl-conf", "systemd-conf",  # edgectl provision's /etc/sysctl.d and CPUAffinity drop-in
-})
+PERSISTENT_KINDS = frozenset(
+    {
+        "cmdline",  # the boot command line (cmdline.txt, extlinux.conf, /etc/default/grub)
+        "mask",
+        "enable",
+        "unit",  # service masks, enable links and installed unit files
+        "sysctl-conf",
+        "systemd-conf",  # edgectl provision's /etc/sysctl.d and CPUAffinity drop-in
+    }
+)
 
 
 def outlives_tuning(change: Change) -> bool:
@@ -188,9 +204,14 @@ def _error_name(exc: OSError) -> str:
 
 
 class Journal:
-    def __init__(self, root: SysRoot, state_dir: str = "/var/lib/edged",
-                 writer: Writer | None = None, systemctl: Systemctl | None = None,
-                 persistent: bool = False) -> None:
+    def __init__(
+        self,
+        root: SysRoot,
+        state_dir: str = "/var/lib/edged",
+        writer: Writer | None = None,
+        systemctl: Systemctl | None = None,
+        persistent: bool = False,
+    ) -> None:
         """`state_dir` is as seen on the device: with an image root the journal lives inside
         that root, so the image carries its own journal. `writer` replaces the journal's own
         write of file content (tests simulate the kernel with it; default: `ConfinedRoot.write`).
@@ -255,8 +276,10 @@ class Journal:
         (`ConfinedRoot.check_kernel_links`, PathRefused)."""
         self.files.check_kernel_links()
         euid = os.geteuid()
-        for path, device, what in ((self.path.parent, self._folder, "folder"),
-                                   (self.path, self._file, "file")):
+        for path, device, what in (
+            (self.path.parent, self._folder, "folder"),
+            (self.path, self._file, "file"),
+        ):
             try:
                 st = self.files.stat(device) if what == "folder" else self.files.lstat(device)
             except FileNotFoundError:
@@ -274,7 +297,8 @@ class Journal:
                 raise UntrustedJournal(
                     f"{path}: the journal {what} {' and '.join(problems)}; refusing to apply "
                     f"or revert through a journal another user could rewrite (check its "
-                    f"records, then chown it to uid {euid} and chmod go-w)")
+                    f"records, then chown it to uid {euid} and chmod go-w)"
+                )
 
     @property
     def systemctl(self) -> Systemctl:
@@ -289,8 +313,7 @@ class Journal:
         self.files.makedirs(self._folder, mode=0o755)
         created = not self.files.lexists(self._file)
         # Owner-only from the start (not the umask's 0664), so check_trusted accepts it.
-        fd = self.files.open(self._file, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                             0o600)
+        fd = self.files.open(self._file, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "a+b") as f:
             self._end_last_line(f)
             f.write(json.dumps(record).encode() + b"\n")
@@ -327,10 +350,12 @@ class Journal:
         try:
             lines = data.decode("utf-8").splitlines()
         except UnicodeDecodeError as exc:  # json.dumps writes ASCII: this is not a journal
-            number = data[:exc.start].count(b"\n") + 1
-            raise ValueError(f"{self.path}: line {number} is not a journal record (not UTF-8 "
-                             f"text: byte {data[exc.start]:#04x} at offset {exc.start}); "
-                             f"refusing to act on it") from None
+            number = data[: exc.start].count(b"\n") + 1
+            raise ValueError(
+                f"{self.path}: line {number} is not a journal record (not UTF-8 "
+                f"text: byte {data[exc.start]:#04x} at offset {exc.start}); "
+                f"refusing to act on it"
+            ) from None
         records = []
         for number, line in enumerate(lines, 1):
             try:
@@ -339,14 +364,19 @@ class Journal:
                 if number == len(lines):
                     break  # a crash mid-append: the last line is partial, its write never ran
                 record = None
-            if (not isinstance(record, dict) or "op" not in record
-                    or (record["op"] in ("set", "mkdir") and "path" not in record)):
+            if (
+                not isinstance(record, dict)
+                or "op" not in record
+                or (record["op"] in ("set", "mkdir") and "path" not in record)
+            ):
                 raise ValueError(f"{self.path}: line {number} is not a journal record")
             for key in ("path", "target"):
                 path = record.get(key)
                 if path is not None and not _plain_path(path):
-                    raise UntrustedJournal(f"{self.path}: line {number}: {key} {path!r} is not "
-                                           f"a plain absolute path; refusing to act on it")
+                    raise UntrustedJournal(
+                        f"{self.path}: line {number}: {key} {path!r} is not "
+                        f"a plain absolute path; refusing to act on it"
+                    )
             records.append(record)
         return records
 
@@ -355,8 +385,11 @@ class Journal:
         what revert may act on, checked before it touches anything."""
         self.check_trusted()
         records = self.records()
-        self.check_paths((r.get("target") or r["path"], "new_link" not in r)
-                         for r in records if r.get("op") in ("set", "mkdir"))
+        self.check_paths(
+            (r.get("target") or r["path"], "new_link" not in r)
+            for r in records
+            if r.get("op") in ("set", "mkdir")
+        )
         return records
 
     def _stale_boot(self, records: Sequence[dict]) -> str | None:
@@ -418,8 +451,10 @@ class Journal:
                 target = self._resolve(change.path)
                 current = self.files.read(target)
             except OSError as exc:
-                why = f"cannot read the current value, so revert could not restore it " \
-                      f"({_error_name(exc)})"
+                why = (
+                    f"cannot read the current value, so revert could not restore it "
+                    f"({_error_name(exc)})"
+                )
                 result.skipped.append((change, why))
                 continue
             if change.selector and current is not None:
@@ -436,9 +471,17 @@ class Journal:
                 if why:
                     result.skipped.append((change, why))
                     continue
-            self._append({"op": "set", "path": change.path, **_target(change.path, target),
-                          "old": current, "new": change.new, "kind": change.kind,
-                          "ts": time.time()})
+            self._append(
+                {
+                    "op": "set",
+                    "path": change.path,
+                    **_target(change.path, target),
+                    "old": current,
+                    "new": change.new,
+                    "kind": change.kind,
+                    "ts": time.time(),
+                }
+            )
             try:
                 self._write(target, change.new, kernel)
             except OSError as exc:
@@ -463,8 +506,10 @@ class Journal:
         live = self.root.is_live
         unit = os.path.basename(change.path)
         if live and change.kind != "mask":
-            why = f"refusing to write an {change.kind} link on the live system " \
-                  f"(use systemctl {change.kind} {unit})"
+            why = (
+                f"refusing to write an {change.kind} link on the live system "
+                f"(use systemctl {change.kind} {unit})"
+            )
             result.skipped.append((change, why))
             return
         old_link = old = old_mode = None
@@ -483,8 +528,10 @@ class Journal:
                 old = self.files.read(target)
                 old_mode = stat.S_IMODE(st.st_mode)
         except OSError as exc:
-            why = f"cannot read the current value, so revert could not restore it " \
-                  f"({_error_name(exc)})"
+            why = (
+                f"cannot read the current value, so revert could not restore it "
+                f"({_error_name(exc)})"
+            )
             result.skipped.append((change, why))
             return
         if old_link == change.new:
@@ -502,9 +549,19 @@ class Journal:
             if why:
                 result.skipped.append((change, why))
                 return
-        record = {"op": "set", "path": change.path, **_target(change.path, target), "old": old,
-                  "old_link": old_link, "old_mode": old_mode, "new_link": change.new,
-                  "new": change.new, "kind": change.kind, **runtime, "ts": time.time()}
+        record = {
+            "op": "set",
+            "path": change.path,
+            **_target(change.path, target),
+            "old": old,
+            "old_link": old_link,
+            "old_mode": old_mode,
+            "new_link": change.new,
+            "new": change.new,
+            "kind": change.kind,
+            **runtime,
+            "ts": time.time(),
+        }
         self._append(record)
         try:
             self.files.symlink(target, change.new)
@@ -542,8 +599,10 @@ class Journal:
         try:
             self._revert_link(record)
         except OSError as exc:
-            return (f"{failed}; the mask could not be taken back ({_error_name(exc)}): it "
-                    f"stays in the journal, and edgectl revert removes it")
+            return (
+                f"{failed}; the mask could not be taken back ({_error_name(exc)}): it "
+                f"stays in the journal, and edgectl revert removes it"
+            )
         self._append({"op": "skipped", "path": record["path"], "reason": str(failed)})
         problems = []
         try:
@@ -563,8 +622,11 @@ class Journal:
         parent = self.files.host(posixpath.dirname(device_path))
         if kernel:
             return f"{parent} does not exist"
-        missing = [str(p) for p in reversed(PurePosixPath(device_path).parents)
-                   if str(p) != "/" and not self.files.is_dir(str(p))]
+        missing = [
+            str(p)
+            for p in reversed(PurePosixPath(device_path).parents)
+            if str(p) != "/" and not self.files.is_dir(str(p))
+        ]
         for folder in missing:
             if self.files.lexists(folder):
                 return f"{self.files.host(folder)} is not a directory"
@@ -617,8 +679,7 @@ class Journal:
         boot = self._stale_boot(records)
         return self._revert_records(records, stale=boot)
 
-    def _revert_records(self, records: list[dict], stale: str | None
-                        ) -> list[tuple[str, str]]:
+    def _revert_records(self, records: list[dict], stale: str | None) -> list[tuple[str, str]]:
         done: list[tuple[str, str]] = []
         live_masks: list[tuple[int, dict]] = []  # (index in done, record): runtime to undo
         for index in range(len(records) - 1, -1, -1):
@@ -632,8 +693,13 @@ class Journal:
             if following.get("op") == "skipped" and following.get("path") == record["path"]:
                 continue  # the write was refused: nothing to undo
             if stale and is_kernel_file(record["path"]):
-                done.append((record["path"], f"dropped: written in an older boot ({stale}); "
-                                             f"the kernel reset it at reboot"))
+                done.append(
+                    (
+                        record["path"],
+                        f"dropped: written in an older boot ({stale}); "
+                        f"the kernel reset it at reboot",
+                    )
+                )
                 continue
             if "new_link" in record:
                 if stale and record.get("was_active"):
@@ -674,8 +740,7 @@ class Journal:
             self.files.rename(self._file, aside)
         return done
 
-    def _unmask_now(self, live_masks: list[tuple[int, dict]], done: list[tuple[str, str]]
-                    ) -> None:
+    def _unmask_now(self, live_masks: list[tuple[int, dict]], done: list[tuple[str, str]]) -> None:
         """After the live masks' old links are back: one `daemon-reload`, then `start` of each
         unit that was active before apply (oldest first, the order apply stopped them). A
         failure turns that entry's action into "failed: ..." naming the command to run."""
@@ -683,10 +748,14 @@ class Journal:
             self.systemctl.daemon_reload()
         except SystemctlError as exc:
             for position, record in live_masks:
-                done[position] = (record["path"], f"failed: link restored, but {exc}; run "
-                                  f"systemctl daemon-reload"
-                                  + (f" and systemctl start {record['unit']}"
-                                     if record.get("was_active") else ""))
+                done[position] = (
+                    record["path"],
+                    f"failed: link restored, but {exc}; run "
+                    f"systemctl daemon-reload"
+                    + (
+                        f" and systemctl start {record['unit']}" if record.get("was_active") else ""
+                    ),
+                )
             return
         for position, record in reversed(live_masks):
             if not record.get("was_active"):
@@ -713,8 +782,13 @@ class Journals:
     (the rule goes by kind), so their order only matters for folders they created: apply
     writes the persistent changes first and revert undoes them last, the exact reverse."""
 
-    def __init__(self, root: SysRoot, state_dir: str = "/var/lib/edged",
-                 writer: Writer | None = None, systemctl: Systemctl | None = None) -> None:
+    def __init__(
+        self,
+        root: SysRoot,
+        state_dir: str = "/var/lib/edged",
+        writer: Writer | None = None,
+        systemctl: Systemctl | None = None,
+    ) -> None:
         self.tuning = Journal(root, state_dir, writer, systemctl)
         self.persistent = Journal(root, state_dir, writer, systemctl, persistent=True)
 

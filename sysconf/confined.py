@@ -56,7 +56,7 @@ def temp_name(name: str) -> str:
 
 
 def kernel_top(device_path: str) -> str | None:
-    """"proc" or "sys" for a path under /proc/ or /sys/, else None."""
+    """ "proc" or "sys" for a path under /proc/ or /sys/, else None."""
     parts = device_path.lstrip("/").split("/", 1)
     return parts[0] if len(parts) == 2 and parts[0] in KERNEL_DIRS else None
 
@@ -115,10 +115,12 @@ class ConfinedRoot:
             f"{self.host('/'.join(link))}: a symlink to {target!r} under /{top} of the image "
             f"root {self.root}: /proc and /sys of an image hold only the kernel's files, and a "
             f"link there that is absolute or leads out of /{top} could point anywhere, the "
-            f"host's files included; refusing to act on {device_path} through it")
+            f"host's files included; refusing to act on {device_path} through it"
+        )
 
-    def _check_link(self, device_path: str, top: str | None, names: list[str], name: str,
-                    target: str) -> None:
+    def _check_link(
+        self, device_path: str, top: str | None, names: list[str], name: str, target: str
+    ) -> None:
         if top is None:
             return
         if target.startswith("/") or _lexical(names, target)[:1] != [top]:
@@ -160,8 +162,11 @@ class ConfinedRoot:
                 if stat.S_ISLNK(st.st_mode) and (follow_last or not last):
                     links += 1
                     if links > MAX_LINKS:
-                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP),
-                                      str(self.host("/".join([*names, name]))))
+                        raise OSError(
+                            errno.ELOOP,
+                            os.strerror(errno.ELOOP),
+                            str(self.host("/".join([*names, name]))),
+                        )
                     target = os.readlink(name, dir_fd=fds[-1])
                     self._check_link(device_path, top, names, name, target)
                     if target.startswith("/"):  # absolute: from the root, not the host's /
@@ -184,8 +189,10 @@ class ConfinedRoot:
         if top is not None and names[:1] != [top]:
             for fd in fds:
                 os.close(fd)
-            raise PathRefused(f"{device_path}: leads out of /{top} of the image root "
-                              f"{self.root}; refusing to write through it")
+            raise PathRefused(
+                f"{device_path}: leads out of /{top} of the image root "
+                f"{self.root}; refusing to write through it"
+            )
         return names, fds, whole
 
     def resolve(self, device_path: str, follow: bool = True) -> str:
@@ -205,11 +212,13 @@ class ConfinedRoot:
         names, fds, whole = self._walk(device_path, follow)
         try:
             if not whole:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT),
-                                        str(self.host(device_path)))
+                raise FileNotFoundError(
+                    errno.ENOENT, os.strerror(errno.ENOENT), str(self.host(device_path))
+                )
             if not names or len(fds) != len(names):
-                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR),
-                                        str(self.host(device_path)))
+                raise IsADirectoryError(
+                    errno.EISDIR, os.strerror(errno.EISDIR), str(self.host(device_path))
+                )
             yield fds[-1], names[-1]
         finally:
             for fd in fds:
@@ -231,8 +240,7 @@ class ConfinedRoot:
                     path = os.path.join(folder, name)
                     if os.path.islink(path):
                         target = os.readlink(path)
-                        self._check_link("/" + "/".join([*rel, name]), top, list(rel), name,
-                                         target)
+                        self._check_link("/" + "/".join([*rel, name]), top, list(rel), name, target)
 
     # -- reading -------------------------------------------------------------------------
     def read_bytes(self, device_path: str) -> bytes | None:
@@ -318,8 +326,12 @@ class ConfinedRoot:
             return
         with self._at(device_path, follow=True) as (folder, name):
             if kernel:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o666, dir_fd=folder)
+                fd = os.open(
+                    name,
+                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o666,
+                    dir_fd=folder,
+                )
                 with _text(fd) as f:
                     f.write(content)
                 return
@@ -327,14 +339,19 @@ class ConfinedRoot:
             with contextlib.suppress(FileNotFoundError):
                 st = os.stat(name, dir_fd=folder, follow_symlinks=False)
                 if stat.S_ISLNK(st.st_mode):  # it became a link since the walk
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP),
-                                  str(self.host(device_path)))
+                    raise OSError(
+                        errno.ELOOP, os.strerror(errno.ELOOP), str(self.host(device_path))
+                    )
                 mode = stat.S_IMODE(st.st_mode)
             tmp = temp_name(name)
             _unlink_quiet(tmp, folder)  # a left-over, or a link planted at that name
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o666, dir_fd=folder)
+                fd = os.open(
+                    tmp,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o666,
+                    dir_fd=folder,
+                )
                 with _text(fd) as f:
                     f.write(content)
                     f.flush()
@@ -375,8 +392,7 @@ class ConfinedRoot:
             fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
         try:
             if stat.S_ISLNK(os.fstat(fd).st_mode):
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP),
-                              str(self.host(device_path)))
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(self.host(device_path)))
             # fchmod refuses an O_PATH fd; its /proc/self/fd entry names exactly that inode.
             os.chmod(f"/proc/self/fd/{fd}", mode)
         finally:
@@ -428,8 +444,10 @@ class ConfinedRoot:
         if self.live:
             self.host(device_path).rename(self.host(new_path))
             return
-        with self._at(device_path, follow=False) as (folder, name), \
-                self._at(new_path, follow=False) as (new_folder, new_name):
+        with (
+            self._at(device_path, follow=False) as (folder, name),
+            self._at(new_path, follow=False) as (new_folder, new_name),
+        ):
             os.rename(name, new_name, src_dir_fd=folder, dst_dir_fd=new_folder)
 
     def fsync_dir(self, device_path: str) -> None:
@@ -457,6 +475,7 @@ def _text(fd: int):
 # -- the live root's plain path operations ------------------------------------------------------
 # Used as they always were for "/" (and by callers that hold a host path of their own, such as
 # a test's writer); an image root never reaches them.
+
 
 def read_current(path: Path) -> str | None:
     """The file's exact text, or None when it does not exist. Any other error (EACCES on a

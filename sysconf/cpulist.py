@@ -83,4 +83,4 @@ def format_cpumask(cpus: Iterable[int], like: str | None = None) -> str:
     digits = f"{value:0{width * len(groups)}x}"
     if len(digits) > width * len(groups):
         return f"{value:x}"
-    return ",".join(digits[i:i + width] for i in range(0, len(digits), width))
+    return ",".join(digits[i : i + width] for i in range(0, len(digits), width))

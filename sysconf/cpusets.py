@@ -36,9 +36,13 @@ class CpuSets:
 
     def to_dict(self) -> dict:
         return {
-            "online": self.online, "isolated": self.isolated, "nohz_full": self.nohz_full,
-            "isolcpus": self.isolcpus, "isolcpus_flags": self.isolcpus_flags,
-            "rcu_nocbs": self.rcu_nocbs, "irqaffinity": self.irqaffinity,
+            "online": self.online,
+            "isolated": self.isolated,
+            "nohz_full": self.nohz_full,
+            "isolcpus": self.isolcpus,
+            "isolcpus_flags": self.isolcpus_flags,
+            "rcu_nocbs": self.rcu_nocbs,
+            "irqaffinity": self.irqaffinity,
             "cmdline": self.cmdline,
         }
 
@@ -181,8 +185,13 @@ class CpuPlan:
         }
 
 
-def decide(cpusets: CpuSets, configured: Sequence[int] | None = None,
-           count: int = 1, *, override: Sequence[int] | None = None) -> CpuPlan:
+def decide(
+    cpusets: CpuSets,
+    configured: Sequence[int] | None = None,
+    count: int = 1,
+    *,
+    override: Sequence[int] | None = None,
+) -> CpuPlan:
     """Inference cores: `override` when given (an operator's explicit choice, e.g. edgectl
     --inference-cpus), else the kernel's isolated set, else `configured` (the models' cpus
     from the config), else the last `count` online cores; housekeeping: every other online
@@ -208,19 +217,25 @@ def decide(cpusets: CpuSets, configured: Sequence[int] | None = None,
     if wanted_override is not None:
         inference, source = wanted_override, "override"
         if isolated and isolated != wanted_override:
-            notes.append(f"the override {format_cpulist(wanted_override)} is used instead of "
-                         f"the kernel's isolated set {format_cpulist(isolated)}")
+            notes.append(
+                f"the override {format_cpulist(wanted_override)} is used instead of "
+                f"the kernel's isolated set {format_cpulist(isolated)}"
+            )
         if wanted_configured is not None and wanted_configured != wanted_override:
-            notes.append(f"the override {format_cpulist(wanted_override)} differs from the "
-                         f"configured inference CPUs {format_cpulist(wanted_configured)} "
-                         f"(the models' cpus)")
+            notes.append(
+                f"the override {format_cpulist(wanted_override)} differs from the "
+                f"configured inference CPUs {format_cpulist(wanted_configured)} "
+                f"(the models' cpus)"
+            )
     elif isolated:
         inference, source = isolated, "isolated"
         if wanted_configured is not None and wanted_configured != isolated:
-            notes.append(f"configured inference CPUs {format_cpulist(wanted_configured)} "
-                         f"differ from the kernel's isolated set {format_cpulist(isolated)}; "
-                         f"the isolated set is used: pin the models to "
-                         f"{format_cpulist(isolated)}, or override the choice explicitly")
+            notes.append(
+                f"configured inference CPUs {format_cpulist(wanted_configured)} "
+                f"differ from the kernel's isolated set {format_cpulist(isolated)}; "
+                f"the isolated set is used: pin the models to "
+                f"{format_cpulist(isolated)}, or override the choice explicitly"
+            )
     elif wanted_configured is not None:
         inference, source = wanted_configured, "configured"
     else:
@@ -255,8 +270,9 @@ def _checked(cpus: Sequence[int] | None, what: str, online: list[int]) -> list[i
 def dt_cpu_count(tree) -> int:
     """CPUs a board's device tree declares (/cpus/cpu@* with device_type "cpu")."""
     node = tree.find("/cpus")
-    return sum(1 for child in (node.children if node else [])
-               if child.prop_str("device_type") == "cpu")
+    return sum(
+        1 for child in (node.children if node else []) if child.prop_str("device_type") == "cpu"
+    )
 
 
 def read_cpusets_for(root: SysRoot, trees: Sequence = ()) -> CpuSets:

@@ -57,6 +57,7 @@ def _phandle_cells(prop: str) -> tuple[bool, str | None]:
         return True, None
     return False, None
 
+
 # Compatible substrings of devices that allocate large contiguous DMA buffers (NPU/GPU/VPU).
 ACCEL_COMPATIBLES = (
     "vivante,gc", "arm,mali", "rockchip,rk3588-rknn", "rockchip,rknn", "verisilicon",
@@ -118,8 +119,9 @@ def _cells(node: Node, prop: str) -> list[int]:
         return []
 
 
-def _specifiers(tree: DeviceTree, node: Node, prop: str, cells_prop: str | None
-                ) -> Iterator[tuple[int, Node | None, tuple[int, ...]]]:
+def _specifiers(
+    tree: DeviceTree, node: Node, prop: str, cells_prop: str | None
+) -> Iterator[tuple[int, Node | None, tuple[int, ...]]]:
     """(phandle, provider or None when dangling, argument cells) per entry of `prop`.
 
     Parsing stops at a dangling phandle or a provider without its cells property, since the
@@ -166,12 +168,14 @@ def _dma_rules(tree: DeviceTree) -> Iterator[Hit]:
             if not provider.status_ok and provider.path not in reported:
                 reported.add(provider.path)
                 yield Hit(
-                    "DT-DMA-DISABLED-CONTROLLER", "fail",
+                    "DT-DMA-DISABLED-CONTROLLER",
+                    "fail",
                     f"{node.path} uses DMA controller {provider.path}, which is disabled "
                     "(the driver defers probe forever)",
-                    node, f"{provider.path} status = "
-                    f"{provider.prop_str('status')!r}", "status = \"okay\"",
-                    f"enable {provider.path} (status = \"okay\") or delete `dmas`/`dma-names` "
+                    node,
+                    f"{provider.path} status = {provider.prop_str('status')!r}",
+                    'status = "okay"',
+                    f'enable {provider.path} (status = "okay") or delete `dmas`/`dma-names` '
                     f"from {node.path}; e.g. fdtput -t s FILE.dtb {provider.path} status okay",
                 )
             if args and provider.status_ok:
@@ -181,15 +185,22 @@ def _dma_rules(tree: DeviceTree) -> Iterator[Hit]:
         names = node.prop_strings("dma-names")
         if "dma-names" not in node.properties:
             yield Hit(
-                "DT-DMA-NAMES-MISMATCH", "warn", f"{node.path} has `dmas` but no `dma-names`",
-                node, f"{len(entries)} dmas entries, no dma-names",
-                f"{len(entries)} dma-names", f"add dma-names (one per dmas entry) to {node.path}",
+                "DT-DMA-NAMES-MISMATCH",
+                "warn",
+                f"{node.path} has `dmas` but no `dma-names`",
+                node,
+                f"{len(entries)} dmas entries, no dma-names",
+                f"{len(entries)} dma-names",
+                f"add dma-names (one per dmas entry) to {node.path}",
             )
         elif entries and len(names) != len(entries) and _fully_parsed(tree, node):
             yield Hit(
-                "DT-DMA-NAMES-MISMATCH", "warn",
+                "DT-DMA-NAMES-MISMATCH",
+                "warn",
                 f"{node.path} has {len(entries)} dmas entries but {len(names)} dma-names",
-                node, f"dma-names = {names}", f"{len(entries)} names",
+                node,
+                f"dma-names = {names}",
+                f"{len(entries)} names",
                 f"make dmas and dma-names of {node.path} the same length",
             )
     for (provider_path, args), users in claims.items():
@@ -198,10 +209,13 @@ def _dma_rules(tree: DeviceTree) -> Iterator[Hit]:
         paths = ", ".join(u.path for u in users)
         for user in users:
             yield Hit(
-                "DT-DMA-SHARED-REQUEST", "warn",
+                "DT-DMA-SHARED-REQUEST",
+                "warn",
                 f"DMA request {provider_path} {list(args)} is claimed by {len(users)} enabled "
                 "devices",
-                user, f"also used by {paths}", "one device per request line",
+                user,
+                f"also used by {paths}",
+                "one device per request line",
                 "disable all but one of these devices or give each its own request line",
             )
 
@@ -229,9 +243,12 @@ def _phandle_rule(tree: DeviceTree) -> Iterator[Hit]:
             for ph, provider, _args in _specifiers(tree, node, prop, cells_prop):
                 if provider is None:
                     yield Hit(
-                        "DT-PHANDLE-DANGLING", "fail",
+                        "DT-PHANDLE-DANGLING",
+                        "fail",
                         f"{node.path}: {prop} refers to phandle 0x{ph:x}, which is no node",
-                        node, f"{prop} -> 0x{ph:x} (missing)", "an existing phandle",
+                        node,
+                        f"{prop} -> 0x{ph:x} (missing)",
+                        "an existing phandle",
                         f"fix {prop} of {node.path} (rebuild the dtb/overlay with the right "
                         "label) or disable the node",
                     )
@@ -269,25 +286,31 @@ def _cma_rules(tree: DeviceTree) -> Iterator[Hit]:
         reusable = "reusable" in pool.properties
         if reusable and "no-map" in pool.properties:
             yield Hit(
-                "DT-CMA-NOMAP-REUSABLE", "fail",
+                "DT-CMA-NOMAP-REUSABLE",
+                "fail",
                 f"{pool.path} is both `no-map` and `reusable` (the kernel refuses it as CMA)",
-                pool, "no-map; reusable;", "reusable without no-map",
+                pool,
+                "no-map; reusable;",
+                "reusable without no-map",
                 f"fdtput -d FILE.dtb {pool.path} no-map",
             )
         if reusable and "shared-dma-pool" in pool.prop_strings("compatible") and pool.status_ok:
             cmas.append(pool)
-    accels = [n for n in _nodes(tree) if "compatible" in n.properties and _is_accel(n)
-              and _enabled(n)]
+    accels = [
+        n for n in _nodes(tree) if "compatible" in n.properties and _is_accel(n) and _enabled(n)
+    ]
     if not accels:
         return
     names = ", ".join(a.path for a in accels[:4]) + (" ..." if len(accels) > 4 else "")
     if not cmas:
         yield Hit(
-            "DT-CMA-MISSING", "warn",
+            "DT-CMA-MISSING",
+            "warn",
             f"no CMA pool (reserved-memory shared-dma-pool, reusable) for {names}",
-            resmem or tree.root, "no reusable shared-dma-pool",
+            resmem or tree.root,
+            "no reusable shared-dma-pool",
             f"a linux,cma pool of at least {CMA_MIN // MIB} MiB",
-            "add /reserved-memory/linux,cma { compatible = \"shared-dma-pool\"; reusable; "
+            'add /reserved-memory/linux,cma { compatible = "shared-dma-pool"; reusable; '
             "size = <0 0x10000000>; linux,cma-default; } or boot with cma=256M",
         )
         return
@@ -295,10 +318,13 @@ def _cma_rules(tree: DeviceTree) -> Iterator[Hit]:
         size = _reg_size(pool, resmem)
         if size is not None and size < CMA_MIN:
             yield Hit(
-                "DT-CMA-SMALL", "fail",
+                "DT-CMA-SMALL",
+                "fail",
                 f"CMA pool {pool.path} is {size // MIB} MiB, too small for {names}",
-                pool, f"{size} bytes ({size / MIB:.1f} MiB)",
-                f">= {CMA_MIN // MIB} MiB", f"raise `size` of {pool.path} to at least "
+                pool,
+                f"{size} bytes ({size / MIB:.1f} MiB)",
+                f">= {CMA_MIN // MIB} MiB",
+                f"raise `size` of {pool.path} to at least "
                 f"{CMA_MIN // MIB} MiB (e.g. <0 0x10000000>) or boot with cma=256M",
             )
 
@@ -320,16 +346,22 @@ def _ranges(node: Node, prop: str, parent: Node | None) -> list[tuple[int, int]]
     cells = _cells(node, prop)
     if not cells or not a or not s or len(cells) % (a + s):
         return []
-    return [(_num(cells[i : i + a]), _num(cells[i + a : i + a + s]))
-            for i in range(0, len(cells), a + s)]
+    return [
+        (_num(cells[i : i + a]), _num(cells[i + a : i + a + s]))
+        for i in range(0, len(cells), a + s)
+    ]
 
 
 def _default_cmas(tree: DeviceTree) -> list[Node]:
     """shared-dma-pool nodes meant as the default CMA (`linux,cma-default` or named linux,cma)."""
     resmem = tree.find("/reserved-memory")
-    return [n for n in (resmem.children if resmem else [])
-            if "shared-dma-pool" in n.prop_strings("compatible") and n.status_ok
-            and ("linux,cma-default" in n.properties or n.base_name == "linux,cma")]
+    return [
+        n
+        for n in (resmem.children if resmem else [])
+        if "shared-dma-pool" in n.prop_strings("compatible")
+        and n.status_ok
+        and ("linux,cma-default" in n.properties or n.base_name == "linux,cma")
+    ]
 
 
 def _memory(tree: DeviceTree) -> list[tuple[int, int]]:
@@ -347,24 +379,31 @@ def _cma_extra_rules(tree: DeviceTree) -> Iterator[Hit]:
     for pool in _default_cmas(tree):
         if "reusable" not in pool.properties:
             yield Hit(
-                "DT-CMA-NOT-REUSABLE", "warn",
+                "DT-CMA-NOT-REUSABLE",
+                "warn",
                 f"default CMA pool {pool.path} is not `reusable`: the kernel does not use it "
                 "as CMA (a plain carve-out, lost to the page allocator)",
-                pool, "no `reusable`", "reusable;",
+                pool,
+                "no `reusable`",
+                "reusable;",
                 f"fdtput FILE.dtb {pool.path} reusable",
             )
-        checks = [(prop, _num(_cells(pool, prop))) for prop in ("size", "alignment")
-                  if pool.prop(prop)]
+        checks = [
+            (prop, _num(_cells(pool, prop))) for prop in ("size", "alignment") if pool.prop(prop)
+        ]
         for base, size in _ranges(pool, "reg", resmem):
             checks += [("reg base", base), ("reg size", size)]
         bad = [(what, v) for what, v in checks if v % CMA_ALIGN]
         if bad:
             shown = ", ".join(f"{what} 0x{v:x}" for what, v in bad)
             yield Hit(
-                "DT-CMA-MISALIGNED", "warn",
+                "DT-CMA-MISALIGNED",
+                "warn",
                 f"CMA pool {pool.path}: {shown} not a multiple of 4 MiB (the CMA alignment of "
                 "arm64 with 4K pages; the kernel refuses an unaligned pool)",
-                pool, shown, "multiples of 0x400000 (4 MiB)",
+                pool,
+                shown,
+                "multiples of 0x400000 (4 MiB)",
                 f"round {', '.join(w for w, _ in bad)} of {pool.path} to 4 MiB "
                 "(e.g. alignment = <0 0x400000>)",
             )
@@ -374,16 +413,17 @@ def _cma_extra_rules(tree: DeviceTree) -> Iterator[Hit]:
             for base, size in _ranges(pool, prop, resmem):
                 # `reg` must lie inside RAM; `alloc-ranges` only bounds where the kernel may
                 # place the pool, so it is broken only when it misses RAM entirely.
-                if prop == "reg" and any(m <= base and base + size <= m + ms
-                                         for m, ms in memory):
+                if prop == "reg" and any(m <= base and base + size <= m + ms for m, ms in memory):
                     continue
                 if prop != "reg" and any(base < m + ms and m < base + size for m, ms in memory):
                     continue
                 yield Hit(
-                    "DT-CMA-OUTSIDE-MEMORY", "fail",
+                    "DT-CMA-OUTSIDE-MEMORY",
+                    "fail",
                     f"CMA pool {pool.path}: {prop} 0x{base:x}+0x{size:x} is outside every "
                     "/memory range (the pool cannot be set up)",
-                    pool, f"{prop} 0x{base:x}..0x{base + size:x}",
+                    pool,
+                    f"{prop} 0x{base:x}..0x{base + size:x}",
                     "inside " + ", ".join(f"0x{m:x}..0x{m + ms:x}" for m, ms in memory),
                     f"move {prop} of {pool.path} inside RAM or drop it and let the kernel place "
                     "the pool",
@@ -400,10 +440,14 @@ def _dma_ranges_entries(bus: Node) -> list[tuple[int, int, int]]:
     cells = _cells(bus, "dma-ranges")
     if not cells or not size_cells or len(cells) % width:
         return []
-    return [(_num(cells[i : i + child_cells]),
-             _num(cells[i + child_cells : i + child_cells + parent_cells]),
-             _num(cells[i + child_cells + parent_cells : i + width]))
-            for i in range(0, len(cells), width)]
+    return [
+        (
+            _num(cells[i : i + child_cells]),
+            _num(cells[i + child_cells : i + child_cells + parent_cells]),
+            _num(cells[i + child_cells + parent_cells : i + width]),
+        )
+        for i in range(0, len(cells), width)
+    ]
 
 
 def _dma_window(node: Node) -> list[tuple[int, int]] | None:
@@ -450,8 +494,9 @@ def _uses_cma(node: Node) -> bool:
     return any(k in c for c in compats for k in DISPLAY_COMPATIBLES)
 
 
-def _pool_spans(pool: Node, resmem: Node | None, memory: list[tuple[int, int]]
-                ) -> tuple[str, list[tuple[int, int]]]:
+def _pool_spans(
+    pool: Node, resmem: Node | None, memory: list[tuple[int, int]]
+) -> tuple[str, list[tuple[int, int]]]:
     """Where the pool is or may be placed: ("reg", its ranges) when fixed, else
     ("alloc-ranges", those ranges cut to RAM when /memory is known); ("", []) when the kernel
     places it freely."""
@@ -460,13 +505,16 @@ def _pool_spans(pool: Node, resmem: Node | None, memory: list[tuple[int, int]]
         return "reg", reg
     spans = _ranges(pool, "alloc-ranges", resmem)
     if spans and memory:
-        spans = [(max(b, m), min(b + s, m + ms) - max(b, m)) for b, s in spans
-                 for m, ms in memory if max(b, m) < min(b + s, m + ms)] or spans
+        spans = [
+            (max(b, m), min(b + s, m + ms) - max(b, m))
+            for b, s in spans
+            for m, ms in memory
+            if max(b, m) < min(b + s, m + ms)
+        ] or spans
     return ("alloc-ranges", spans) if spans else ("", [])
 
 
-def _outside(spans: list[tuple[int, int]], window: list[tuple[int, int]]
-             ) -> list[tuple[int, int]]:
+def _outside(spans: list[tuple[int, int]], window: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The parts of `spans` that no range of `window` covers."""
     left = list(spans)
     for w_base, w_size in window:
@@ -504,9 +552,14 @@ def _cma_window_rule(tree: DeviceTree) -> Iterator[Hit]:
         window = _dma_window(node)
         if window is None:
             continue
-        named = [p for _ph, p, _a in _specifiers(tree, node, "memory-region", None)
-                 if p is not None and p.parent is resmem
-                 and "shared-dma-pool" in p.prop_strings("compatible") and p.status_ok]
+        named = [
+            p
+            for _ph, p, _a in _specifiers(tree, node, "memory-region", None)
+            if p is not None
+            and p.parent is resmem
+            and "shared-dma-pool" in p.prop_strings("compatible")
+            and p.status_ok
+        ]
         for pool in named or defaults:
             prop, spans = _pool_spans(pool, resmem, memory)
             outside = _outside(spans, window)
@@ -519,10 +572,13 @@ def _cma_window_rule(tree: DeviceTree) -> Iterator[Hit]:
             reach = ", ".join(f"0x{b:x}..0x{b + s:x}" for b, s in window) or "nothing"
             verb = "lies" if fixed and whole else "lies partly" if fixed else "may be placed"
             yield Hit(
-                "DT-CMA-OUTSIDE-DMA-WINDOW", "fail" if fixed and whole else "warn",
+                "DT-CMA-OUTSIDE-DMA-WINDOW",
+                "fail" if fixed and whole else "warn",
                 f"CMA pool {pool.path} {verb} outside the DMA window of {node.path} (its "
                 "buses' dma-ranges): its contiguous buffers cannot come from that pool",
-                pool, f"{prop} {shown}", f"inside {reach}",
+                pool,
+                f"{prop} {shown}",
+                f"inside {reach}",
                 f"place {pool.path} inside {reach} (alloc-ranges = <the window>, or a `reg` "
                 f"there), or give {node.path} a memory-region pool it can reach",
             )
@@ -544,10 +600,13 @@ def _reserved_rule(tree: DeviceTree) -> Iterator[Hit]:
         sizes = [s for _b, s in _ranges(region, "reg", resmem)]
         size = _num(_cells(region, "size")) if "size" in region.properties else sum(sizes)
         yield Hit(
-            "DT-RESERVED-FOR-DISABLED", "warn",  # status; severity stays info
+            "DT-RESERVED-FOR-DISABLED",
+            "warn",  # status; severity stays info
             f"{region.path} ({size / MIB:.1f} MiB) is reserved only for disabled device(s) "
             f"{', '.join(u.path for u in refs)}",
-            region, "memory-region users all disabled", "an enabled user or no region",
+            region,
+            "memory-region users all disabled",
+            "an enabled user or no region",
             f"disable the region too (fdtput -t s FILE.dtb {region.path} status disabled) or "
             "enable its device",
         )
@@ -576,10 +635,13 @@ def _dma_ranges_rule(tree: DeviceTree) -> Iterator[Hit]:
                 break
             if ranges is None:
                 yield Hit(
-                    "DT-DMA-RANGES-BROKEN", "warn",
+                    "DT-DMA-RANGES-BROKEN",
+                    "warn",
                     f"{node.path} has `dma-ranges;` but its parent bus {up.path} has none: the "
                     "DMA translation chain is broken (of_dma_get_range: -ENODEV)",
-                    node, f"{up.path}: no dma-ranges", "dma-ranges on every bus up to /",
+                    node,
+                    f"{up.path}: no dma-ranges",
+                    "dma-ranges on every bus up to /",
                     f"add `dma-ranges;` (1:1) or the real mapping to {up.path}",
                 )
                 break
@@ -609,17 +671,28 @@ def _pio_rule(tree: DeviceTree) -> Iterator[Hit]:
             if "dmas" in node.properties:
                 continue
             yield Hit(
-                "DT-DMA-PIO-FALLBACK", "warn",  # status; severity stays info
+                "DT-DMA-PIO-FALLBACK",
+                "warn",  # status; severity stays info
                 f"{node.path} ({compat}) has no `dmas` while {len(with_dma)} enabled sibling(s) "
                 "do: it falls back to PIO (CPU time per byte)",
-                node, "no dmas", f"dmas like {with_dma[0].path}",
+                node,
+                "no dmas",
+                f"dmas like {with_dma[0].path}",
                 f"add dmas/dma-names to {node.path} if its DMA controller has free requests",
             )
 
 
 # Every rule, in the order their hits are reported.
-RULE_FUNCTIONS = (_dma_rules, _phandle_rule, _cma_rules, _cma_extra_rules, _cma_window_rule,
-                  _reserved_rule, _dma_ranges_rule, _pio_rule)
+RULE_FUNCTIONS = (
+    _dma_rules,
+    _phandle_rule,
+    _cma_rules,
+    _cma_extra_rules,
+    _cma_window_rule,
+    _reserved_rule,
+    _dma_ranges_rule,
+    _pio_rule,
+)
 
 
 def find_hits(tree: DeviceTree) -> list[Hit]:

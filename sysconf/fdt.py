@@ -237,11 +237,12 @@ def load_fdt(path: str | os.PathLike[str]) -> DeviceTree:
         with os.fdopen(fd, "rb", buffering=0) as f:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise FdtError(f"{path}: not a regular file (a device, FIFO or socket), not "
-                               f"a .dtb")
+                raise FdtError(f"{path}: not a regular file (a device, FIFO or socket), not a .dtb")
             if st.st_size > MAX_DTB_BYTES:
-                raise FdtError(f"{path}: {st.st_size} bytes, larger than any device tree "
-                               f"(at most {MAX_DTB_BYTES})")
+                raise FdtError(
+                    f"{path}: {st.st_size} bytes, larger than any device tree "
+                    f"(at most {MAX_DTB_BYTES})"
+                )
             data = f.read()
     except OSError as exc:
         raise FdtError(f"{path}: cannot read device tree: {exc.strerror or exc}") from exc

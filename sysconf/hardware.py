@@ -25,20 +25,44 @@ ARM_INT8_FEATURES = ("asimd", "asimddp", "i8mm", "sve", "sve2", "bf16")
 # guide: use reduce_range or U8U8 there), and INT8 gains less over FP32.
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 # cpuinfo spelling -> numpy's runtime CPU-dispatch name (read from CPUID / AT_HWCAP).
-NUMPY_FEATURES = {"avx2": "AVX2", "avx512f": "AVX512F", "avx512_vnni": "AVX512VNNI",
-                  "asimd": "ASIMD", "asimddp": "ASIMDDP", "sve": "SVE"}
+NUMPY_FEATURES = {
+    "avx2": "AVX2",
+    "avx512f": "AVX512F",
+    "avx512_vnni": "AVX512VNNI",
+    "asimd": "ASIMD",
+    "asimddp": "ASIMDDP",
+    "sve": "SVE",
+}
 
 # (implementer, part) from /proc/cpuinfo -> core name; the kernel prints only the numbers.
 ARM_CORE_NAMES = {
-    (0x41, 0xC07): "Cortex-A7", (0x41, 0xC09): "Cortex-A9", (0x41, 0xC0F): "Cortex-A15",
-    (0x41, 0xD01): "Cortex-A32", (0x41, 0xD03): "Cortex-A53", (0x41, 0xD04): "Cortex-A35",
-    (0x41, 0xD05): "Cortex-A55", (0x41, 0xD07): "Cortex-A57", (0x41, 0xD08): "Cortex-A72",
-    (0x41, 0xD09): "Cortex-A73", (0x41, 0xD0A): "Cortex-A75", (0x41, 0xD0B): "Cortex-A76",
-    (0x41, 0xD0C): "Neoverse-N1", (0x41, 0xD0D): "Cortex-A77", (0x41, 0xD40): "Neoverse-V1",
-    (0x41, 0xD41): "Cortex-A78", (0x41, 0xD42): "Cortex-A78AE", (0x41, 0xD44): "Cortex-X1",
-    (0x41, 0xD46): "Cortex-A510", (0x41, 0xD47): "Cortex-A710", (0x41, 0xD48): "Cortex-X2",
-    (0x41, 0xD49): "Neoverse-N2", (0x41, 0xD4D): "Cortex-A715", (0x41, 0xD4E): "Cortex-X3",
-    (0x41, 0xD80): "Cortex-A520", (0x41, 0xD81): "Cortex-A720", (0x41, 0xD82): "Cortex-X4",
+    (0x41, 0xC07): "Cortex-A7",
+    (0x41, 0xC09): "Cortex-A9",
+    (0x41, 0xC0F): "Cortex-A15",
+    (0x41, 0xD01): "Cortex-A32",
+    (0x41, 0xD03): "Cortex-A53",
+    (0x41, 0xD04): "Cortex-A35",
+    (0x41, 0xD05): "Cortex-A55",
+    (0x41, 0xD07): "Cortex-A57",
+    (0x41, 0xD08): "Cortex-A72",
+    (0x41, 0xD09): "Cortex-A73",
+    (0x41, 0xD0A): "Cortex-A75",
+    (0x41, 0xD0B): "Cortex-A76",
+    (0x41, 0xD0C): "Neoverse-N1",
+    (0x41, 0xD0D): "Cortex-A77",
+    (0x41, 0xD40): "Neoverse-V1",
+    (0x41, 0xD41): "Cortex-A78",
+    (0x41, 0xD42): "Cortex-A78AE",
+    (0x41, 0xD44): "Cortex-X1",
+    (0x41, 0xD46): "Cortex-A510",
+    (0x41, 0xD47): "Cortex-A710",
+    (0x41, 0xD48): "Cortex-X2",
+    (0x41, 0xD49): "Neoverse-N2",
+    (0x41, 0xD4D): "Cortex-A715",
+    (0x41, 0xD4E): "Cortex-X3",
+    (0x41, 0xD80): "Cortex-A520",
+    (0x41, 0xD81): "Cortex-A720",
+    (0x41, 0xD82): "Cortex-X4",
     (0x4E, 0x004): "NVIDIA Carmel",
 }
 
@@ -48,16 +72,27 @@ _DT_CORE_NAMES = {name.lower(): name for name in ARM_CORE_NAMES.values()}
 
 # DRM render-node drivers that are inference-capable GPUs or NPUs (kind, human name).
 DRM_DRIVERS = {
-    "i915": ("gpu", "Intel GPU"), "xe": ("gpu", "Intel GPU"), "amdgpu": ("gpu", "AMD GPU"),
-    "panfrost": ("gpu", "Arm Mali GPU"), "panthor": ("gpu", "Arm Mali GPU"),
-    "etnaviv": ("gpu", "Vivante GPU/NPU (etnaviv)"), "v3d": ("gpu", "Broadcom V3D GPU"),
-    "msm": ("gpu", "Qualcomm Adreno GPU"), "nouveau": ("gpu", "NVIDIA GPU (nouveau)"),
-    "tegra": ("gpu", "NVIDIA Tegra GPU"), "nvgpu": ("gpu", "NVIDIA Tegra GPU"),
-    "rknpu": ("npu", "Rockchip NPU (rknpu)"), "vc4": ("gpu", "Broadcom VC4 GPU"),
+    "i915": ("gpu", "Intel GPU"),
+    "xe": ("gpu", "Intel GPU"),
+    "amdgpu": ("gpu", "AMD GPU"),
+    "panfrost": ("gpu", "Arm Mali GPU"),
+    "panthor": ("gpu", "Arm Mali GPU"),
+    "etnaviv": ("gpu", "Vivante GPU/NPU (etnaviv)"),
+    "v3d": ("gpu", "Broadcom V3D GPU"),
+    "msm": ("gpu", "Qualcomm Adreno GPU"),
+    "nouveau": ("gpu", "NVIDIA GPU (nouveau)"),
+    "tegra": ("gpu", "NVIDIA Tegra GPU"),
+    "nvgpu": ("gpu", "NVIDIA Tegra GPU"),
+    "rknpu": ("npu", "Rockchip NPU (rknpu)"),
+    "vc4": ("gpu", "Broadcom VC4 GPU"),
 }  # keys are lower case: Rockchip's vendor NPU driver registers itself as "RKNPU"
 ACCEL_DRIVERS = {
-    "intel_vpu": "Intel NPU", "rocket": "Rockchip NPU (rocket)", "amdxdna": "AMD XDNA NPU",
-    "ethosu": "Arm Ethos-U NPU", "qaic": "Qualcomm Cloud AI", "habanalabs": "Habana Gaudi",
+    "intel_vpu": "Intel NPU",
+    "rocket": "Rockchip NPU (rocket)",
+    "amdxdna": "AMD XDNA NPU",
+    "ethosu": "Arm Ethos-U NPU",
+    "qaic": "Qualcomm Cloud AI",
+    "habanalabs": "Habana Gaudi",
 }
 # Coral Edge TPU over USB: before its firmware is loaded / after (the id changes).
 CORAL_USB_IDS = {("1a6e", "089a"): "Coral USB (no firmware yet)", ("18d1", "9302"): "Coral USB"}
@@ -240,8 +275,7 @@ def _core_types(
     return types
 
 
-def _isa_int8(cpuinfo: list[dict[str, str]], runtime: dict[str, bool] | None = None
-              ) -> list[str]:
+def _isa_int8(cpuinfo: list[dict[str, str]], runtime: dict[str, bool] | None = None) -> list[str]:
     """The INT8-relevant flags of cpuinfo, checked against what this process can execute.
 
     /proc/cpuinfo describes the host's CPU, which is not always the one the runtimes'
@@ -377,11 +411,13 @@ def find_accelerators(root: SysRoot) -> list[Accelerator]:
             found.append(acc)
     # Vendor drivers that register only a character device, not a class udev lists (and an
     # image root whose /sys is not populated still has its /dev nodes, e.g. Coral's apex).
-    for kind, pattern, name in (("npu", "/dev/galcore", "Vivante NPU (galcore)"),
-                                ("npu", "/dev/ethosu*", "Arm Ethos-U NPU"),
-                                ("npu", "/dev/neutron*", "NXP Neutron NPU"),
-                                ("npu", "/dev/rknpu", "Rockchip NPU (rknpu)"),
-                                ("tpu", "/dev/apex_*", "Coral Edge TPU (PCIe)")):
+    for kind, pattern, name in (
+        ("npu", "/dev/galcore", "Vivante NPU (galcore)"),
+        ("npu", "/dev/ethosu*", "Arm Ethos-U NPU"),
+        ("npu", "/dev/neutron*", "NXP Neutron NPU"),
+        ("npu", "/dev/rknpu", "Rockchip NPU (rknpu)"),
+        ("tpu", "/dev/apex_*", "Coral Edge TPU (PCIe)"),
+    ):
         for node in root.glob(pattern):
             if not any(a.node == node for a in found):
                 found.append(Accelerator(kind, name, node, None))
@@ -447,12 +483,14 @@ def _sysfs_records(root: SysRoot) -> list[DeviceRecord]:
         for name in root.listdir(f"/sys/class/{subsystem}"):
             driver = root.link_name(f"/sys/class/{subsystem}/{name}/device/driver")
             node = f"{devdir}/{name}"
-            records.append(DeviceRecord(subsystem, name, node if root.exists(node) else None,
-                                        driver))
+            records.append(
+                DeviceRecord(subsystem, name, node if root.exists(node) else None, driver)
+            )
     for name in root.listdir("/sys/bus/usb/devices"):
         base = f"/sys/bus/usb/devices/{name}"
         vendor, product = root.read_line(f"{base}/idVendor"), root.read_line(f"{base}/idProduct")
         if vendor and product:
-            records.append(DeviceRecord("usb", name, None, root.link_name(f"{base}/driver"),
-                                        (vendor, product)))
+            records.append(
+                DeviceRecord("usb", name, None, root.link_name(f"{base}/driver"), (vendor, product))
+            )
     return records

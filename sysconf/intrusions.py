@@ -34,7 +34,7 @@ def interrupts_per_cpu(root: SysRoot) -> dict[int, int]:
         key = key.strip()
         if not colon or not key or " " in key or key in GLOBAL_COUNTERS:
             continue
-        for index, token in enumerate(rest.split(None, len(cpus))[:len(cpus)]):
+        for index, token in enumerate(rest.split(None, len(cpus))[: len(cpus)]):
             if not token.isdigit():
                 break
             totals[index] += int(token)
@@ -63,8 +63,9 @@ class Switches:
     involuntary: int  # preempted: something else wanted this core
 
 
-def thread_switches(tid: int, pid: int | None = None, root: SysRoot | None = None
-                    ) -> Switches | None:
+def thread_switches(
+    tid: int, pid: int | None = None, root: SysRoot | None = None
+) -> Switches | None:
     """Context switches of one thread (None when it has ended)."""
     root = root or SysRoot()
     status = root.read_bytes(f"/proc/{pid or os.getpid()}/task/{tid}/status")
@@ -85,11 +86,13 @@ def thread_switches(tid: int, pid: int | None = None, root: SysRoot | None = Non
 
 def rates(before: dict[int, int], after: dict[int, int], seconds: float) -> dict[int, float]:
     """Per-second rates between two samples of a per-CPU counter."""
-    return {cpu: (after[cpu] - before.get(cpu, 0)) / seconds for cpu in after} \
-        if seconds > 0 else {}
+    return (
+        {cpu: (after[cpu] - before.get(cpu, 0)) / seconds for cpu in after} if seconds > 0 else {}
+    )
 
 
 # -- read again and again: the attribution sampler ------------------------------------------
+
 
 class CounterTable:
     """A per-CPU counter table (/proc/interrupts, /proc/softirqs) read many times a second.
@@ -103,8 +106,9 @@ class CounterTable:
     numeric columns up to the CPU count are counted (as `interrupts_per_cpu` does), rows
     named in `skip` (ERR, MIS: system-wide, not per CPU) are not."""
 
-    def __init__(self, root: SysRoot, path: str, skip: frozenset[str] | set[str] = frozenset()
-                 ) -> None:
+    def __init__(
+        self, root: SysRoot, path: str, skip: frozenset[str] | set[str] = frozenset()
+    ) -> None:
         self._file = root.path(path)
         self._keep_open = root.is_live  # a fixture file may be replaced: open it each time
         self._skip = {s.encode() for s in skip}
@@ -152,8 +156,12 @@ class CounterTable:
             before = rows[index]
             if row is None and before is None:
                 continue
-            if row is None or before is None or row[0] != before[0] \
-                    or len(row[1]) != len(before[1]):
+            if (
+                row is None
+                or before is None
+                or row[0] != before[0]
+                or len(row[1]) != len(before[1])
+            ):
                 self._parse_all(lines)  # a row came or went: the layout moved
                 return True
             for cpu_index, (n, was) in enumerate(zip(row[1], before[1], strict=True)):
@@ -165,8 +173,7 @@ class CounterTable:
     def _parse_all(self, lines: list[bytes]) -> None:
         self.full_parses += 1
         header = lines[0].split() if lines else []
-        self.cpus = [int(tok[3:]) for tok in header
-                     if tok.startswith(b"CPU") and tok[3:].isdigit()]
+        self.cpus = [int(tok[3:]) for tok in header if tok.startswith(b"CPU") and tok[3:].isdigit()]
         self._rows = [None, *(self._parse(line) for line in lines[1:])]
         self._totals = [0] * len(self.cpus)
         for row in self._rows:
@@ -181,7 +188,7 @@ class CounterTable:
         if not colon or not key or b" " in key or key in self._skip or not self.cpus:
             return None
         counts = []
-        for token in rest.split(None, len(self.cpus))[:len(self.cpus)]:
+        for token in rest.split(None, len(self.cpus))[: len(self.cpus)]:
             if not token.isdigit():
                 break
             counts.append(int(token))
@@ -191,15 +198,17 @@ class CounterTable:
         """{cpu: sum of its column} (the last successful read)."""
         return dict(zip(self.cpus, self._totals, strict=True))
 
-    def by_key(self, cpus: frozenset[int] | set[int] | None = None
-               ) -> dict[int, dict[str, int]]:
+    def by_key(self, cpus: frozenset[int] | set[int] | None = None) -> dict[int, dict[str, int]]:
         """{cpu: {row key: count}} for `cpus` (None: all)."""
         result: dict[int, dict[str, int]] = {}
         for index, cpu in enumerate(self.cpus):
             if cpus is not None and cpu not in cpus:
                 continue
-            result[cpu] = {row[0]: row[1][index] for row in self._rows
-                           if row is not None and index < len(row[1])}
+            result[cpu] = {
+                row[0]: row[1][index]
+                for row in self._rows
+                if row is not None and index < len(row[1])
+            }
         return result
 
 
@@ -278,15 +287,25 @@ def _task_time(path: str, pid: int) -> TaskTime | None:
     if len(fields) < 37 or not tid.isdigit():
         return None
     try:
-        return TaskTime(pid, int(tid), comm.decode(errors="replace"), int(fields[36]),
-                        int(fields[11]) + int(fields[12]), int(fields[19]))
+        return TaskTime(
+            pid,
+            int(tid),
+            comm.decode(errors="replace"),
+            int(fields[36]),
+            int(fields[11]) + int(fields[12]),
+            int(fields[19]),
+        )
     except ValueError:
         return None
 
 
-def intruders(before: TaskScan, after: TaskScan, cpus: set[int] | frozenset[int],
-              exclude: set[int] | frozenset[int] = frozenset(), top: int = 5
-              ) -> list[dict[str, object]]:
+def intruders(
+    before: TaskScan,
+    after: TaskScan,
+    cpus: set[int] | frozenset[int],
+    exclude: set[int] | frozenset[int] = frozenset(),
+    top: int = 5,
+) -> list[dict[str, object]]:
     """The threads that used CPU time between two scans and were last seen on one of `cpus`
     (most CPU first): {"comm", "pid", "tid", "cpu", "cpu_ms"}. `exclude`: tids not to name
     (the model's own worker). A thread that moved off those CPUs before the second scan, or
@@ -306,5 +325,13 @@ def intruders(before: TaskScan, after: TaskScan, cpus: set[int] | frozenset[int]
         if used > 0:
             found.append((used, task))
     found.sort(key=lambda item: (-item[0], item[1].tid))
-    return [{"comm": task.comm, "pid": task.pid, "tid": task.tid, "cpu": task.cpu,
-             "cpu_ms": round(used * 1000 / CLOCK_TICKS, 1)} for used, task in found[:top]]
+    return [
+        {
+            "comm": task.comm,
+            "pid": task.pid,
+            "tid": task.tid,
+            "cpu": task.cpu,
+            "cpu_ms": round(used * 1000 / CLOCK_TICKS, 1),
+        }
+        for used, task in found[:top]
+    ]

@@ -76,8 +76,7 @@ def parse_interrupts(text: str) -> tuple[list[int], list[IrqLine]]:
     lines = text.splitlines()
     if not lines:
         return [], []
-    cpus = [int(tok[3:]) for tok in lines[0].split()
-            if tok.startswith("CPU") and tok[3:].isdigit()]
+    cpus = [int(tok[3:]) for tok in lines[0].split() if tok.startswith("CPU") and tok[3:].isdigit()]
     rows: list[IrqLine] = []
     for line in lines[1:]:
         key, colon, rest = line.partition(":")
@@ -122,6 +121,7 @@ def read_interrupts(root: SysRoot) -> tuple[list[int], list[IrqLine]]:
 
 # -- per-IRQ facts ---------------------------------------------------------------------------
 
+
 @dataclass
 class IrqReport:
     """/proc/interrupts with each IRQ's affinity, for planning and for the audit."""
@@ -146,8 +146,11 @@ class IrqReport:
                 where = self.effective.get(line.irq, self.affinity.get(line.irq, []))
                 if wanted & set(where) or (_per_cpu(self, line) and wanted & set(self.cpus)):
                     found.append(line)
-            elif line.irq not in GLOBAL_COUNTERS and len(line.counts) == len(self.cpus) \
-                    and wanted & set(self.cpus):
+            elif (
+                line.irq not in GLOBAL_COUNTERS
+                and len(line.counts) == len(self.cpus)
+                and wanted & set(self.cpus)
+            ):
                 found.append(line)
         return found
 
@@ -187,6 +190,7 @@ def _cpulist_or_empty(text: str) -> list[int]:
 
 # -- what cannot move ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Unmovable:
     irq: str
@@ -219,11 +223,15 @@ def _named_remedy(description: str, cores: str) -> str:
     """What reduces a per-CPU interrupt on the inference cores, by what it is for."""
     text = description.lower()
     if "timer" in text or "irq work" in text:
-        return (f"nohz_full={cores} (with rcu_nocbs={cores}) stops the scheduler tick while a "
-                "single task runs there")
+        return (
+            f"nohz_full={cores} (with rcu_nocbs={cores}) stops the scheduler tick while a "
+            "single task runs there"
+        )
     if "resched" in text or "function call" in text or "tlb" in text or "call function" in text:
-        return (f"keep every other task off the cores: isolcpus=domain,{cores} and housekeeping "
-                "affinity for services; these follow the work scheduled there")
+        return (
+            f"keep every other task off the cores: isolcpus=domain,{cores} and housekeeping "
+            "affinity for services; these follow the work scheduled there"
+        )
     if "non-maskable" in text or "performance monitoring" in text or "backtrace" in text:
         return "kernel.nmi_watchdog=0 and no perf sampling on these cores"
     if "pmu" in text:
@@ -231,14 +239,18 @@ def _named_remedy(description: str, cores: str) -> str:
     return "none: the kernel raises it on every CPU by design"
 
 
-MANAGED_WHY = ("kernel-managed queue interrupt: the kernel spreads a device's queues over the "
-               "CPUs and user space cannot move them (writes answer EIO)")
+MANAGED_WHY = (
+    "kernel-managed queue interrupt: the kernel spreads a device's queues over the "
+    "CPUs and user space cannot move them (writes answer EIO)"
+)
 
 
 def _managed_remedy(cores: str) -> str:
-    return (f"boot with isolcpus=managed_irq,{cores}: the kernel then keeps managed queue "
-            "interrupts off those cores whenever a housekeeping CPU in the queue's set is "
-            "online")
+    return (
+        f"boot with isolcpus=managed_irq,{cores}: the kernel then keeps managed queue "
+        "interrupts off those cores whenever a housekeeping CPU in the queue's set is "
+        "online"
+    )
 
 
 def classify(report: IrqReport, line: IrqLine, plan: CpuPlan) -> Unmovable | None:
@@ -276,23 +288,31 @@ def _blocker(report: IrqReport, line: IrqLine, cores: str) -> tuple[str, str] | 
     if per_cpu:
         return per_cpu, _named_remedy(line.name, cores)
     if line.irq not in report.affinity:
-        return (f"no /proc/irq/{line.irq}/smp_affinity_list: the kernel offers no affinity "
-                "control for it", "none from user space")
+        return (
+            f"no /proc/irq/{line.irq}/smp_affinity_list: the kernel offers no affinity "
+            "control for it",
+            "none from user space",
+        )
     debug = _debug_flags(report.debug.get(line.irq, ""))
     if "IRQD_AFFINITY_MANAGED" in debug:
         return MANAGED_WHY + " (debugfs: IRQD_AFFINITY_MANAGED)", _managed_remedy(cores)
     if "IRQD_NO_BALANCING" in debug or "_IRQ_NO_BALANCING" in debug:
-        return ("its driver marked it no-balancing (debugfs)",
-                "none from user space; the driver decides where it runs")
+        return (
+            "its driver marked it no-balancing (debugfs)",
+            "none from user space; the driver decides where it runs",
+        )
     if line.irq in report.read_only:
-        return ("the kernel made its smp_affinity_list read-only: a managed queue interrupt, or "
-                "one whose interrupt controller cannot route it (e.g. a chained GPIO interrupt)",
-                _managed_remedy(cores) + "; a chained interrupt follows its parent interrupt, "
-                "which is moved")
+        return (
+            "the kernel made its smp_affinity_list read-only: a managed queue interrupt, or "
+            "one whose interrupt controller cannot route it (e.g. a chained GPIO interrupt)",
+            _managed_remedy(cores) + "; a chained interrupt follows its parent interrupt, "
+            "which is moved",
+        )
     return None
 
 
 # -- the plan --------------------------------------------------------------------------------
+
 
 def plan_irqs(root: SysRoot, plan: CpuPlan) -> tuple[list[Change], list[Unmovable]]:
     """Changes that move every movable IRQ and the default affinity off the inference cores,
@@ -333,21 +353,24 @@ def plan_irqs(root: SysRoot, plan: CpuPlan) -> tuple[list[Change], list[Unmovabl
             effective = format_cpulist(report.effective[line.irq]) or "none"
         else:
             effective = "unknown"
-        changes.append(Change(
-            kind="irq",
-            path=f"/proc/irq/{line.irq}/smp_affinity_list",
-            old=report.affinity_text[line.irq].strip(),
-            new=new,
-            reason=f"IRQ {line.irq} ({line.name}) off inference cores {cores}: "
-                   f"effective {effective} -> {new}",
-        ))
+        changes.append(
+            Change(
+                kind="irq",
+                path=f"/proc/irq/{line.irq}/smp_affinity_list",
+                old=report.affinity_text[line.irq].strip(),
+                new=new,
+                reason=f"IRQ {line.irq} ({line.name}) off inference cores {cores}: "
+                f"effective {effective} -> {new}",
+            )
+        )
 
     changes.extend(plan_irqbalance(root, plan))
     return changes, unmovable
 
 
-def _default_change(root: SysRoot, report: IrqReport, inference: set[int],
-                    housekeeping: list[int], cores: str) -> Change | None:
+def _default_change(
+    root: SysRoot, report: IrqReport, inference: set[int], housekeeping: list[int], cores: str
+) -> Change | None:
     current = report.default_affinity
     if current is None or not current.strip():
         return None
@@ -361,14 +384,19 @@ def _default_change(root: SysRoot, report: IrqReport, inference: set[int],
     new = format_cpumask(target, like=current)
     if new == current.strip():
         return None
-    reason = (f"IRQs requested from now on start on housekeeping CPUs "
-              f"{format_cpulist(target)}, not on inference cores {cores}")
+    reason = (
+        f"IRQs requested from now on start on housekeeping CPUs "
+        f"{format_cpulist(target)}, not on inference cores {cores}"
+    )
     if _irqbalance_installed(root) and not any(root.exists(p) for p in IRQBALANCE_DEFAULTS):
-        reason += ("; note: irqbalance is installed but has no defaults file "
-                   f"({' or '.join(IRQBALANCE_DEFAULTS)}), so nothing bans it from moving "
-                   f"IRQs back unless the cores are isolated or nohz_full")
-    return Change(kind="irq-default", path=DEFAULT_AFFINITY, old=current.strip(), new=new,
-                  reason=reason)
+        reason += (
+            "; note: irqbalance is installed but has no defaults file "
+            f"({' or '.join(IRQBALANCE_DEFAULTS)}), so nothing bans it from moving "
+            f"IRQs back unless the cores are isolated or nohz_full"
+        )
+    return Change(
+        kind="irq-default", path=DEFAULT_AFFINITY, old=current.strip(), new=new, reason=reason
+    )
 
 
 def _irqbalance_installed(root: SysRoot) -> bool:
@@ -379,7 +407,8 @@ def _irqbalance_installed(root: SysRoot) -> bool:
 
 _ASSIGNMENT = re.compile(
     r"^(?P<comment>\s*#\s*)?(?P<export>export\s+)?(?P<key>IRQBALANCE_BANNED_CPU(?:LIST|S))"
-    r"\s*=(?P<value>.*)$")
+    r"\s*=(?P<value>.*)$"
+)
 
 
 def plan_irqbalance(root: SysRoot, plan: CpuPlan) -> list[Change]:
@@ -401,11 +430,16 @@ def plan_irqbalance(root: SysRoot, plan: CpuPlan) -> list[Change]:
         new = set_banned_cpus(text, plan.inference)
         if new == text:
             continue
-        changes.append(Change(
-            kind="irqbalance", path=path, old=text, new=new,
-            reason=f"irqbalance must not move IRQs back onto inference cores {cores}: "
-                   f"IRQBALANCE_BANNED_CPULIST={cores} (takes effect when irqbalance restarts)",
-        ))
+        changes.append(
+            Change(
+                kind="irqbalance",
+                path=path,
+                old=text,
+                new=new,
+                reason=f"irqbalance must not move IRQs back onto inference cores {cores}: "
+                f"IRQBALANCE_BANNED_CPULIST={cores} (takes effect when irqbalance restarts)",
+            )
+        )
     return changes
 
 
@@ -421,8 +455,9 @@ def set_banned_cpus(text: str, cpus: list[int] | tuple[int, ...]) -> str:
         match = _ASSIGNMENT.match(line.rstrip("\r\n"))
         if match:
             found[(match["key"], match["comment"] is None)] = index
-    list_index = found.get(("IRQBALANCE_BANNED_CPULIST", True),
-                            found.get(("IRQBALANCE_BANNED_CPULIST", False)))
+    list_index = found.get(
+        ("IRQBALANCE_BANNED_CPULIST", True), found.get(("IRQBALANCE_BANNED_CPULIST", False))
+    )
     if list_index is not None:
         lines[list_index] = _assign(lines[list_index], wanted, mask=False)
     else:
@@ -440,7 +475,7 @@ def set_banned_cpus(text: str, cpus: list[int] | tuple[int, ...]) -> str:
 def _assign(line: str, cpus: list[int], mask: bool) -> str:
     """The assignment on `line`, uncommented, set to `cpus`; its line ending kept."""
     body = line.rstrip("\r\n")
-    ending = line[len(body):]
+    ending = line[len(body) :]
     match = _ASSIGNMENT.match(body)
     assert match is not None  # only called for lines the pattern matched
     current = _unquote(match["value"])

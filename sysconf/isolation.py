@@ -27,9 +27,15 @@ class IsolationPlan:
         }
 
 
-def plan(root: SysRoot, cpus: CpuPlan, boot_on_live: bool = False, trim: bool = False,
-         keep: Iterable[str] = (), extra: Iterable[str] = (), realtime: bool = False
-         ) -> IsolationPlan:
+def plan(
+    root: SysRoot,
+    cpus: CpuPlan,
+    boot_on_live: bool = False,
+    trim: bool = False,
+    keep: Iterable[str] = (),
+    extra: Iterable[str] = (),
+    realtime: bool = False,
+) -> IsolationPlan:
     """IRQ moves first (they matter at once), then workqueues, governor, sysctls (with
     `realtime`, a SCHED_FIFO inference thread will run: RT throttling off too), THP, the
     boot command line (only into an image root, or live with `boot_on_live`), and last, with

@@ -52,14 +52,17 @@ def sysctl_conf(realtime: bool = False) -> str:
 
 
 def affinity_dropin(cpus: CpuPlan) -> str:
-    return ("# Written by edgectl provision: services start on the housekeeping cores.\n"
-            # The empty assignment first: systemd merges CPUAffinity= lines across system.conf
-            # and its drop-ins, so without it the image's own setting would stay allowed.
-            f"[Manager]\nCPUAffinity=\nCPUAffinity={format_cpulist(sorted(cpus.housekeeping))}\n")
+    return (
+        "# Written by edgectl provision: services start on the housekeeping cores.\n"
+        # The empty assignment first: systemd merges CPUAffinity= lines across system.conf
+        # and its drop-ins, so without it the image's own setting would stay allowed.
+        f"[Manager]\nCPUAffinity=\nCPUAffinity={format_cpulist(sorted(cpus.housekeeping))}\n"
+    )
 
 
 # The image's files are read through `root.files`, links resolved inside the image (never the
 # host's), as the journal that writes them resolves them.
+
 
 def _file(root: SysRoot, kind: str, path: str, new: str, reason: str) -> list[Change]:
     old = root.files.read(path)
@@ -80,38 +83,75 @@ def _units(root: SysRoot, units_dir: Path) -> list[Change]:
                 continue
             target = f"/etc/systemd/system/{unit}"
             text = cast(str, read_current(source))  # a file: is_file() above
-            changes.append(Change("unit", target, None, text,
-                                  f"{unit} is not in the image: installed from {source}"))
+            changes.append(
+                Change(
+                    "unit",
+                    target,
+                    None,
+                    text,
+                    f"{unit} is not in the image: installed from {source}",
+                )
+            )
         link = f"{WANTS}/{unit}"
         current = root.files.readlink(link) if root.files.is_link(link) else None
         if current != target:
-            changes.append(Change("enable", f"{WANTS}/{unit}", current, target,
-                                  f"enable {unit} (systemctl enable: WantedBy=multi-user."
-                                  "target) so it starts at boot"))
+            changes.append(
+                Change(
+                    "enable",
+                    f"{WANTS}/{unit}",
+                    current,
+                    target,
+                    f"enable {unit} (systemctl enable: WantedBy=multi-user."
+                    "target) so it starts at boot",
+                )
+            )
     return changes
 
 
-def provision_plan(root: SysRoot, cpus: CpuPlan, keep: Iterable[str] = (),
-                   extra: Iterable[str] = (), units_dir: Path = REPO_UNITS,
-                   realtime: bool = False) -> IsolationPlan:
+def provision_plan(
+    root: SysRoot,
+    cpus: CpuPlan,
+    keep: Iterable[str] = (),
+    extra: Iterable[str] = (),
+    units_dir: Path = REPO_UNITS,
+    realtime: bool = False,
+) -> IsolationPlan:
     """The isolation plan with trim, plus the persistent configuration (see the module doc).
     Image roots only: on the live system it raises ValueError."""
     if root.is_live:
-        raise ValueError("provision writes an image root; give --root DIR (on the live system "
-                         "use edgectl apply and systemctl)")
-    base = plan(root, cpus, boot_on_live=False, trim=True, keep=keep, extra=extra,
-                realtime=realtime)
+        raise ValueError(
+            "provision writes an image root; give --root DIR (on the live system "
+            "use edgectl apply and systemctl)"
+        )
+    base = plan(
+        root, cpus, boot_on_live=False, trim=True, keep=keep, extra=extra, realtime=realtime
+    )
     persistent = [
-        *_file(root, "sysctl-conf", SYSCTL_CONF, sysctl_conf(realtime),
-               "the latency sysctls at every boot (systemd-sysctl reads /etc/sysctl.d)"),
-        *_file(root, "systemd-conf", AFFINITY_DROPIN, affinity_dropin(cpus),
-               "systemd starts every service on the housekeeping cores "
-               f"{format_cpulist(sorted(cpus.housekeeping))}"),
+        *_file(
+            root,
+            "sysctl-conf",
+            SYSCTL_CONF,
+            sysctl_conf(realtime),
+            "the latency sysctls at every boot (systemd-sysctl reads /etc/sysctl.d)",
+        ),
+        *_file(
+            root,
+            "systemd-conf",
+            AFFINITY_DROPIN,
+            affinity_dropin(cpus),
+            "systemd starts every service on the housekeeping cores "
+            f"{format_cpulist(sorted(cpus.housekeeping))}",
+        ),
         *_units(root, units_dir),
     ]
     return IsolationPlan(base.cpus, [*base.changes, *persistent], base.unmovable)
 
 
-def provision_changes(root: SysRoot, cpus: CpuPlan, keep: Iterable[str] = (),
-                      extra: Iterable[str] = (), units_dir: Path = REPO_UNITS) -> list[Change]:
+def provision_changes(
+    root: SysRoot,
+    cpus: CpuPlan,
+    keep: Iterable[str] = (),
+    extra: Iterable[str] = (),
+    units_dir: Path = REPO_UNITS,
+) -> list[Change]:
     return provision_plan(root, cpus, keep, extra, units_dir).changes

@@ -30,8 +30,19 @@ UNIT_DIRS = (
 )
 MASK_DIR = "/etc/systemd/system"
 MASK_TARGET = "/dev/null"
-UNIT_SUFFIXES = (".service", ".timer", ".socket", ".path", ".target", ".mount", ".automount",
-                 ".swap", ".slice", ".scope", ".device")
+UNIT_SUFFIXES = (
+    ".service",
+    ".timer",
+    ".socket",
+    ".path",
+    ".target",
+    ".mount",
+    ".automount",
+    ".swap",
+    ".slice",
+    ".scope",
+    ".device",
+)
 
 # Units that wake up periodically or sit beside inference on a headless edge device.
 TRIM_CANDIDATES = {
@@ -50,12 +61,30 @@ TRIM_CANDIDATES = {
 }
 
 # Never proposed for trimming, by stem (any suffix) or template prefix ("getty@").
-PROTECTED = frozenset({
-    "systemd-journald", "systemd-udevd", "dbus", "dbus-broker", "systemd-logind",
-    "systemd-networkd", "NetworkManager", "networking", "systemd-resolved",
-    "systemd-timesyncd", "chrony", "chronyd", "ntp", "ntpsec", "ssh", "sshd", "getty@",
-    "serial-getty@", "edged", "edged-tune",
-})
+PROTECTED = frozenset(
+    {
+        "systemd-journald",
+        "systemd-udevd",
+        "dbus",
+        "dbus-broker",
+        "systemd-logind",
+        "systemd-networkd",
+        "NetworkManager",
+        "networking",
+        "systemd-resolved",
+        "systemd-timesyncd",
+        "chrony",
+        "chronyd",
+        "ntp",
+        "ntpsec",
+        "ssh",
+        "sshd",
+        "getty@",
+        "serial-getty@",
+        "edged",
+        "edged-tune",
+    }
+)
 
 
 def unit_name(name: str) -> str:
@@ -92,8 +121,10 @@ def _is_link_to(root: SysRoot, path: str, target: str) -> bool:
 
 
 def is_masked(root: SysRoot, unit: str) -> bool:
-    return any(_is_link_to(root, f"{d}/{unit}", MASK_TARGET) for d in ("/etc/systemd/system",
-                                                                        "/run/systemd/system"))
+    return any(
+        _is_link_to(root, f"{d}/{unit}", MASK_TARGET)
+        for d in ("/etc/systemd/system", "/run/systemd/system")
+    )
 
 
 def enable_links(root: SysRoot) -> dict[str, list[str]]:
@@ -110,14 +141,18 @@ def enable_links(root: SysRoot) -> dict[str, list[str]]:
     return links
 
 
-def unit_state(root: SysRoot, unit: str, links: dict[str, list[str]] | None = None
-               ) -> UnitState:
+def unit_state(root: SysRoot, unit: str, links: dict[str, list[str]] | None = None) -> UnitState:
     unit = unit_name(unit)
     if links is None:
         links = enable_links(root)
-    path = next((f"{d}/{unit}" for d in UNIT_DIRS
-                 if root.path(f"{d}/{unit}").is_symlink() or root.path(f"{d}/{unit}").exists()),
-                None)
+    path = next(
+        (
+            f"{d}/{unit}"
+            for d in UNIT_DIRS
+            if root.path(f"{d}/{unit}").is_symlink() or root.path(f"{d}/{unit}").exists()
+        ),
+        None,
+    )
     return UnitState(unit, path, tuple(links.get(unit, ())), is_masked(root, unit))
 
 
@@ -135,16 +170,16 @@ def trim_list(keep: Iterable[str] = (), extra: Iterable[str] = ()) -> list[str]:
     return result
 
 
-def trim_candidates(root: SysRoot, keep: Iterable[str] = (), extra: Iterable[str] = ()
-                    ) -> list[UnitState]:
+def trim_candidates(
+    root: SysRoot, keep: Iterable[str] = (), extra: Iterable[str] = ()
+) -> list[UnitState]:
     """Enabled, unmasked units of the trim list (candidates + extra - keep - protected)."""
     links = enable_links(root)
     states = [unit_state(root, unit, links) for unit in trim_list(keep, extra)]
     return [s for s in states if s.enabled]
 
 
-def plan_trim(root: SysRoot, keep: Iterable[str] = (), extra: Iterable[str] = ()
-              ) -> list[Change]:
+def plan_trim(root: SysRoot, keep: Iterable[str] = (), extra: Iterable[str] = ()) -> list[Change]:
     """A mask (symlink /etc/systemd/system/<unit> -> /dev/null) per enabled candidate. On a
     live root the same changes are planned; the journal also stops the unit there."""
     changes = []
@@ -160,8 +195,10 @@ def plan_trim(root: SysRoot, keep: Iterable[str] = (), extra: Iterable[str] = ()
         why = TRIM_CANDIDATES.get(state.name, "listed in the config's [audit] trim")
         reason = f"mask {state.name}: {why}"
         if root.is_live:
-            reason += " (live: as systemctl mask --now: masked, daemon-reload, stopped; " \
-                      "revert unmasks it and starts it if it ran)"
+            reason += (
+                " (live: as systemctl mask --now: masked, daemon-reload, stopped; "
+                "revert unmasks it and starts it if it ran)"
+            )
         changes.append(Change("mask", path, old, MASK_TARGET, reason))
     return changes
 
@@ -169,8 +206,12 @@ def plan_trim(root: SysRoot, keep: Iterable[str] = (), extra: Iterable[str] = ()
 # -- journald ---------------------------------------------------------------------------------
 
 JOURNALD_CONF = "/etc/systemd/journald.conf"
-JOURNALD_DROPINS = ("/usr/lib/systemd/journald.conf.d", "/lib/systemd/journald.conf.d",
-                    "/run/systemd/journald.conf.d", "/etc/systemd/journald.conf.d")
+JOURNALD_DROPINS = (
+    "/usr/lib/systemd/journald.conf.d",
+    "/lib/systemd/journald.conf.d",
+    "/run/systemd/journald.conf.d",
+    "/etc/systemd/journald.conf.d",
+)
 
 
 def journald_settings(root: SysRoot) -> dict[str, tuple[str, str]]:
@@ -202,8 +243,9 @@ def journald_settings(root: SysRoot) -> dict[str, tuple[str, str]]:
     return settings
 
 
-def _unit_conf(root: SysRoot, main: str, dropin_dirs: Sequence[str], section: str
-               ) -> list[tuple[str, str, str]]:
+def _unit_conf(
+    root: SysRoot, main: str, dropin_dirs: Sequence[str], section: str
+) -> list[tuple[str, str, str]]:
     """Every `key=value` of `[section]` in `main` then its drop-ins (sorted by file name across
     folders, a same name in a later folder replacing the earlier one), in the order systemd
     reads them: (key, value, file)."""
@@ -233,9 +275,13 @@ def _unit_conf(root: SysRoot, main: str, dropin_dirs: Sequence[str], section: st
 
 SYSTEM_CONF = "/etc/systemd/system.conf"
 # Low to high priority: a drop-in of the same name in a later folder replaces the earlier one.
-SYSTEM_CONF_DROPINS = ("/usr/lib/systemd/system.conf.d", "/lib/systemd/system.conf.d",
-                       "/usr/local/lib/systemd/system.conf.d", "/run/systemd/system.conf.d",
-                       "/etc/systemd/system.conf.d")
+SYSTEM_CONF_DROPINS = (
+    "/usr/lib/systemd/system.conf.d",
+    "/lib/systemd/system.conf.d",
+    "/usr/local/lib/systemd/system.conf.d",
+    "/run/systemd/system.conf.d",
+    "/etc/systemd/system.conf.d",
+)
 AFFINITY_DROPIN = "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf"
 
 
@@ -259,10 +305,27 @@ def manager_cpu_affinity(root: SysRoot) -> tuple[list[int] | None, str, str]:
     return (None if cpus is None else sorted(cpus)), " ".join(texts), where
 
 
-_TIME_UNITS = {"us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3, "s": 1, "sec": 1,
-               "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60, "minutes": 60,
-               "h": 3600, "hr": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400,
-               "days": 86400}
+_TIME_UNITS = {
+    "us": 1e-6,
+    "usec": 1e-6,
+    "ms": 1e-3,
+    "msec": 1e-3,
+    "s": 1,
+    "sec": 1,
+    "second": 1,
+    "seconds": 1,
+    "m": 60,
+    "min": 60,
+    "minute": 60,
+    "minutes": 60,
+    "h": 3600,
+    "hr": 3600,
+    "hour": 3600,
+    "hours": 3600,
+    "d": 86400,
+    "day": 86400,
+    "days": 86400,
+}
 
 
 def parse_timespan(text: str) -> float:
@@ -298,4 +361,3 @@ def _unit_seconds(unit: str) -> float:
 JOURNALD_INTERVAL_S, JOURNALD_BURST = 30.0, 10000
 # "Very high": more than ten times the default rate (messages per second).
 JOURNALD_MAX_RATE = 10 * JOURNALD_BURST / JOURNALD_INTERVAL_S
-

@@ -30,8 +30,7 @@ JOB_TIMEOUT_S = 150.0
 
 def run_command(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """The real runner: the command's exit code and output, never an exception for exit != 0."""
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
 
 
 class SystemctlError(RuntimeError):
@@ -48,15 +47,17 @@ class Systemctl:
         self.runner = runner
         self.binary = binary
 
-    def _run(self, args: Sequence[str], unit: str | None, timeout: float
-             ) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, args: Sequence[str], unit: str | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
         argv = [self.binary, *args]
         command = " ".join(argv)
         try:
             return self.runner(argv, timeout)
         except FileNotFoundError:
-            raise SystemctlError(command, unit, f"{self.binary} not found (live masking needs "
-                                 "systemd's systemctl)") from None
+            raise SystemctlError(
+                command, unit, f"{self.binary} not found (live masking needs systemd's systemctl)"
+            ) from None
         except subprocess.TimeoutExpired:
             raise SystemctlError(command, unit, f"no answer within {timeout:g} s") from None
         except OSError as exc:
@@ -66,8 +67,9 @@ class Systemctl:
         proc = self._run(args, unit, timeout)
         if proc.returncode != 0:
             said = (proc.stderr or proc.stdout or "").strip() or "no message"
-            raise SystemctlError(" ".join([self.binary, *args]), unit,
-                                 f"exit {proc.returncode}: {said}")
+            raise SystemctlError(
+                " ".join([self.binary, *args]), unit, f"exit {proc.returncode}: {said}"
+            )
 
     def is_active(self, unit: str) -> bool:
         """Whether `unit` runs now. is-active exits non-zero for an inactive unit, so the
@@ -80,8 +82,11 @@ class Systemctl:
         if state in INACTIVE_STATES:
             return False
         said = (proc.stderr or "").strip() or "no message"
-        raise SystemctlError(f"{self.binary} is-active {unit}", unit,
-                             f"unexpected answer {state!r} (exit {proc.returncode}): {said}")
+        raise SystemctlError(
+            f"{self.binary} is-active {unit}",
+            unit,
+            f"unexpected answer {state!r} (exit {proc.returncode}): {said}",
+        )
 
     def daemon_reload(self) -> None:
         self._checked(["daemon-reload"], None, JOB_TIMEOUT_S)

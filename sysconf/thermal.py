@@ -109,9 +109,7 @@ class ThermalZone:
             "state": self.state,
             "cooling_engaged": self.cooling_engaged,
             "policy": self.policy,
-            "trips": [
-                {"type": t.type, "temp_c": t.temp_c, "cooled": t.cooled} for t in self.trips
-            ],
+            "trips": [{"type": t.type, "temp_c": t.temp_c, "cooled": t.cooled} for t in self.trips],
         }
 
 
@@ -131,9 +129,7 @@ class CoolingDevice:
     @property
     def limits_cpufreq(self) -> bool:
         """True for cooling devices that work by lowering a CPU's maximum frequency."""
-        return (
-            self.type.startswith(("cpufreq-", "thermal-cpufreq-")) or self.type == "Processor"
-        )
+        return self.type.startswith(("cpufreq-", "thermal-cpufreq-")) or self.type == "Processor"
 
     def to_dict(self) -> dict:
         return {
@@ -208,9 +204,7 @@ class Throttled:
     @property
     def since_boot(self) -> list[str]:
         return [
-            name
-            for bit, name in THROTTLE_BITS.items()
-            if self.raw >> (bit + SINCE_BOOT_SHIFT) & 1
+            name for bit, name in THROTTLE_BITS.items() if self.raw >> (bit + SINCE_BOOT_SHIFT) & 1
         ]
 
     @property
@@ -342,9 +336,7 @@ def _read_zones(root: SysRoot) -> list[ThermalZone]:
 
 def _read_trips(root: SysRoot, base: str) -> list[Trip]:
     entries = root.listdir(base)
-    indices = sorted(
-        int(m.group(1)) for m in map(_TRIP_FILE.fullmatch, entries) if m
-    )
+    indices = sorted(int(m.group(1)) for m in map(_TRIP_FILE.fullmatch, entries) if m)
     # Each cooling device bound to the zone has cdevK (a link) and cdevK_trip_point (the trip
     # index it acts on).
     binding_files = [name for name in entries if _BINDING_FILE.fullmatch(name)]

@@ -27,28 +27,44 @@ if TYPE_CHECKING:
 CPU_DIR = "/sys/devices/system/cpu"
 
 WORKQUEUE_MASKS = (
-    ("/sys/devices/virtual/workqueue/cpumask",
-     "unbound kernel workqueues (kworker/u*: filesystem, crypto, block completion work) run on "
-     "any CPU in this mask and preempt whatever runs there"),
-    ("/sys/bus/workqueue/devices/writeback/cpumask",
-     "dirty-page writeback flusher work runs on any CPU in this mask, in bursts whenever "
-     "applications write files"),
+    (
+        "/sys/devices/virtual/workqueue/cpumask",
+        "unbound kernel workqueues (kworker/u*: filesystem, crypto, block completion work) run on "
+        "any CPU in this mask and preempt whatever runs there",
+    ),
+    (
+        "/sys/bus/workqueue/devices/writeback/cpumask",
+        "dirty-page writeback flusher work runs on any CPU in this mask, in bursts whenever "
+        "applications write files",
+    ),
 )
 
 SYSCTLS = (
-    ("kernel.timer_migration", "0",
-     "timers armed on idle CPUs are migrated to busy ones, i.e. onto the inference cores; 0 "
-     "keeps each timer on the CPU that armed it"),
+    (
+        "kernel.timer_migration",
+        "0",
+        "timers armed on idle CPUs are migrated to busy ones, i.e. onto the inference cores; 0 "
+        "keeps each timer on the CPU that armed it",
+    ),
     # Seconds (the kernel's unit here); the default is 1.
-    ("vm.stat_interval", "10",
-     "the vmstat worker folds per-CPU VM counters on every CPU every stat_interval seconds; "
-     "10 s instead of 1 s interrupts the inference cores ten times less often"),
-    ("kernel.nmi_watchdog", "0",
-     "the hard-lockup detector raises a perf NMI on every CPU, inference cores included, and "
-     "keeps a perf event busy there"),
-    ("kernel.numa_balancing", "0",
-     "automatic NUMA balancing unmaps pages periodically to sample accesses; the resulting "
-     "hinting page faults land on the inference threads"),
+    (
+        "vm.stat_interval",
+        "10",
+        "the vmstat worker folds per-CPU VM counters on every CPU every stat_interval seconds; "
+        "10 s instead of 1 s interrupts the inference cores ten times less often",
+    ),
+    (
+        "kernel.nmi_watchdog",
+        "0",
+        "the hard-lockup detector raises a perf NMI on every CPU, inference cores included, and "
+        "keeps a perf event busy there",
+    ),
+    (
+        "kernel.numa_balancing",
+        "0",
+        "automatic NUMA balancing unmaps pages periodically to sample accesses; the resulting "
+        "hinting page faults land on the inference threads",
+    ),
 )
 
 # Not in SYSCTLS on purpose (so neither `plan_kernel_noise` by default nor provision's sysctl.d
@@ -59,7 +75,8 @@ SYSCTLS = (
 # in its realtime profiles. The audit reports it on its own (KRN-SCHED-RT-RUNTIME).
 # Microseconds (the kernel's unit); the default is 950000 of each 1000000 (sched_rt_period_us).
 RT_THROTTLING = (
-    "kernel.sched_rt_runtime_us", "-1",
+    "kernel.sched_rt_runtime_us",
+    "-1",
     "RT throttling lets SCHED_FIFO/RR threads run only sched_rt_runtime_us of each "
     "sched_rt_period_us (default 950000 of 1000000 us), so a busy SCHED_FIFO inference worker "
     "(rt_priority) is stopped for 50 ms every second; -1 turns the throttling off",
@@ -67,19 +84,28 @@ RT_THROTTLING = (
 RT_PERIOD = "kernel.sched_rt_period_us"
 # systemd-sysctl's folders, highest priority first: a file name in an earlier folder hides the
 # same name in later ones; all files then apply in file-name order, the last assignment wins.
-SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d",
-               "/lib/sysctl.d")
+SYSCTL_DIRS = (
+    "/etc/sysctl.d",
+    "/run/sysctl.d",
+    "/usr/local/lib/sysctl.d",
+    "/usr/lib/sysctl.d",
+    "/lib/sysctl.d",
+)
 
 # Selector files: the content lists the choices with the current one in brackets
 # ("always [madvise] never") and takes a single bare word on write. Writing the listing back
 # fails with EINVAL, so these Changes carry `selector=True` and `old` is the bracketed word
 # ("madvise"): that word is what the journal records and what revert writes back.
 THP = (
-    ("/sys/kernel/mm/transparent_hugepage/enabled",
-     "transparent hugepages: khugepaged collapses pages in the background and huge-page faults "
-     "zero 2 MiB at once, so fault time depends on memory fragmentation, not on the model"),
-    ("/sys/kernel/mm/transparent_hugepage/defrag",
-     "transparent hugepage defrag: page faults stall in direct compaction to find a huge page"),
+    (
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+        "transparent hugepages: khugepaged collapses pages in the background and huge-page faults "
+        "zero 2 MiB at once, so fault time depends on memory fragmentation, not on the model",
+    ),
+    (
+        "/sys/kernel/mm/transparent_hugepage/defrag",
+        "transparent hugepage defrag: page faults stall in direct compaction to find a huge page",
+    ),
 )
 
 # The boot configuration a root uses, first found wins. Raspberry Pi OS Bookworm moved
@@ -100,12 +126,15 @@ def _cpus(plan: CpuPlan) -> tuple[list[int], list[int]]:
     if inference and not housekeeping:
         raise ValueError(f"CPU plan ({source}) leaves no housekeeping CPU")
     if set(inference) & set(housekeeping):
-        raise ValueError(f"CPU plan ({source}) has CPUs "
-                         f"{format_cpulist(set(inference) & set(housekeeping))} in both sets")
+        raise ValueError(
+            f"CPU plan ({source}) has CPUs "
+            f"{format_cpulist(set(inference) & set(housekeeping))} in both sets"
+        )
     return inference, housekeeping
 
 
 # -- runtime kernel noise ---------------------------------------------------------------------
+
 
 def plan_kernel_noise(root: SysRoot, plan: CpuPlan, realtime: bool = False) -> list[Change]:
     """Workqueue masks, cpufreq governors, sysctls and transparent hugepages, each only where
@@ -182,8 +211,11 @@ def _workqueues(root: SysRoot, housekeeping: list[int]) -> list[Change]:
         except ValueError:
             continue  # not a mask we understand; leave it alone
         new = format_cpumask(housekeeping, like=current)
-        changes.append(Change("workqueue", path, current, new,
-                              f"{why}; confine it to housekeeping CPUs {where}"))
+        changes.append(
+            Change(
+                "workqueue", path, current, new, f"{why}; confine it to housekeeping CPUs {where}"
+            )
+        )
     return changes
 
 
@@ -196,8 +228,9 @@ def _governors(root: SysRoot, inference: list[int]) -> list[Change]:
         # a Raspberry Pi 4): one Change per policy, not per CPU.
         try:
             # Inside an image root, never through the host's /sys (live: the real policy).
-            policy = (str(root.path(folder).resolve()) if root.is_live
-                      else root.files.resolve(folder))
+            policy = (
+                str(root.path(folder).resolve()) if root.is_live else root.files.resolve(folder)
+            )
         except (OSError, PathRefused):
             continue
         if policy in seen:
@@ -210,14 +243,18 @@ def _governors(root: SysRoot, inference: list[int]) -> list[Change]:
             continue  # no cpufreq here, or the driver offers no performance governor
         if same_value(current, "performance"):
             continue
-        why = (f"cpufreq governor {current.strip()!r} changes CPU {cpu}'s clock with load, so "
-               "the same inference takes a different time depending on what ran before; "
-               "'performance' holds the highest frequency")
+        why = (
+            f"cpufreq governor {current.strip()!r} changes CPU {cpu}'s clock with load, so "
+            "the same inference takes a different time depending on what ran before; "
+            "'performance' holds the highest frequency"
+        )
         related = _related_cpus(root, folder)
         others = sorted(set(related) - set(inference))
         if others:
-            why += (f" (the policy also drives CPUs {format_cpulist(others)}, which then run at "
-                    "full clock too)")
+            why += (
+                f" (the policy also drives CPUs {format_cpulist(others)}, which then run at "
+                "full clock too)"
+            )
         changes.append(Change("governor", path, current, "performance", why))
     return changes
 
@@ -246,15 +283,21 @@ def _thp(root: SysRoot) -> list[Change]:
     for path, why in THP:
         current = _read(root, path)
         selected = selected_choice(current)
-        if current is None or selected is None or selected == "never" \
-                or "never" not in current.split():
+        if (
+            current is None
+            or selected is None
+            or selected == "never"
+            or "never" not in current.split()
+        ):
             continue
-        changes.append(Change("thp", path, selected, "never", f"{why}; 'never' avoids it",
-                              selector=True))
+        changes.append(
+            Change("thp", path, selected, "never", f"{why}; 'never' avoids it", selector=True)
+        )
     return changes
 
 
 # -- boot command line ------------------------------------------------------------------------
+
 
 def isolation_params(plan: CpuPlan) -> dict[str, str]:
     """The kernel parameters that isolate the plan's inference CPUs, in command-line order."""
@@ -288,29 +331,41 @@ def plan_boot_cmdline(root: SysRoot, plan: CpuPlan, live_ok: bool = False) -> li
     if old is None:
         return []
     params = isolation_params(plan)
-    what = (f"isolate CPUs {params['nohz_full']}: isolcpus=managed_irq,domain keeps the "
-            "scheduler's load balancing and kernel-managed queue IRQs off them, nohz_full stops "
-            "their scheduler tick, rcu_nocbs moves their RCU callbacks away, and irqaffinity "
-            f"starts every IRQ on housekeeping CPUs {params['irqaffinity']}")
+    what = (
+        f"isolate CPUs {params['nohz_full']}: isolcpus=managed_irq,domain keeps the "
+        "scheduler's load balancing and kernel-managed queue IRQs off them, nohz_full stops "
+        "their scheduler tick, rcu_nocbs moves their RCU callbacks away, and irqaffinity "
+        f"starts every IRQ on housekeeping CPUs {params['irqaffinity']}"
+    )
     if path.endswith("cmdline.txt"):
         new = edit_rpi_cmdline(old, params)
-        why = f"{what}; the firmware reads the first line of cmdline.txt; takes effect at the " \
-              "next boot"
+        why = (
+            f"{what}; the firmware reads the first line of cmdline.txt; takes effect at the "
+            "next boot"
+        )
     elif path.endswith("extlinux.conf"):
         new = edit_extlinux(old, params)
-        why = f"{what}; on every label's append line, so whichever kernel U-Boot boots is " \
-              "isolated alike; takes effect at the next boot"
+        why = (
+            f"{what}; on every label's append line, so whichever kernel U-Boot boots is "
+            "isolated alike; takes effect at the next boot"
+        )
         if "u-boot-update" in old:
-            why += "; u-boot-update regenerates this file on kernel updates: put the same " \
-                   "parameters in U_BOOT_PARAMETERS in /etc/default/u-boot too"
+            why += (
+                "; u-boot-update regenerates this file on kernel updates: put the same "
+                "parameters in U_BOOT_PARAMETERS in /etc/default/u-boot too"
+            )
     else:
         new = edit_grub_default(old, params)
-        why = f"{what}; run update-grub (grub-mkconfig -o /boot/grub/grub.cfg) afterwards, " \
-              "since GRUB boots from grub.cfg, not this file; takes effect at the next boot"
+        why = (
+            f"{what}; run update-grub (grub-mkconfig -o /boot/grub/grub.cfg) afterwards, "
+            "since GRUB boots from grub.cfg, not this file; takes effect at the next boot"
+        )
         overriding = _grub_dropins_setting(root, "GRUB_CMDLINE_LINUX_DEFAULT")
         if overriding:
-            why += f"; note: {', '.join(overriding)} also set GRUB_CMDLINE_LINUX_DEFAULT and " \
-                   "are read after this file, overriding it"
+            why += (
+                f"; note: {', '.join(overriding)} also set GRUB_CMDLINE_LINUX_DEFAULT and "
+                "are read after this file, overriding it"
+            )
     if new == old:
         return []
     return [Change("cmdline", path, old, new, why)]
@@ -329,7 +384,7 @@ def set_params(cmdline: str, params: Mapping[str, str | None]) -> str:
     gaps: list[str] = []  # gaps[i] precedes tokens[i]; gaps[-1] trails
     pos = 0
     for match in _PARAM.finditer(cmdline):
-        gaps.append(cmdline[pos:match.start()])
+        gaps.append(cmdline[pos : match.start()])
         tokens.append(match.group())
         pos = match.end()
     gaps.append(cmdline[pos:])
@@ -347,8 +402,11 @@ def set_params(cmdline: str, params: Mapping[str, str | None]) -> str:
             token = f"{key}={params[key]}"
         pieces.append((gaps[index] if index else None, token))
         kept_kernel += index < kernel_end
-    added: list[tuple[str | None, str]] = [(" ", f"{key}={value}") for key, value in params.items()
-                                           if value is not None and key not in seen]
+    added: list[tuple[str | None, str]] = [
+        (" ", f"{key}={value}")
+        for key, value in params.items()
+        if value is not None and key not in seen
+    ]
     pieces[kept_kernel:kept_kernel] = added
     if not pieces:
         return cmdline if not tokens else gaps[0] + gaps[-1]
@@ -379,13 +437,15 @@ def edit_extlinux(text: str, params: Mapping[str, str | None]) -> str:
             new_args = set_params(args, params)
             if not args.strip():
                 new_args = " " + new_args.lstrip(" \t")
-            line = head + new_args + line[len(body):]
+            line = head + new_args + line[len(body) :]
         lines.append(line)
     return "".join(lines)
 
 
-_GRUB_VAR = r"(?P<head>[ \t]*(?:export[ \t]+)?{name}=)" \
-            r"(?P<value>\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s\"'#;]*)(?P<tail>.*)"
+_GRUB_VAR = (
+    r"(?P<head>[ \t]*(?:export[ \t]+)?{name}=)"
+    r"(?P<value>\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s\"'#;]*)(?P<tail>.*)"
+)
 
 
 def edit_grub_default(text: str, params: dict[str, str]) -> str:
@@ -406,14 +466,16 @@ def edit_grub_default(text: str, params: dict[str, str]) -> str:
             lines[number] = _edit_shell_value(linux, line, drop)
     if last_default is None:
         ending = "\n" if text and not text.endswith("\n") else ""
-        return "".join(lines) + ending + \
-            f'GRUB_CMDLINE_LINUX_DEFAULT="{set_params("", dict(params))}"\n'
+        return (
+            "".join(lines)
+            + ending
+            + f'GRUB_CMDLINE_LINUX_DEFAULT="{set_params("", dict(params))}"\n'
+        )
     lines[last_default] = _edit_shell_value(default, lines[last_default], dict(params))
     return "".join(lines)
 
 
-def _edit_shell_value(pattern: re.Pattern[str], line: str,
-                      params: dict[str, str | None]) -> str:
+def _edit_shell_value(pattern: re.Pattern[str], line: str, params: dict[str, str | None]) -> str:
     body = line.rstrip("\r\n")
     match = pattern.fullmatch(body)
     assert match is not None
@@ -424,7 +486,7 @@ def _edit_shell_value(pattern: re.Pattern[str], line: str,
     if edited == inner:
         return line
     quote = quote or '"'  # the parameters hold spaces: an unquoted value gets quotes
-    return match["head"] + quote + edited + quote + match["tail"] + line[len(body):]
+    return match["head"] + quote + edited + quote + match["tail"] + line[len(body) :]
 
 
 def _grub_dropins_setting(root: SysRoot, name: str) -> list[str]:
@@ -443,7 +505,8 @@ def _lines(text: str) -> list[str]:
     return re.findall(r"[^\n]*\n|[^\n]+$", text)
 
 
-def plan_isolation(root: SysRoot, plan: CpuPlan, live_ok: bool = False,
-                   realtime: bool = False) -> list[Change]:
+def plan_isolation(
+    root: SysRoot, plan: CpuPlan, live_ok: bool = False, realtime: bool = False
+) -> list[Change]:
     """Both parts, runtime first."""
     return [*plan_kernel_noise(root, plan, realtime), *plan_boot_cmdline(root, plan, live_ok)]

@@ -41,8 +41,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("needs_broker"):
         missing = [p for p in (MOSQUITTO, MOSQUITTO_SUB) if shutil.which(p) is None]
         if missing:
-            pytest.skip(f"{' and '.join(missing)} not installed "
-                        "(apt-get install mosquitto mosquitto-clients)")
+            pytest.skip(
+                f"{' and '.join(missing)} not installed "
+                "(apt-get install mosquitto mosquitto-clients)"
+            )
     if item.get_closest_marker("arm64") and platform.machine() not in ("aarch64", "arm64"):
         pytest.skip(f"needs an arm64 CPU; this one is {platform.machine()}")
 
@@ -80,6 +82,5 @@ def cls_u8s8(models_dir: Path, tmp_path_factory) -> Path:
     from fetch_test_data import quantize_qdq
 
     out = tmp_path_factory.mktemp("u8s8") / "ppocr_cls_u8s8.onnx"
-    quantize_qdq(models_dir / "ppocr_cls.onnx", out, (1, 3, 48, 192), "half",
-                 reduce_range=False)
+    quantize_qdq(models_dir / "ppocr_cls.onnx", out, (1, 3, 48, 192), "half", reduce_range=False)
     return out

@@ -46,12 +46,14 @@ def test_live_audit_is_read_only_fast_and_error_free(capsys) -> None:
     elapsed = time.perf_counter() - start
     print(f"live audit: {elapsed * 1000:.0f} ms, {report['summary']}", file=sys.stderr)
     assert elapsed < 5.0  # loose: a loaded 2-core CI machine (a slow check is seconds more)
-    assert report["summary"]["error"] == 0, [f for f in report["findings"]
-                                             if f["status"] == "error"]
+    assert report["summary"]["error"] == 0, [
+        f for f in report["findings"] if f["status"] == "error"
+    ]
     ids = {f["id"] for f in report["findings"]}
     assert {"ISO-ISOLATED-CORES", "ISO-NOHZ-CPU0", "KRN-CMDLINE"} <= ids
     if not os.path.isdir("/sys/class/thermal") or not any(
-            n.startswith("thermal_zone") for n in os.listdir("/sys/class/thermal")):
+        n.startswith("thermal_zone") for n in os.listdir("/sys/class/thermal")
+    ):
         thm = [f for f in report["findings"] if f["id"].startswith("THM")]
         assert [(f["id"], f["status"]) for f in thm] == [("THM-ZONES", "skip")]
     # live: no boot config is proposed without --boot; the cmdline finding is not fixable
@@ -85,15 +87,32 @@ def test_board_irq_findings_are_fixable_and_apply_clears_them(capsys, board: Pat
     assert any(f["id"] == "IRQ-UNMOVABLE" and f["status"] == "warn" for f in before["findings"])
     assert all(not f["fixable"] for f in before["findings"] if f["id"] == "IRQ-UNMOVABLE")
 
-    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "apply", "--root", str(board),
-                           "--inference-cpus", "3", "--json"], capture_output=True, text=True,
-                          cwd=REPO, timeout=120,
-                          env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edged.cli.main",
+            "apply",
+            "--root",
+            str(board),
+            "--inference-cpus",
+            "3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"},
+    )
     assert proc.returncode == 0, proc.stderr
 
     after = audit_json(capsys, *args)
-    left = [f for f in after["findings"] if f["id"].startswith("IRQ") and f["fixable"]
-            and f["status"] in ("warn", "fail")]
+    left = [
+        f
+        for f in after["findings"]
+        if f["id"].startswith("IRQ") and f["fixable"] and f["status"] in ("warn", "fail")
+    ]
     assert left == []
     assert any(f["id"] == "IRQ-AFFINITY" and f["status"] == "pass" for f in after["findings"])
     assert len(after["findings"]) < len(before["findings"])
@@ -139,8 +158,9 @@ def test_junit_one_testcase_per_finding(capsys, board: Path) -> None:
 
 def test_sarif_structure(capsys, board: Path) -> None:
     report = audit_json(capsys, "--root", str(board), "--inference-cpus", "3")
-    sarif = json.loads(audit(capsys, "--root", str(board), "--inference-cpus", "3",
-                             "--format", "sarif"))
+    sarif = json.loads(
+        audit(capsys, "--root", str(board), "--inference-cpus", "3", "--format", "sarif")
+    )
     assert sarif["version"] == "2.1.0" and "sarif" in sarif["$schema"]
     run = sarif["runs"][0]
     rules = run["tool"]["driver"]["rules"]
@@ -155,18 +175,24 @@ def test_sarif_structure(capsys, board: Path) -> None:
         assert rules[r["ruleIndex"]]["id"] == r["ruleId"]
         assert r["message"]["text"]
     # stable: the same root gives the same fingerprints
-    again = json.loads(audit(capsys, "--root", str(board), "--inference-cpus", "3",
-                             "--format", "sarif"))
-    assert [r["partialFingerprints"] for r in again["runs"][0]["results"]] == \
-        [r["partialFingerprints"] for r in run["results"]]
+    again = json.loads(
+        audit(capsys, "--root", str(board), "--inference-cpus", "3", "--format", "sarif")
+    )
+    assert [r["partialFingerprints"] for r in again["runs"][0]["results"]] == [
+        r["partialFingerprints"] for r in run["results"]
+    ]
 
 
 def test_stats_per_check_only_when_asked(capsys, board: Path) -> None:
     base = ("--root", str(board), "--inference-cpus", "3")
     report = audit_json(capsys, *base, "--stats")
     assert set(report) == {"findings", "summary", "checks"}
-    assert [c["check"] for c in report["checks"]] == ["devicetree", "services", "isolation",
-                                                      "thermal"]
+    assert [c["check"] for c in report["checks"]] == [
+        "devicetree",
+        "services",
+        "isolation",
+        "thermal",
+    ]
     assert all(c["ok"] and c["seconds"] >= 0 for c in report["checks"])
     assert sum(c["findings"] for c in report["checks"]) == len(report["findings"])
     text = audit(capsys, *base, "--only", "IRQ")  # the table goes to stderr, the report not
@@ -191,11 +217,14 @@ def test_only_and_skip_filter_by_id_prefix(capsys, board: Path) -> None:
     assert not any(f["id"].startswith(("IRQ", "THM")) for f in skipped["findings"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--dtb", "/nonexistent/board.dtb"], "/nonexistent/board.dtb: "),
-    (["--inference-cpus", "x"], "--inference-cpus"),
-    (["--inference-cpus", "0-3"], "--inference-cpus"),  # no housekeeping core left
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dtb", "/nonexistent/board.dtb"], "/nonexistent/board.dtb: "),
+        (["--inference-cpus", "x"], "--inference-cpus"),
+        (["--inference-cpus", "0-3"], "--inference-cpus"),  # no housekeeping core left
+    ],
+)
 def test_input_errors_exit_2(capsys, board: Path, args: list[str], message: str) -> None:
     assert main(["audit", "--root", str(board), *args]) == 2
     err = capsys.readouterr().err
@@ -213,8 +242,7 @@ def test_garbage_dtb_and_missing_root_exit_2(capsys, tmp_path: Path) -> None:
 
 def test_output_file_and_plain_text(capsys, board: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.txt"
-    assert audit(capsys, "--root", str(board), "--inference-cpus", "3", "--output",
-                 str(out)) == ""
+    assert audit(capsys, "--root", str(board), "--inference-cpus", "3", "--output", str(out)) == ""
     text = out.read_text()
     assert "\033[" not in text
     assert text.splitlines()[0] == "ISO"
@@ -229,8 +257,11 @@ def _put(root: Path, path: str, text: str) -> None:
 
 
 def test_thermal_findings(capsys, tmp_path: Path) -> None:
-    root = thermal_root(tmp_path / "hot", {"cpu-thermal": 88000, "gpu-thermal": 72000,
-                                           "npu-thermal": 40000}, throttled="50006")
+    root = thermal_root(
+        tmp_path / "hot",
+        {"cpu-thermal": 88000, "gpu-thermal": 72000, "npu-thermal": 40000},
+        throttled="50006",
+    )
     report = audit_json(capsys, "--root", str(root), "--only", "THM", rc=1)
     by = {(f["id"], f["subject"]): f for f in report["findings"]}
     assert by[("THM-ZONE-TRIP", "thermal_zone0")]["status"] == "fail"  # past hot
@@ -255,14 +286,30 @@ def test_thermal_findings(capsys, tmp_path: Path) -> None:
 def test_no_thermal_zones_is_one_skip(capsys, board: Path) -> None:
     report = audit_json(capsys, "--root", str(board), "--only", "THM")
     assert [(f["id"], f["status"], f["title"]) for f in report["findings"]] == [
-        ("THM-ZONES", "skip", "no thermal zones (VM?)")]
+        ("THM-ZONES", "skip", "no thermal zones (VM?)")
+    ]
 
 
 @pytest.mark.integration
 def test_module_entry_point(board: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "edged.cli.audit", "audit", "--root", str(board),
-                           "--inference-cpus", "3", "--format", "json"],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edged.cli.audit",
+            "audit",
+            "--root",
+            str(board),
+            "--inference-cpus",
+            "3",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["findings"]
 
@@ -271,8 +318,10 @@ def test_text_colour_only_when_asked() -> None:
     from sysconf.audit.findings import Finding
     from sysconf.audit.report import render_text
 
-    findings = [Finding(id="KRN-X", severity="warn", status="warn", title="x"),
-                Finding(id="KRN-Y", severity="warn", status="pass", title="y")]
+    findings = [
+        Finding(id="KRN-X", severity="warn", status="warn", title="x"),
+        Finding(id="KRN-Y", severity="warn", status="pass", title="y"),
+    ]
     assert "\033[33m" in render_text(findings, colour=True)
     assert "\033[" not in render_text(findings, colour=False)
 
@@ -287,6 +336,7 @@ def test_single_cpu_root_skips_isolation(capsys, tmp_path: Path) -> None:
 
 # -- --config -----------------------------------------------------------------------------------
 
+
 def _config(tmp_path: Path, text: str, models_dir: Path) -> Path:
     (tmp_path / "m.onnx").symlink_to(models_dir / "ppocr_cls.onnx")  # read by the config
     path = tmp_path / "edged.toml"
@@ -294,8 +344,9 @@ def _config(tmp_path: Path, text: str, models_dir: Path) -> Path:
     return path
 
 
-def test_config_gives_trim_keep_and_inference_cores(capsys, tmp_path: Path,
-                                                    models_dir: Path) -> None:
+def test_config_gives_trim_keep_and_inference_cores(
+    capsys, tmp_path: Path, models_dir: Path
+) -> None:
     from tests.support.systemctl import add_units
 
     root = add_units(board_root(tmp_path / "root", cpus=4))
@@ -303,8 +354,12 @@ def test_config_gives_trim_keep_and_inference_cores(capsys, tmp_path: Path,
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(exist_ok=True)
     os.symlink("/lib/systemd/system/poller.service", wants / "poller.service")
-    config = _config(tmp_path, '[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "3"\n\n'
-                               '[audit]\ntrim = ["poller"]\nkeep = ["cups"]\n', models_dir)
+    config = _config(
+        tmp_path,
+        '[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "3"\n\n'
+        '[audit]\ntrim = ["poller"]\nkeep = ["cups"]\n',
+        models_dir,
+    )
     plain = audit_json(capsys, "--root", str(root), "--inference-cpus", "3", rc=None)
     report = audit_json(capsys, "--root", str(root), "--config", str(config), rc=None)
     trimmed = {f["subject"] for f in report["findings"] if f["id"] == "SVC-TRIM"}
@@ -313,21 +368,26 @@ def test_config_gives_trim_keep_and_inference_cores(capsys, tmp_path: Path,
     iso = next(f for f in report["findings"] if f["id"] == "ISO-ISOLATED-CORES")
     assert "inference cores 3 (configured)" in iso["title"]
     # --inference-cpus wins over the models' cpus
-    other = audit_json(capsys, "--root", str(root), "--config", str(config),
-                       "--inference-cpus", "2-3", rc=None)
+    other = audit_json(
+        capsys, "--root", str(root), "--config", str(config), "--inference-cpus", "2-3", rc=None
+    )
     iso = next(f for f in other["findings"] if f["id"] == "ISO-ISOLATED-CORES")
     assert "inference cores 2-3" in iso["title"]
 
 
-@pytest.mark.parametrize("text, key", [
-    ("[audit]\ntrim = [1]\n", "audit.trim"),
-    ('[audit]\ntrim = ["ssh"]\n', "audit.trim[0]"),
-    ("[audit]\nbogus = 1\n", "audit.bogus"),
-    ('[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "0-3"\n', "models.cpus"),
-    ("[audit\n", ""),
-])
-def test_config_errors_exit_2_naming_the_key(capsys, board: Path, tmp_path: Path,
-                                             text: str, key: str, models_dir: Path) -> None:
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("[audit]\ntrim = [1]\n", "audit.trim"),
+        ('[audit]\ntrim = ["ssh"]\n', "audit.trim[0]"),
+        ("[audit]\nbogus = 1\n", "audit.bogus"),
+        ('[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "0-3"\n', "models.cpus"),
+        ("[audit\n", ""),
+    ],
+)
+def test_config_errors_exit_2_naming_the_key(
+    capsys, board: Path, tmp_path: Path, text: str, key: str, models_dir: Path
+) -> None:
     config = _config(tmp_path, text, models_dir)
     assert main(["audit", "--root", str(board), "--config", str(config)]) == 2
     err = capsys.readouterr().err
@@ -340,6 +400,7 @@ def test_missing_config_exits_2(capsys, board: Path, tmp_path: Path) -> None:
 
 
 # -- SVC-CPUAFFINITY, SVC-JOURNALD-RATELIMIT, ISO-ISOLATED-OFFLINE ------------------------------
+
 
 def _svc_root(tmp_path: Path, isolated: str = "") -> Path:
     root = board_root(tmp_path / "root", cpus=4, isolated=isolated)
@@ -363,8 +424,9 @@ def test_cpuaffinity_absent_then_set_by_dropin(capsys, tmp_path: Path) -> None:
     assert f["remedy"] == f"edgectl provision --root {root} --inference-cpus 3"
     _put(root, "/etc/systemd/system.conf", "[Manager]\n#CPUAffinity=1 2\n")
     assert _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")["status"] == "warn"
-    _put(root, "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf",
-         "[Manager]\nCPUAffinity=0-2\n")
+    _put(
+        root, "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf", "[Manager]\nCPUAffinity=0-2\n"
+    )
     f = _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")
     assert f["status"] == "pass"
     # Assignments merge (systemd-system.conf(5)): the main file's 3 joins the drop-in's 0-2...
@@ -372,8 +434,11 @@ def test_cpuaffinity_absent_then_set_by_dropin(capsys, tmp_path: Path) -> None:
     f = _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")
     assert f["status"] == "warn" and f["evidence"][0]["observed"] == "3 0-2"
     # ...unless the later file resets with an empty assignment first: then it wins.
-    _put(root, "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf",
-         "[Manager]\nCPUAffinity=\nCPUAffinity=0 1,2\n")
+    _put(
+        root,
+        "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf",
+        "[Manager]\nCPUAffinity=\nCPUAffinity=0 1,2\n",
+    )
     assert _find(audit_json(capsys, *args), "SVC-CPUAFFINITY")["status"] == "pass"
     # A later-sorting drop-in overrides again.
     _put(root, "/etc/systemd/system.conf.d/99-other.conf", "[Manager]\nCPUAffinity=\n")
@@ -382,8 +447,7 @@ def test_cpuaffinity_absent_then_set_by_dropin(capsys, tmp_path: Path) -> None:
     assert f["evidence"][0]["path"] == "/etc/systemd/system.conf.d/99-other.conf"
 
 
-def test_cpuaffinity_uses_the_isolated_set_and_passes_without_one(capsys,
-                                                                  tmp_path: Path) -> None:
+def test_cpuaffinity_uses_the_isolated_set_and_passes_without_one(capsys, tmp_path: Path) -> None:
     root = _svc_root(tmp_path / "a", isolated="2-3")
     f = _find(audit_json(capsys, "--root", str(root), "--only", "SVC"), "SVC-CPUAFFINITY")
     assert f["status"] == "warn" and f["evidence"][0]["expected"] == "CPUAffinity=0-1"
@@ -395,27 +459,31 @@ def test_cpuaffinity_uses_the_isolated_set_and_passes_without_one(capsys,
 def test_cpuaffinity_unparseable_value_warns(capsys, tmp_path: Path) -> None:
     root = _svc_root(tmp_path)
     _put(root, "/etc/systemd/system.conf", "[Manager]\nCPUAffinity=all\n")
-    f = _find(audit_json(capsys, "--root", str(root), "--inference-cpus", "3", "--only", "SVC"),
-              "SVC-CPUAFFINITY")
+    f = _find(
+        audit_json(capsys, "--root", str(root), "--inference-cpus", "3", "--only", "SVC"),
+        "SVC-CPUAFFINITY",
+    )
     assert f["status"] == "warn" and f["evidence"][0]["observed"].startswith("unreadable")
 
 
-@pytest.mark.parametrize("conf, status", [
-    ("Storage=persistent\nRateLimitBurst=0\n", "warn"),
-    ("Storage=persistent\nRateLimitIntervalSec=0\n", "warn"),
-    ("Storage=persistent\nRateLimitBurst=1000000\n", "warn"),
-    ("Storage=persistent\nRateLimitIntervalSec=100ms\nRateLimitBurst=10000\n", "warn"),
-    ("Storage=persistent\nRateLimitIntervalSec=30s\nRateLimitBurst=10000\n", "pass"),
-    ("Storage=persistent\nRateLimitIntervalSec=1min 30s\nRateLimitBurst=50000\n", "pass"),
-    ("Storage=persistent\n", "pass"),
-    ("Storage=volatile\nRateLimitBurst=0\n", "pass"),
-])
+@pytest.mark.parametrize(
+    "conf, status",
+    [
+        ("Storage=persistent\nRateLimitBurst=0\n", "warn"),
+        ("Storage=persistent\nRateLimitIntervalSec=0\n", "warn"),
+        ("Storage=persistent\nRateLimitBurst=1000000\n", "warn"),
+        ("Storage=persistent\nRateLimitIntervalSec=100ms\nRateLimitBurst=10000\n", "warn"),
+        ("Storage=persistent\nRateLimitIntervalSec=30s\nRateLimitBurst=10000\n", "pass"),
+        ("Storage=persistent\nRateLimitIntervalSec=1min 30s\nRateLimitBurst=50000\n", "pass"),
+        ("Storage=persistent\n", "pass"),
+        ("Storage=volatile\nRateLimitBurst=0\n", "pass"),
+    ],
+)
 def test_journald_ratelimit(capsys, tmp_path: Path, conf: str, status: str) -> None:
     root = _svc_root(tmp_path)
     _put(root, "/etc/systemd/journald.conf", "[Journal]\n#RateLimitBurst=10000\n")
     _put(root, "/etc/systemd/journald.conf.d/50-local.conf", "[Journal]\n" + conf)
-    f = _find(audit_json(capsys, "--root", str(root), "--only", "SVC"),
-              "SVC-JOURNALD-RATELIMIT")
+    f = _find(audit_json(capsys, "--root", str(root), "--only", "SVC"), "SVC-JOURNALD-RATELIMIT")
     assert f["severity"] == "info" and f["status"] == status
     if status == "warn":
         assert f["evidence"][0]["observed"] == "Storage=persistent"
@@ -440,28 +508,40 @@ def test_isolated_cpu_offline_fails(capsys, tmp_path: Path) -> None:
     report = audit_json(capsys, "--root", str(root), "--only", "ISO", rc=1)
     f = _find(report, "ISO-ISOLATED-OFFLINE")
     assert (f["severity"], f["status"], f["subject"]) == ("fail", "fail", "3")
-    assert f["evidence"][0] == {"path": "/sys/devices/system/cpu/online", "observed": "0-2",
-                                "expected": "includes 3"}
+    assert f["evidence"][0] == {
+        "path": "/sys/devices/system/cpu/online",
+        "observed": "0-2",
+        "expected": "includes 3",
+    }
     assert "cpu3/online" in f["remedy"]
 
 
 def test_isolated_cpus_online_pass_and_cmdline_only_counts(capsys, tmp_path: Path) -> None:
     root = board_root(tmp_path / "a", cpus=4, isolated="2-3")
-    assert _find(audit_json(capsys, "--root", str(root), "--only", "ISO"),
-                 "ISO-ISOLATED-OFFLINE")["status"] == "pass"
+    assert (
+        _find(audit_json(capsys, "--root", str(root), "--only", "ISO"), "ISO-ISOLATED-OFFLINE")[
+            "status"
+        ]
+        == "pass"
+    )
     # isolcpus= names CPU 5 on a 4-CPU board (the kernel ignores it): still not online.
-    cmd = board_root(tmp_path / "b", cpus=4,
-                     cmdline="root=/dev/mmcblk0p2 isolcpus=managed_irq,domain,3,5")
-    f = _find(audit_json(capsys, "--root", str(cmd), "--only", "ISO", rc=None),
-              "ISO-ISOLATED-OFFLINE")
+    cmd = board_root(
+        tmp_path / "b", cpus=4, cmdline="root=/dev/mmcblk0p2 isolcpus=managed_irq,domain,3,5"
+    )
+    f = _find(
+        audit_json(capsys, "--root", str(cmd), "--only", "ISO", rc=None), "ISO-ISOLATED-OFFLINE"
+    )
     assert f["status"] == "fail" and f["subject"] == "5"
     plain = board_root(tmp_path / "c", cpus=4)
-    ids = {f["id"] for f in audit_json(capsys, "--root", str(plain), "--only", "ISO",
-                                       rc=None)["findings"]}
+    ids = {
+        f["id"]
+        for f in audit_json(capsys, "--root", str(plain), "--only", "ISO", rc=None)["findings"]
+    }
     assert "ISO-ISOLATED-OFFLINE" not in ids
 
 
 # -- KRN-SCHED-RT-RUNTIME ----------------------------------------------------------------------
+
 
 def _rt_finding(root: Path, **options):
     from sysconf.audit.checks.isolation import check_isolation

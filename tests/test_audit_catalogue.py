@@ -97,8 +97,9 @@ def test_every_finding_id_is_pinned() -> None:
 
 
 def test_one_registered_check_per_module() -> None:
-    modules = sorted(f"{checks_package.__name__}.{m.name}"
-                     for m in pkgutil.iter_modules(checks_package.__path__))
+    modules = sorted(
+        f"{checks_package.__name__}.{m.name}" for m in pkgutil.iter_modules(checks_package.__path__)
+    )
     found = runner.load_checks()
     assert sorted(check.run.__module__ for check in found) == modules
     assert len({check.prefix for check in found}) == len(found)
@@ -114,6 +115,7 @@ def test_text_sections_come_from_the_catalogues() -> None:
 def _contexts(tmp_path: Path, dtb_corpus: Path) -> list[AuditContext]:
     """Fixture roots that between them reach most ids: boards before and after isolation,
     x86, a single core, an image with units, a hot board, and device trees that fire rules."""
+
     def ctx(root: Path, dtbs: tuple[str, ...] = (), **options) -> AuditContext:
         trees = [(name, load_fdt(dtb_corpus / name)) for name in dtbs]
         return AuditContext(root=SysRoot.at(root), dtbs=trees, options=options)
@@ -126,14 +128,21 @@ def _contexts(tmp_path: Path, dtb_corpus: Path) -> list[AuditContext]:
     return [
         ctx(board_root(tmp_path / "arm", cpus=4, isolated="2-3"), (BOARD_DTB,)),
         ctx(board_root(tmp_path / "x86", cpus=4, arm=False), inference_cpus=[3]),
-        ctx(board_root(tmp_path / "nohz", cpus=4, isolated="0-1"), inference_override=[3],
-            realtime=True),
+        ctx(
+            board_root(tmp_path / "nohz", cpus=4, isolated="0-1"),
+            inference_override=[3],
+            realtime=True,
+        ),
         ctx(tmp_path / "single"),
         ctx(offline),
-        ctx(image_root(tmp_path / "image"), trim=["ssh", "cron"], keep=["cups"],
-            inference_cpus=[3]),
-        ctx(thermal_root(tmp_path / "hot", {"cpu-thermal": 88000, "gpu-thermal": 72000},
-                         throttled="50006")),
+        ctx(
+            image_root(tmp_path / "image"), trim=["ssh", "cron"], keep=["cups"], inference_cpus=[3]
+        ),
+        ctx(
+            thermal_root(
+                tmp_path / "hot", {"cpu-thermal": 88000, "gpu-thermal": 72000}, throttled="50006"
+            )
+        ),
         ctx(tmp_path / "single", ("qcom/qrb5165-rb5.dtb", "freescale/imx8mm-beacon-kit.dtb")),
     ]
 
@@ -148,8 +157,11 @@ def test_emitted_ids_are_declared_by_their_check(tmp_path: Path, dtb_corpus: Pat
                 seen.add(finding.id)
     for tree in sorted((dtb_corpus / "freescale").glob("imx8m*.dtb"))[:20]:
         seen |= {f.id for f in check_tree(load_fdt(tree), tree.name)}
-    never = {fid for fid, _ in PINNED} - seen - {runner.error_id(c.prefix)
-                                                 for c in runner.load_checks()}
+    never = (
+        {fid for fid, _ in PINNED}
+        - seen
+        - {runner.error_id(c.prefix) for c in runner.load_checks()}
+    )
     print(f"ids not reached by these fixtures: {sorted(never)}", file=sys.stderr)
     assert not never, sorted(never)  # the fixtures keep reaching every id
 
@@ -165,8 +177,10 @@ def test_a_crashing_check_is_one_error_finding_and_counted(monkeypatch, tmp_path
     runner.load_checks()
     monkeypatch.setitem(REGISTRY, "thermal", Check("thermal", CATALOGUE, crash, order=40))
     result = runner.run(AuditContext(root=SysRoot.at(tmp_path)), only=["THM"])
-    assert [(f.id, f.status) for f in result.findings] == [("THM-ZONES", "pass"),
-                                                           ("THM-CHECK-ERROR", "error")]
+    assert [(f.id, f.status) for f in result.findings] == [
+        ("THM-ZONES", "pass"),
+        ("THM-CHECK-ERROR", "error"),
+    ]
     assert "check thermal failed: RuntimeError: boom" in result.findings[-1].title
     stats = {s.check: s for s in result.checks}
     assert (stats["thermal"].ok, stats["thermal"].findings) == (False, 1)
@@ -184,9 +198,22 @@ def test_end_to_end_json_is_unchanged(tmp_path: Path, dtb_corpus: Path) -> None:
     with cores 2-3 isolated; the paths of the run are placeholders in the golden file."""
     root = board_root(tmp_path / "root", cpus=4, arm=True, isolated="2-3")
     edgectl = Path(sys.executable).with_name("edgectl")
-    done = subprocess.run([str(edgectl), "audit", "--root", str(root), "--dtb",
-                           str(dtb_corpus / BOARD_DTB), "--format", "json"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            str(edgectl),
+            "audit",
+            "--root",
+            str(root),
+            "--dtb",
+            str(dtb_corpus / BOARD_DTB),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert (done.returncode, done.stderr) == (0, "")
     text = done.stdout.replace(str(root), "ROOT").replace(str(dtb_corpus), "DTB_CORPUS")
     golden = GOLDEN / "audit_imx8mp.json"

@@ -40,7 +40,8 @@ def hw():
 def test_onnxruntime_runs_int8_cls(hw, models_dir: Path) -> None:
     model = inspect_model(models_dir / "ppocr_cls_int8.onnx")
     session = get_backend("onnxruntime").load(
-        model, candidate(hw, "onnxruntime", "CPU", model), LoadOptions(threads=1))
+        model, candidate(hw, "onnxruntime", "CPU", model), LoadOptions(threads=1)
+    )
     [inp] = session.inputs
     assert (inp.name, inp.dtype, inp.shape) == ("x", "float32", (None, 3, None, None))
     assert session.outputs[0].shape == (None, 2)
@@ -67,7 +68,8 @@ def test_onnxruntime_pins_its_pool(hw, models_dir: Path) -> None:
     before = set(_task_affinities())
     model = inspect_model(models_dir / "ppocr_cls.onnx")
     session = get_backend("onnxruntime").load(
-        model, candidate(hw, "onnxruntime", "CPU", model), LoadOptions(threads=2, cpus=[target]))
+        model, candidate(hw, "onnxruntime", "CPU", model), LoadOptions(threads=2, cpus=[target])
+    )
     session.run(make_inputs(session.inputs, CLS_SHAPE))
     new = {tid: cpus for tid, cpus in _task_affinities().items() if tid not in before}
     assert new, "onnxruntime created no pool thread"
@@ -86,8 +88,9 @@ def test_litert_pool_runs_on_the_worker_cpus(hw, models_dir: Path) -> None:
     before = set(_task_affinities())
     model = inspect_model(models_dir / "face_detection_short_range.tflite")
     with pinned_thread([target]):
-        session = get_backend("litert").load(model, candidate(hw, "litert", "XNNPACK", model),
-                                             LoadOptions(threads=2, cpus=[target]))
+        session = get_backend("litert").load(
+            model, candidate(hw, "litert", "XNNPACK", model), LoadOptions(threads=2, cpus=[target])
+        )
         session.run(make_inputs(session.inputs, {"input": (1, 128, 128, 3)}))
     new = {tid: cpus for tid, cpus in _task_affinities().items() if tid not in before}
     assert new, "LiteRT started no pool thread for num_threads=2"
@@ -100,8 +103,9 @@ def test_litert_pool_runs_on_the_worker_cpus(hw, models_dir: Path) -> None:
 def test_openvino_reports_the_precision_that_ran(hw, models_dir: Path, tmp_path: Path) -> None:
     model = inspect_model(models_dir / "ppocr_cls.onnx")
     options = LoadOptions(threads=1, shapes=CLS_SHAPE, cache_dir=tmp_path / "ov-cache")
-    fp32 = get_backend("openvino").load(model, candidate(hw, "openvino", "CPU", model, "fp32"),
-                                        options)
+    fp32 = get_backend("openvino").load(
+        model, candidate(hw, "openvino", "CPU", model, "fp32"), options
+    )
     info = fp32.info()
     assert info["precision"] == "fp32" and info["precision_hint"] == "f32"
     assert fp32.inputs[0].shape == (1, 3, 48, 192)
@@ -111,19 +115,20 @@ def test_openvino_reports_the_precision_that_ran(hw, models_dir: Path, tmp_path:
     assert info["loaded_from_cache"] is False
     # A second compile with the same settings and cache dir (a restart) imports the blob.
     again = get_backend("openvino").load(
-        model, candidate(hw, "openvino", "CPU", model, "fp32"), options)
+        model, candidate(hw, "openvino", "CPU", model, "fp32"), options
+    )
     assert again.info()["loaded_from_cache"] is True
     assert compare(ref, again.run(feeds))[0] > 0.9999
-    bf16_candidates = [c for c in get_backend("openvino").candidates(hw, model)
-                       if c.precision == "bf16"]
+    bf16_candidates = [
+        c for c in get_backend("openvino").candidates(hw, model) if c.precision == "bf16"
+    ]
     if bf16_candidates:  # this CPU can do bf16: the plugin's default, made explicit
         bf16 = get_backend("openvino").load(model, bf16_candidates[0], options)
         assert bf16.info()["precision"] == "bf16"
         cosine, _ = compare(ref, bf16.run(feeds))
         assert cosine > 0.99
     int8 = inspect_model(models_dir / "ppocr_cls_int8.onnx")
-    q = get_backend("openvino").load(int8, candidate(hw, "openvino", "CPU", int8, "fp32"),
-                                     options)
+    q = get_backend("openvino").load(int8, candidate(hw, "openvino", "CPU", int8, "fp32"), options)
     assert q.info()["precision"] == "int8"
     assert q.info()["compute_layers"].get("int8", 0) > 0
 
@@ -131,7 +136,8 @@ def test_openvino_reports_the_precision_that_ran(hw, models_dir: Path, tmp_path:
 def test_openvino_reads_tflite(hw, models_dir: Path) -> None:
     model = inspect_model(models_dir / "face_detection_short_range.tflite")
     session = get_backend("openvino").load(
-        model, candidate(hw, "openvino", "CPU", model, "fp32"), LoadOptions(threads=1))
+        model, candidate(hw, "openvino", "CPU", model, "fp32"), LoadOptions(threads=1)
+    )
     out = session.run(make_inputs(session.inputs, {"input": (1, 128, 128, 3)}))
     assert sorted(v.shape for v in out.values()) == [(1, 896, 1), (1, 896, 16)]
 
@@ -155,8 +161,11 @@ def test_litert_xnnpack_and_builtin(hw, models_dir: Path) -> None:
 def test_npu_delegates_are_candidates_with_reasons(hw, models_dir: Path) -> None:
     """No NPU here: every delegate is listed, unavailable, and says what it looked for."""
     model = inspect_model(models_dir / "face_detection_short_range.tflite")
-    npu = [c for c in get_backend("litert").candidates(hw, model) if c.device.startswith(
-        ("NPU", "EdgeTPU"))]
+    npu = [
+        c
+        for c in get_backend("litert").candidates(hw, model)
+        if c.device.startswith(("NPU", "EdgeTPU"))
+    ]
     assert {c.device for c in npu} >= {"NPU-VX", "NPU-EthosU", "NPU-Neutron", "EdgeTPU"}
     for cand in npu:
         assert not cand.available
@@ -170,8 +179,11 @@ def test_delegate_load_failure_is_reported(hw, models_dir: Path) -> None:
 
     from sysconf.hardware import Accelerator
 
-    imx = replace(hw, soc_compatible=["fsl,imx8mp-evk", "fsl,imx8mp"],
-                  accelerators=[Accelerator("npu", "Vivante NPU (galcore)", "/dev/galcore", None)])
+    imx = replace(
+        hw,
+        soc_compatible=["fsl,imx8mp-evk", "fsl,imx8mp"],
+        accelerators=[Accelerator("npu", "Vivante NPU (galcore)", "/dev/galcore", None)],
+    )
     model = inspect_model(models_dir / "face_detection_short_range.tflite")
     [vx] = [c for c in get_backend("litert").candidates(imx, model) if c.device == "NPU-VX"]
     assert not vx.available
@@ -197,8 +209,9 @@ def test_wrong_inputs_name_the_input(hw, models_dir: Path, backend: str) -> None
 
 def test_litert_wrong_shape(hw, models_dir: Path) -> None:
     model = inspect_model(models_dir / "face_detection_short_range.tflite")
-    session = get_backend("litert").load(model, candidate(hw, "litert", "XNNPACK", model),
-                                         LoadOptions(threads=1))
+    session = get_backend("litert").load(
+        model, candidate(hw, "litert", "XNNPACK", model), LoadOptions(threads=1)
+    )
     with pytest.raises(InputError, match=r"'input' has shape 1x64x64x3, expected 1x128x128x3"):
         session.run({"input": np.zeros((1, 64, 64, 3), np.float32)})
 
@@ -226,8 +239,13 @@ def test_loading_litert_does_not_import_openvino(models_dir: Path) -> None:
         s.run(make_inputs(s.inputs, {{"input": (1, 128, 128, 3)}}))
         print(sorted(m for m in ("openvino", "onnxruntime", "ai_edge_litert") if m in sys.modules))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
     assert out.stdout.strip() == "['ai_edge_litert']"
 
 
@@ -236,16 +254,20 @@ def test_openvino_runs_an_ir_model(hw, models_dir: Path, tmp_path: Path) -> None
     import openvino as ov
 
     xml = tmp_path / "cls.xml"
-    ov.save_model(ov.convert_model(str(models_dir / "ppocr_cls.onnx")), str(xml),
-                  compress_to_fp16=False)
+    ov.save_model(
+        ov.convert_model(str(models_dir / "ppocr_cls.onnx")), str(xml), compress_to_fp16=False
+    )
     model = inspect_model(xml)
     assert model.format == "openvino-ir"
     session = get_backend("openvino").load(
-        model, candidate(hw, "openvino", "CPU", model, "fp32"),
-        LoadOptions(threads=1, shapes=CLS_SHAPE))
+        model,
+        candidate(hw, "openvino", "CPU", model, "fp32"),
+        LoadOptions(threads=1, shapes=CLS_SHAPE),
+    )
     onnx_model = inspect_model(models_dir / "ppocr_cls.onnx")
     ref = get_backend("onnxruntime").load(
-        onnx_model, candidate(hw, "onnxruntime", "CPU", onnx_model), LoadOptions(threads=1))
+        onnx_model, candidate(hw, "onnxruntime", "CPU", onnx_model), LoadOptions(threads=1)
+    )
     feeds = make_inputs(session.inputs, CLS_SHAPE)
     cosine, max_abs = compare(ref.run(feeds), session.run(feeds))
     assert cosine > 0.9999 and max_abs < 1e-3
@@ -303,11 +325,17 @@ def test_openvino_threads_stay_on_the_cpu_set(models_dir: Path) -> None:
             result[cpu] = [sorted(set(c for t, c in tasks().items() if t in new)), caller]
         print(json.dumps(result))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False, cwd=Path(__file__).parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parent.parent,
+    )
     assert out.returncode == 0, out.stderr
-    assert (out.stdout.strip().splitlines()[-1]
-            == '{"0": [["0"], [0]], "1": [["1"], [1]]}'), out.stdout
+    assert out.stdout.strip().splitlines()[-1] == '{"0": [["0"], [0]], "1": [["1"], [1]]}', (
+        out.stdout
+    )
 
 
 def test_backends_are_found_by_file_name_in_their_order_without_a_runtime():
@@ -326,8 +354,13 @@ def test_backends_are_found_by_file_name_in_their_order_without_a_runtime():
                          if r in sys.modules],
         }))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False, cwd=Path(__file__).parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parent.parent,
+    )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["names"] == ["onnxruntime", "openvino", "litert"]

@@ -51,8 +51,10 @@ GRUB_CMDLINE_LINUX_DEFAULT="quiet"
 GRUB_CMDLINE_LINUX=""
 """
 # Edited on Windows: CRLF, as Raspberry Pi boot partitions often are.
-CMDLINE = (b"console=serial0,115200 console=tty1 root=PARTUUID=4e639091-02 rootfstype=ext4 "
-           b"fsck.repair=yes rootwait\r\n")
+CMDLINE = (
+    b"console=serial0,115200 console=tty1 root=PARTUUID=4e639091-02 rootfstype=ext4 "
+    b"fsck.repair=yes rootwait\r\n"
+)
 
 IRQ = "/proc/irq/{}/smp_affinity_list"
 
@@ -95,12 +97,23 @@ def changes_for() -> list[Change]:
         Change("irq-default", "/proc/irq/default_smp_affinity", "f\n", "3", "new IRQs"),
         Change("sysctl", "/proc/sys/kernel/timer_migration", "1\n", "0", "timers"),
         Change("workqueue", "/sys/devices/virtual/workqueue/cpumask", "f\n", "3", "kworkers"),
-        Change("irqbalance", "/etc/default/irqbalance", None,
-               "IRQBALANCE_BANNED_CPULIST=2-3\n", "irqbalance keeps off 2-3"),
-        Change("cmdline", "/boot/firmware/cmdline.txt", CMDLINE.decode(), cmdline_new(),
-               "isolate 2-3"),
-        Change("cmdline", "/etc/default/grub", grub_text,
-               grub_text.replace('"quiet"', '"quiet nohz_full=2-3"'), "isolate 2-3"),
+        Change(
+            "irqbalance",
+            "/etc/default/irqbalance",
+            None,
+            "IRQBALANCE_BANNED_CPULIST=2-3\n",
+            "irqbalance keeps off 2-3",
+        ),
+        Change(
+            "cmdline", "/boot/firmware/cmdline.txt", CMDLINE.decode(), cmdline_new(), "isolate 2-3"
+        ),
+        Change(
+            "cmdline",
+            "/etc/default/grub",
+            grub_text,
+            grub_text.replace('"quiet"', '"quiet nohz_full=2-3"'),
+            "isolate 2-3",
+        ),
     ]
 
 
@@ -162,7 +175,7 @@ def test_old_value_is_fsynced_before_each_write(root: Path, monkeypatch) -> None
     writes = [i for i, event in enumerate(events) if event[0] == "write"]
     assert len(writes) == len(changes_for())
     for previous, index in zip([-1, *writes], writes, strict=False):
-        assert ("fsync", str(journal_file)) in events[previous + 1:index]
+        assert ("fsync", str(journal_file)) in events[previous + 1 : index]
     # The journal's folder entry is fsynced once, when the journal is created.
     assert events.count(("fsync", str(journal_file.parent))) == 1
 
@@ -243,6 +256,7 @@ def refusing_writer(refuse: dict[str, int], calls: list[str], root: Path):
             code = refuse[device_path]
             raise OSError(code, os.strerror(code), str(path))
         write_file(path, content, kernel)
+
     return writer
 
 
@@ -319,6 +333,7 @@ def test_a_missing_kernel_folder_is_skipped_not_created(root: Path) -> None:
 
 # -- crashes -------------------------------------------------------------------------------
 
+
 def test_an_interrupt_between_writes_is_reverted_by_a_fresh_journal(root: Path) -> None:
     before = snapshot(root)
     written: list[Path] = []
@@ -372,14 +387,14 @@ print("finished", flush=True)
 
 @pytest.mark.parametrize("mode", ["written", "pending", "staged"])
 @pytest.mark.integration
-def test_sigkill_half_way_through_apply_then_revert(root: Path, tmp_path: Path,
-                                                     mode: str) -> None:
+def test_sigkill_half_way_through_apply_then_revert(root: Path, tmp_path: Path, mode: str) -> None:
     before = snapshot(root)
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps([dataclasses.asdict(c) for c in changes_for()]))
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(REPO), str(root), mode, str(plan)],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None
@@ -444,6 +459,7 @@ def test_a_corrupt_middle_line_names_the_file_and_line(root: Path, bad: str) -> 
 
 # -- selector files and exact text ---------------------------------------------------------
 
+
 def kernel_selector_writer(path: Path, content: str, kernel: bool) -> None:
     """Like the kernel's THP files: one bare word from the listed choices, else EINVAL."""
     choices = [w.strip("[]") for w in path.read_text().split()]
@@ -479,25 +495,30 @@ def test_writing_a_selector_listing_back_is_what_the_kernel_refuses(root: Path) 
 
 def test_a_selector_change_without_a_selected_word_is_skipped(root: Path) -> None:
     (root / "sys/kernel/mm/transparent_hugepage/enabled").write_text("never\n")
-    change = Change("thp", "/sys/kernel/mm/transparent_hugepage/enabled", "x", "always", "t",
-                    selector=True)
+    change = Change(
+        "thp", "/sys/kernel/mm/transparent_hugepage/enabled", "x", "always", "t", selector=True
+    )
     result = Journal(SysRoot(root)).apply([change])
     assert result.skipped and "no [selected] choice" in result.skipped[0][1]
 
 
 @pytest.mark.parametrize(
     ("text", "word"),
-    [("always [madvise] never\n", "madvise"),
-     ("always defer defer+madvise [madvise] never\n", "madvise"),
-     ("[none] mq-deadline kyber bfq\n", "none"),
-     ("never\n", None), ("[a] [b]", None), ("", None), (None, None)],
+    [
+        ("always [madvise] never\n", "madvise"),
+        ("always defer defer+madvise [madvise] never\n", "madvise"),
+        ("[none] mq-deadline kyber bfq\n", "none"),
+        ("never\n", None),
+        ("[a] [b]", None),
+        ("", None),
+        (None, None),
+    ],
 )
 def test_selected_choice(text: str | None, word: str | None) -> None:
     assert selected_choice(text) == word
 
 
-def test_write_file_leaves_no_temporary_file_when_the_rename_fails(root: Path,
-                                                                   monkeypatch) -> None:
+def test_write_file_leaves_no_temporary_file_when_the_rename_fails(root: Path, monkeypatch) -> None:
     target = root / "etc/default/keyboard"
     original = target.read_bytes()
 
@@ -523,10 +544,21 @@ def test_write_file_keeps_line_ends_and_undecodable_bytes(tmp_path: Path) -> Non
 
 
 def test_plan_json_has_exactly_the_documented_fields() -> None:
-    change = Change("thp", "/sys/kernel/mm/transparent_hugepage/enabled", "madvise", "never",
-                    "why", selector=True)
-    assert change.to_dict() == {"kind": "thp", "path": change.path, "old": "madvise",
-                                "new": "never", "reason": "why"}
+    change = Change(
+        "thp",
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+        "madvise",
+        "never",
+        "why",
+        selector=True,
+    )
+    assert change.to_dict() == {
+        "kind": "thp",
+        "path": change.path,
+        "old": "madvise",
+        "new": "never",
+        "reason": "why",
+    }
 
 
 # -- folders the journal creates --------------------------------------------------------------
@@ -538,17 +570,24 @@ def test_a_missing_folder_is_created_and_revert_removes_it(root: Path) -> None:
     before = tree_state(root)
     assert not (root / "etc/systemd").exists()
     journal = Journal(SysRoot(root))
-    result = journal.apply([Change("systemd-conf", DROPIN, None, "[Manager]\nCPUAffinity=0-2\n",
-                                   "drop-in")])
+    result = journal.apply(
+        [Change("systemd-conf", DROPIN, None, "[Manager]\nCPUAffinity=0-2\n", "drop-in")]
+    )
     assert [c.path for c in result.applied] == [DROPIN] and not result.skipped
     assert (root / DROPIN.lstrip("/")).read_text() == "[Manager]\nCPUAffinity=0-2\n"
     records = journal.records()
     assert [(r["op"], r.get("path")) for r in records] == [
-        ("mkdir", "/etc/systemd"), ("mkdir", "/etc/systemd/system.conf.d"),
-        ("set", DROPIN), ("done", None)]
+        ("mkdir", "/etc/systemd"),
+        ("mkdir", "/etc/systemd/system.conf.d"),
+        ("set", DROPIN),
+        ("done", None),
+    ]
     done = journal.revert()
-    assert done == [(DROPIN, "removed"), ("/etc/systemd/system.conf.d", "removed"),
-                    ("/etc/systemd", "removed")]
+    assert done == [
+        (DROPIN, "removed"),
+        ("/etc/systemd/system.conf.d", "removed"),
+        ("/etc/systemd", "removed"),
+    ]
     assert tree_state(root) == before
 
 
@@ -572,8 +611,13 @@ def test_the_mkdir_record_is_fsynced_before_the_folder_is_made(root: Path, monke
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(ConfinedRoot, "mkdir", mkdir)
     Journal(SysRoot(root)).apply([Change("systemd-conf", DROPIN, None, "x\n", "drop-in")])
-    assert events[:5] == ["fsync mkdir", "mkdir systemd", "fsync mkdir", "mkdir system.conf.d",
-                          "fsync set"]
+    assert events[:5] == [
+        "fsync mkdir",
+        "mkdir systemd",
+        "fsync mkdir",
+        "mkdir system.conf.d",
+        "fsync set",
+    ]
 
 
 def test_a_crash_between_the_mkdir_record_and_the_mkdir_reverts_cleanly(root: Path) -> None:
@@ -615,13 +659,17 @@ def test_a_mask_into_a_missing_folder_creates_it_and_revert_removes_it(root: Pat
 
 # -- trust: root acts on the journal, so nobody else may have written it ----------------------
 
+
 def test_a_journal_folder_owned_by_another_user_is_refused(root: Path) -> None:
     journal = Journal(SysRoot(root))
     journal.apply(changes_for()[:2])
     applied = snapshot(root)
     os.chown(journal.path.parent, 12345, 12345)  # e.g. the daemon user's /var/lib/edged
-    with pytest.raises(UntrustedJournal, match=r"edged: the journal folder is owned by uid "
-                                               r"12345, not by uid 0"):
+    with pytest.raises(
+        UntrustedJournal,
+        match=r"edged: the journal folder is owned by uid "
+        r"12345, not by uid 0",
+    ):
         Journal(SysRoot(root)).revert()
     with pytest.raises(UntrustedJournal, match="owned by uid 12345"):
         Journal(SysRoot(root)).apply(changes_for())
@@ -634,8 +682,11 @@ def test_a_group_or_world_writable_journal_is_refused(root: Path, mode: int) -> 
     journal.apply(changes_for()[:2])
     applied = snapshot(root)
     journal.path.chmod(mode)
-    with pytest.raises(UntrustedJournal, match=rf"{JOURNAL_NAME}: the journal file is "
-                                               rf"group/world-writable \(mode 0{mode:o}\)"):
+    with pytest.raises(
+        UntrustedJournal,
+        match=rf"{JOURNAL_NAME}: the journal file is "
+        rf"group/world-writable \(mode 0{mode:o}\)",
+    ):
         journal.revert()
     assert snapshot(root) == applied
 
@@ -695,7 +746,8 @@ def test_records_carry_the_boot_id(root: Path) -> None:
 
 @pytest.mark.parametrize("how", ["apply", "revert"])
 def test_a_journal_from_an_older_boot_reverts_files_and_drops_kernel_values(
-        root: Path, how: str) -> None:
+    root: Path, how: str
+) -> None:
     set_boot(root, BOOT_A)
     before = snapshot(root)
     Journal(SysRoot(root)).apply(changes_for())
@@ -767,8 +819,7 @@ def set_paths(journal: Journal) -> set[str]:
     return {r["path"] for r in journal.records() if r["op"] == "set"}
 
 
-def test_journals_route_by_kind_and_revert_runtime_keeps_the_persistent_ones(
-        root: Path) -> None:
+def test_journals_route_by_kind_and_revert_runtime_keeps_the_persistent_ones(root: Path) -> None:
     before = snapshot(root)
     journals = Journals(SysRoot(root))
     result = journals.apply(split_changes())
@@ -783,8 +834,9 @@ def test_journals_route_by_kind_and_revert_runtime_keeps_the_persistent_ones(
     assert set(reverted) == {c.path for c in changes_for()} - PERSISTENT_PATHS
     after = snapshot(root)
     for rel in after.keys() | before.keys():
-        persistent = any(rel == p.lstrip("/") or p.lstrip("/").startswith(rel + "/")
-                         for p in PERSISTENT_PATHS)
+        persistent = any(
+            rel == p.lstrip("/") or p.lstrip("/").startswith(rel + "/") for p in PERSISTENT_PATHS
+        )
         assert after.get(rel) == (applied if persistent else before).get(rel), rel
     assert os.readlink(root / MASK.lstrip("/")) == "/dev/null"
     assert journals.persistent.pending() and not journals.tuning.pending()
@@ -805,8 +857,8 @@ def test_journals_apply_twice_changes_nothing(root: Path) -> None:
     assert [c.path for c in again.unchanged] == [c.path for c in split_changes()]
     assert snapshot(root) == applied
     # No new "set" records: a later revert still finds each original as its `old`.
-    assert [r["op"] for r in journals.tuning.records()[records[0]:]] == ["done"]
-    assert [r["op"] for r in journals.persistent.records()[records[1]:]] == ["done"]
+    assert [r["op"] for r in journals.tuning.records()[records[0] :]] == ["done"]
+    assert [r["op"] for r in journals.persistent.records()[records[1] :]] == ["done"]
 
 
 def test_without_persistent_changes_there_is_no_persistent_journal(root: Path) -> None:
@@ -816,8 +868,7 @@ def test_without_persistent_changes_there_is_no_persistent_journal(root: Path) -
     assert journals.tuning.path.exists() and not journals.persistent.path.exists()
 
 
-def test_an_older_boots_tuning_journal_is_retired_but_the_persistent_one_kept(
-        root: Path) -> None:
+def test_an_older_boots_tuning_journal_is_retired_but_the_persistent_one_kept(root: Path) -> None:
     set_boot(root, BOOT_A)
     before = snapshot(root)
     Journals(SysRoot(root)).apply(split_changes())
@@ -839,8 +890,10 @@ def test_an_older_boots_tuning_journal_is_retired_but_the_persistent_one_kept(
     assert journals.persistent.pending()
 
     journals.revert()  # a plain revert in the new boot still restores them exactly
-    expected = {**before, "proc/sys/kernel/random/boot_id": snapshot(root)[
-        "proc/sys/kernel/random/boot_id"]}
+    expected = {
+        **before,
+        "proc/sys/kernel/random/boot_id": snapshot(root)["proc/sys/kernel/random/boot_id"],
+    }
     assert snapshot(root) == expected
     names = sorted(p.name for p in (root / STATE).iterdir())
     assert any(n.startswith(f"{PERSISTENT_JOURNAL_NAME}.reverted-") for n in names), names
@@ -858,7 +911,8 @@ def test_journals_refuse_an_untrusted_persistent_journal_before_writing(root: Pa
 
 
 def test_live_masks_survive_the_services_stop_and_a_plain_revert_starts_what_ran(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Live-looking root, systemctl faked at its runner (this machine's systemd is never
     asked): `apply --trim` masks and stops units; edged-tune's stop (`revert --runtime`) asks
     systemctl nothing and leaves them masked; a plain revert unmasks and starts what ran."""

@@ -18,8 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def edgectl(*args: str, state: Path, check_rc: int | None = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "EDGED_STATE_DIR": str(state)}
-    proc = subprocess.run([*python_argv(), "-m", "edged.cli.main", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        [*python_argv(), "-m", "edged.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
     if check_rc is not None:
         assert proc.returncode == check_rc, proc.stderr
     return proc
@@ -59,8 +65,9 @@ def test_backends_with_model(models_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_backends_with_variants_and_calibration(models_dir: Path, tmp_path: Path,
-                                                cls_u8s8: Path) -> None:
+def test_backends_with_variants_and_calibration(
+    models_dir: Path, tmp_path: Path, cls_u8s8: Path
+) -> None:
     """The family through the CLI: the given U8S8 variant and the INT8 variants made here
     from rendered text lines (held-out part: the evaluation set), each row against the
     original; on x86 without VNNI the U8S8 row names the cause."""
@@ -71,14 +78,29 @@ def test_backends_with_variants_and_calibration(models_dir: Path, tmp_path: Path
     for index, image in enumerate(rendered_text_lines(30, seed=11)):
         image.save(data / f"{index:02d}.png")
     model = str(models_dir / "ppocr_cls.onnx")
-    args = ("backends", "--model", model, "--shape", "x=1x3x48x192", "--threads", "1",
-            "--variant", str(cls_u8s8), "--calibration", str(data), "--mean", "0.5",
-            "--std", "0.5")
+    args = (
+        "backends",
+        "--model",
+        model,
+        "--shape",
+        "x=1x3x48x192",
+        "--threads",
+        "1",
+        "--variant",
+        str(cls_u8s8),
+        "--calibration",
+        str(data),
+        "--mean",
+        "0.5",
+        "--std",
+        "0.5",
+    )
     report = json.loads(edgectl(*args, "--json", state=tmp_path / "state").stdout)
     made = report["made_variants"]
     assert made["variants"] and not made["cached"]
-    assert all(Path(v).exists() and Path(v).parent.parent.name == "variants"
-               for v in made["variants"])
+    assert all(
+        Path(v).exists() and Path(v).parent.parent.name == "variants" for v in made["variants"]
+    )
     assert report["variants"] == [str(cls_u8s8), *made["variants"]]
     rows = [e for e in report["evidence"] if e["status"] != "unavailable"]
     assert {e["variant"] for e in rows} == {model, *report["variants"]}
@@ -99,11 +121,25 @@ def test_backends_bad_calibration_and_variant(models_dir: Path, tmp_path: Path) 
     np.savez(tmp_path / "wrong.npz", image=np.zeros((4, 3, 48, 192), np.float32))
     model = str(models_dir / "ppocr_cls.onnx")
     state = tmp_path / "state"
-    proc = edgectl("backends", "--model", model, "--calibration", str(tmp_path / "wrong.npz"),
-                   state=state, check_rc=2)
+    proc = edgectl(
+        "backends",
+        "--model",
+        model,
+        "--calibration",
+        str(tmp_path / "wrong.npz"),
+        state=state,
+        check_rc=2,
+    )
     assert "wrong.npz: no array for input(s) x" in proc.stderr
-    proc = edgectl("backends", "--model", model, "--variant",
-                   str(models_dir / "ppocrv4_det_int8.onnx"), state=state, check_rc=2)
+    proc = edgectl(
+        "backends",
+        "--model",
+        model,
+        "--variant",
+        str(models_dir / "ppocrv4_det_int8.onnx"),
+        state=state,
+        check_rc=2,
+    )
     assert "ppocrv4_det_int8.onnx does not match its original" in proc.stderr
     assert "ppocr_cls.onnx: outputs are" in proc.stderr
     assert not list(state.rglob("*.json")) and not list(state.rglob("*.onnx"))
@@ -111,13 +147,37 @@ def test_backends_bad_calibration_and_variant(models_dir: Path, tmp_path: Path) 
 
 @pytest.mark.integration
 def test_bench_json_all(models_dir: Path, tmp_path: Path) -> None:
-    out = edgectl("bench", str(models_dir / "ppocr_cls_int8.onnx"), "--backend", "all",
-                  "--shape", "x=1x3x48x192", "--runs", "20", "--warmup", "2", "--threads", "1",
-                  "--json", state=tmp_path).stdout
+    out = edgectl(
+        "bench",
+        str(models_dir / "ppocr_cls_int8.onnx"),
+        "--backend",
+        "all",
+        "--shape",
+        "x=1x3x48x192",
+        "--runs",
+        "20",
+        "--warmup",
+        "2",
+        "--threads",
+        "1",
+        "--json",
+        state=tmp_path,
+    ).stdout
     report = json.loads(out)
     assert report["model"].endswith("ppocr_cls_int8.onnx")
-    keys = {"backend", "device", "precision", "runs", "p50_ms", "p90_ms", "p99_ms",
-            "p999_ms", "max_ms", "mean_ms", "stdev_ms"}
+    keys = {
+        "backend",
+        "device",
+        "precision",
+        "runs",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "p999_ms",
+        "max_ms",
+        "mean_ms",
+        "stdev_ms",
+    }
     backends = set()
     for result in report["results"]:
         assert keys <= set(result)
@@ -129,8 +189,17 @@ def test_bench_json_all(models_dir: Path, tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_bench_tflite_text(models_dir: Path, tmp_path: Path) -> None:
-    out = edgectl("bench", str(models_dir / "face_detection_short_range.tflite"), "--backend",
-                  "litert:XNNPACK", "--runs", "15", "--cpus", "0", state=tmp_path).stdout
+    out = edgectl(
+        "bench",
+        str(models_dir / "face_detection_short_range.tflite"),
+        "--backend",
+        "litert:XNNPACK",
+        "--runs",
+        "15",
+        "--cpus",
+        "0",
+        state=tmp_path,
+    ).stdout
     assert "litert:XNNPACK:model" in out and "p99" in out
 
 
@@ -147,8 +216,15 @@ def test_pinned_bench_imports_only_its_runtime(models_dir: Path, tmp_path: Path)
         print(rc, sorted(m for m in runtimes if m in sys.modules), file=sys.stderr)
     """)
     env = {**os.environ, "EDGED_STATE_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+        check=True,
+    )
     assert json.loads(proc.stdout)["results"][0]["backend"] == "litert"
     assert proc.stderr.strip().splitlines()[-1] == "0 ['ai_edge_litert']", proc.stderr
 
@@ -156,21 +232,40 @@ def test_pinned_bench_imports_only_its_runtime(models_dir: Path, tmp_path: Path)
 @pytest.mark.integration
 def test_failed_selection_shows_its_evidence(models_dir: Path, tmp_path: Path) -> None:
     """No candidate passes: exit 1, the JSON still carries what each candidate did."""
-    proc = edgectl("backends", "--model", str(models_dir / "ppocr_cls.onnx"), "--shape",
-                   "x=1x3x48x192", "--threads", "1", "--max-abs", "-1", "--json",
-                   state=tmp_path, check_rc=1)
+    proc = edgectl(
+        "backends",
+        "--model",
+        str(models_dir / "ppocr_cls.onnx"),
+        "--shape",
+        "x=1x3x48x192",
+        "--threads",
+        "1",
+        "--max-abs",
+        "-1",
+        "--json",
+        state=tmp_path,
+        check_rc=1,
+    )
     report = json.loads(proc.stdout)
     assert report["selected"] is None and "no candidate ran it correctly" in report["error"]
     measured = [e for e in report["evidence"] if e["status"] != "unavailable"]
     assert measured and all(e["status"] == "rejected" for e in measured)
     assert all("max-abs" in e["reason"] and e["accuracy"]["score"] == 1.0 for e in measured)
-    proc = edgectl("backends", "--model", str(models_dir / "ppocr_cls.onnx"), "--min-cosine",
-                   "1.5", state=tmp_path, check_rc=2)
+    proc = edgectl(
+        "backends",
+        "--model",
+        str(models_dir / "ppocr_cls.onnx"),
+        "--min-cosine",
+        "1.5",
+        state=tmp_path,
+        check_rc=2,
+    )
     assert "--max-drop -0.5: must be at least 0 and below 1" in proc.stderr
 
 
-def test_bench_failed_candidate_keeps_every_key(models_dir: Path, tmp_path: Path, capsys,
-                                               monkeypatch) -> None:
+def test_bench_failed_candidate_keeps_every_key(
+    models_dir: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
     """A candidate that fails (made to fail here: nothing on this machine fails on its
     own) keeps every stat key, null, plus "error"; the others are measured as usual."""
     from backends import get_backend
@@ -182,13 +277,38 @@ def test_bench_failed_candidate_keeps_every_key(models_dir: Path, tmp_path: Path
 
     monkeypatch.setattr(get_backend("openvino"), "load", broken_load)
     monkeypatch.setenv("EDGED_STATE_DIR", str(tmp_path))
-    rc = main(["bench", str(models_dir / "ppocr_cls_int8.onnx"), "--backend", "all",
-               "--shape", "x=1x3x48x192", "--runs", "5", "--warmup", "1", "--threads", "1",
-               "--json"])
+    rc = main(
+        [
+            "bench",
+            str(models_dir / "ppocr_cls_int8.onnx"),
+            "--backend",
+            "all",
+            "--shape",
+            "x=1x3x48x192",
+            "--runs",
+            "5",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert rc == 0
-    keys = {"backend", "device", "precision", "runs", "p50_ms", "p90_ms", "p99_ms",
-            "p999_ms", "max_ms", "mean_ms", "stdev_ms"}
+    keys = {
+        "backend",
+        "device",
+        "precision",
+        "runs",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "p999_ms",
+        "max_ms",
+        "mean_ms",
+        "stdev_ms",
+    }
     failed = [r for r in report["results"] if "error" in r]
     ok = [r for r in report["results"] if "error" not in r]
     assert failed and ok and {r["backend"] for r in failed} == {"openvino"}
@@ -212,8 +332,10 @@ def test_bench_failed_candidate_keeps_every_key(models_dir: Path, tmp_path: Path
         (("bench", "{cls}", "--backend", "litert"), "nothing available"),
         (("backends", "--model", "{truncated}"), "not a valid ONNX model"),
         (("bench", "{cls}", "--runs", "0"), "--runs must be at least 1"),
-        (("bench", "{face}", "--backend", "litert:XNNPACK", "--shape", "input=1x64x64x3"),
-         "the model takes 1x128x128x3"),
+        (
+            ("bench", "{face}", "--backend", "litert:XNNPACK", "--shape", "input=1x64x64x3"),
+            "the model takes 1x128x128x3",
+        ),
     ],
 )
 @pytest.mark.integration
@@ -221,17 +343,21 @@ def test_bad_input_exit_2(models_dir: Path, tmp_path: Path, args, message: str) 
     data = (models_dir / "ppocr_cls.onnx").read_bytes()
     (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 3])
     (tmp_path / "notes.txt").write_text("not a model\n")
-    paths = {"missing": str(tmp_path / "missing.onnx"), "truncated":
-             str(tmp_path / "truncated.onnx"), "text": str(tmp_path / "notes.txt"),
-             "cls": str(models_dir / "ppocr_cls.onnx"),
-             "face": str(models_dir / "face_detection_short_range.tflite")}
+    paths = {
+        "missing": str(tmp_path / "missing.onnx"),
+        "truncated": str(tmp_path / "truncated.onnx"),
+        "text": str(tmp_path / "notes.txt"),
+        "cls": str(models_dir / "ppocr_cls.onnx"),
+        "face": str(models_dir / "face_detection_short_range.tflite"),
+    }
     argv = [a.format(**paths) for a in args]
     proc = edgectl(*argv, state=tmp_path / "state", check_rc=2)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("edgectl: error: "), proc.stderr
     assert message in lines[0]
     assert not (tmp_path / "state" / "selection").exists() or not list(
-        (tmp_path / "state" / "selection").iterdir())
+        (tmp_path / "state" / "selection").iterdir()
+    )
 
 
 @pytest.mark.integration
@@ -240,12 +366,13 @@ def test_backends_on_board_root(dtb_corpus: Path, tmp_path: Path) -> None:
     from sysconf.fdt import load_fdt, materialize
 
     root = tmp_path / "root"
-    materialize(load_fdt(dtb_corpus / "freescale" / "imx8mp-evk.dtb"),
-                root / "sys" / "firmware" / "devicetree" / "base")
+    materialize(
+        load_fdt(dtb_corpus / "freescale" / "imx8mp-evk.dtb"),
+        root / "sys" / "firmware" / "devicetree" / "base",
+    )
     (root / "dev").mkdir()
     (root / "dev" / "galcore").touch()
-    report = json.loads(edgectl("backends", "--root", str(root), "--json",
-                                state=tmp_path).stdout)
+    report = json.loads(edgectl("backends", "--root", str(root), "--json", state=tmp_path).stdout)
     hw = report["hardware"]
     assert "fsl,imx8mp" in hw["soc_compatible"]
     assert [a["name"] for a in hw["accelerators"]] == ["Vivante NPU (galcore)"]
@@ -263,8 +390,9 @@ def test_fleet_is_an_edgectl_command(tmp_path: Path) -> None:
 def test_audit_is_an_edgectl_command(tmp_path: Path) -> None:
     proc = edgectl("audit", "--dtb", str(tmp_path / "none.dtb"), state=tmp_path, check_rc=2)
     assert proc.stderr.startswith("edgectl: error: ") and "none.dtb" in proc.stderr
-    report = json.loads(edgectl("audit", "--format", "json", "--only", "THM", state=tmp_path,
-                                check_rc=None).stdout)
+    report = json.loads(
+        edgectl("audit", "--format", "json", "--only", "THM", state=tmp_path, check_rc=None).stdout
+    )
     assert set(report) == {"findings", "summary"}
 
 

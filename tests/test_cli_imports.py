@@ -15,8 +15,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("numpy", "onnxruntime", "openvino", "psutil", "prometheus_client", "uvicorn",
-         "edged.selection", "edged.serving", "edged.quantize.quantizer")
+HEAVY = (
+    "numpy",
+    "onnxruntime",
+    "openvino",
+    "psutil",
+    "prometheus_client",
+    "uvicorn",
+    "edged.selection",
+    "edged.serving",
+    "edged.quantize.quantizer",
+)
 
 
 def _modules_after(argv: list[str]) -> tuple[int, list[str]]:
@@ -32,14 +41,22 @@ def _modules_after(argv: list[str]) -> tuple[int, list[str]]:
                 rc = exc.code
         print(json.dumps([rc, sorted(m for m in {HEAVY!r} if m in sys.modules)]))
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, timeout=60, check=True, env={**os.environ, "COLUMNS": "100"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=True,
+        env={**os.environ, "COLUMNS": "100"},
+    )
     rc, heavy = json.loads(proc.stdout.strip().splitlines()[-1])
     return rc, heavy
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["status", "--help"], ["plan", "--help"],
-                                  ["quantize", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["status", "--help"], ["plan", "--help"], ["quantize", "--help"]]
+)
 @pytest.mark.integration
 def test_building_the_parser_imports_nothing_heavy(argv: list[str]) -> None:
     assert _modules_after(argv) == (0, [])
@@ -57,7 +74,8 @@ def test_every_subcommand_module_registers_with_a_unique_order() -> None:
     modules = subcommand_modules()
     names = [m.__name__.rsplit(".", 1)[1] for m in modules]
     assert {"backends", "bench", "status", "tuning", "provision", "quantize", "reload"} <= set(
-        names)
+        names
+    )
     orders = [m.ORDER for m in modules]
     assert all(isinstance(order, int) for order in orders)
     assert len(set(orders)) == len(orders), dict(zip(names, orders, strict=True))
@@ -67,6 +85,7 @@ def test_every_subcommand_has_a_handler() -> None:
     from edged.cli.main import build_parser
 
     [sub] = [a for a in build_parser()._actions if a.dest == "command"]
-    missing = [name for name, parser in sub.choices.items()
-               if not callable(parser.get_default("func"))]
+    missing = [
+        name for name, parser in sub.choices.items() if not callable(parser.get_default("func"))
+    ]
     assert sub.choices and not missing

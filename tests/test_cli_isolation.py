@@ -18,9 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def edgectl(*args: str, rc: int = 0) -> subprocess.CompletedProcess:
     assert "--root" in args or args[0] == "plan", "tests must never apply to the live system"
-    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=120,
-                          env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "edged.cli.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"},
+    )
     assert proc.returncode == rc, proc.stderr
     return proc
 
@@ -35,20 +40,23 @@ def test_plan_apply_revert_round_trip(tmp_path: Path, kind: str) -> None:
         root = board_root(tmp_path / "root", cpus=8, managed=(0, 1))
         cpus = "6-7"
     before = tree_state(root)
-    plan = json.loads(edgectl("plan", "--root", str(root), "--inference-cpus", cpus,
-                              "--json").stdout)
+    plan = json.loads(
+        edgectl("plan", "--root", str(root), "--inference-cpus", cpus, "--json").stdout
+    )
     assert plan["changes"], "a fresh root needs changes"
     for change in plan["changes"]:
         assert set(change) == {"kind", "path", "old", "new", "reason"}
         assert (root / change["path"].lstrip("/")).exists()
     assert plan["cpus"]["inference_list"] == cpus
-    applied = json.loads(edgectl("apply", "--root", str(root), "--inference-cpus", cpus,
-                                 "--json").stdout)
+    applied = json.loads(
+        edgectl("apply", "--root", str(root), "--inference-cpus", cpus, "--json").stdout
+    )
     assert len(applied["applied"]) + len(applied["skipped"]) == len(plan["changes"])
     journal = root / "var" / "lib" / "edged" / "tuning-journal.jsonl"
     assert journal.exists()  # the image carries its own journal
-    again = json.loads(edgectl("plan", "--root", str(root), "--inference-cpus", cpus,
-                               "--json").stdout)
+    again = json.loads(
+        edgectl("plan", "--root", str(root), "--inference-cpus", cpus, "--json").stdout
+    )
     assert again["changes"] == [], "applying twice must change nothing"
     reverted = json.loads(edgectl("revert", "--root", str(root), "--json").stdout)
     assert len(reverted["reverted"]) == len(applied["applied"])
@@ -69,23 +77,29 @@ def test_config_cpus_and_boot_line(tmp_path: Path, models_dir: Path) -> None:
     root = board_root(tmp_path / "root", cpus=4)
     (root / "boot" / "firmware").mkdir(parents=True)
     (root / "boot" / "firmware" / "cmdline.txt").write_text(
-        "console=serial0,115200 console=tty1 root=PARTUUID=6c586e13-02 rootwait\n")
+        "console=serial0,115200 console=tty1 root=PARTUUID=6c586e13-02 rootwait\n"
+    )
     config = tmp_path / "edged.toml"
-    config.write_text(f'[[models]]\nname = "m"\npath = "{models_dir / "ppocr_cls.onnx"}"\n'
-                      f'cpus = "2-3"\n')
-    plan = json.loads(edgectl("plan", "--root", str(root), "--config", str(config),
-                              "--json").stdout)
+    config.write_text(
+        f'[[models]]\nname = "m"\npath = "{models_dir / "ppocr_cls.onnx"}"\ncpus = "2-3"\n'
+    )
+    plan = json.loads(
+        edgectl("plan", "--root", str(root), "--config", str(config), "--json").stdout
+    )
     assert plan["cpus"]["inference_list"] == "2-3" and plan["cpus"]["source"] == "configured"
     [cmdline] = [c for c in plan["changes"] if c["kind"] == "cmdline"]
     assert "isolcpus=managed_irq,domain,2-3" in cmdline["new"]
     assert "irqaffinity=0-1" in cmdline["new"] and "rootwait" in cmdline["new"]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("--inference-cpus", "0-3"), "housekeeping"),
-    (("--inference-cpus", "9"), "CPUs 9 are not online"),
-    (("--inference-cpus", "x"), "--inference-cpus: bad CPU list"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--inference-cpus", "0-3"), "housekeeping"),
+        (("--inference-cpus", "9"), "CPUs 9 are not online"),
+        (("--inference-cpus", "x"), "--inference-cpus: bad CPU list"),
+    ],
+)
 @pytest.mark.integration
 def test_bad_cpus_exit_2(tmp_path: Path, args, message: str) -> None:
     root = board_root(tmp_path / "root", cpus=4)
@@ -120,8 +134,7 @@ def test_image_root_takes_its_cpus_from_the_board_dtb(tmp_path: Path, dtb_corpus
 
 
 @pytest.mark.integration
-def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path, models_dir: Path
-                                                       ) -> None:
+def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path, models_dir: Path) -> None:
     """Only a config with a SCHED_FIFO model (rt_priority) plans sched_rt_runtime_us=-1."""
     root = board_root(tmp_path / "root", cpus=4)
     runtime = root / "proc/sys/kernel/sched_rt_runtime_us"
@@ -132,8 +145,9 @@ def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path, models_di
     model = '[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "3"\n'
 
     def planned() -> list[dict]:
-        plan = json.loads(edgectl("plan", "--root", str(root), "--config", str(config),
-                                  "--json").stdout)
+        plan = json.loads(
+            edgectl("plan", "--root", str(root), "--config", str(config), "--json").stdout
+        )
         return [c for c in plan["changes"] if c["path"] == "/proc/sys/kernel/sched_rt_runtime_us"]
 
     config.write_text(model)
@@ -149,15 +163,16 @@ def test_rt_priority_in_config_turns_rt_throttling_off(tmp_path: Path, models_di
 
 # -- precedence: --inference-cpus, else the isolated set, else the config's cpus ---------------
 
+
 @pytest.mark.integration
-def test_isolated_set_wins_over_config_cpus_with_a_note(tmp_path: Path, models_dir: Path
-                                                        ) -> None:
+def test_isolated_set_wins_over_config_cpus_with_a_note(tmp_path: Path, models_dir: Path) -> None:
     root = board_root(tmp_path / "root", cpus=4, isolated="2-3")
     (tmp_path / "m.onnx").symlink_to(models_dir / "ppocr_cls.onnx")
     config = tmp_path / "edged.toml"
     config.write_text('[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "1"\n')
-    plan = json.loads(edgectl("plan", "--root", str(root), "--config", str(config),
-                              "--json").stdout)
+    plan = json.loads(
+        edgectl("plan", "--root", str(root), "--config", str(config), "--json").stdout
+    )
     assert (plan["cpus"]["inference_list"], plan["cpus"]["source"]) == ("2-3", "isolated")
     [note] = plan["cpus"]["notes"]
     assert "configured inference CPUs 1 differ from the kernel's isolated set 2-3" in note
@@ -165,12 +180,16 @@ def test_isolated_set_wins_over_config_cpus_with_a_note(tmp_path: Path, models_d
     assert "inference CPUs 2-3, housekeeping 0-1 (from isolated)" in text
     assert "note: configured inference CPUs 1 differ" in text
     # An explicit --inference-cpus is the operator's override.
-    plan = json.loads(edgectl("plan", "--root", str(root), "--config", str(config),
-                              "--inference-cpus", "3", "--json").stdout)
+    plan = json.loads(
+        edgectl(
+            "plan", "--root", str(root), "--config", str(config), "--inference-cpus", "3", "--json"
+        ).stdout
+    )
     assert (plan["cpus"]["inference_list"], plan["cpus"]["source"]) == ("3", "override")
 
 
 # -- privileges and trust ---------------------------------------------------------------------
+
 
 def _nothing_may_run(monkeypatch) -> None:
     """Make sure a refused live apply/revert cannot plan or write anything, even if the check
@@ -200,8 +219,7 @@ def test_live_apply_and_revert_without_root_exit_1(monkeypatch, capsys, command:
     assert "nothing was changed" in err
 
 
-def test_every_change_refused_for_permission_exits_1(tmp_path: Path, monkeypatch,
-                                                      capsys) -> None:
+def test_every_change_refused_for_permission_exits_1(tmp_path: Path, monkeypatch, capsys) -> None:
     """As root in a container without CAP_SYS_ADMIN every write answers EACCES/EROFS:
     that is not success."""
     import errno
@@ -262,22 +280,29 @@ def test_apply_after_a_reboot_retires_the_old_boots_journal(tmp_path: Path) -> N
     boot_id.parent.mkdir(parents=True, exist_ok=True)
     boot_id.write_text("11111111-2222-3333-4444-555555555555\n")
     before = tree_state(root)
-    first = json.loads(edgectl("apply", "--root", str(root), "--inference-cpus", "3",
-                               "--json").stdout)
+    first = json.loads(
+        edgectl("apply", "--root", str(root), "--inference-cpus", "3", "--json").stdout
+    )
     assert first["stale"] == [] and first["applied"]
     # A reboot without revert: the kernel starts from its defaults again, files keep theirs.
     for rel, value in before.items():
         if rel.startswith(("proc/", "sys/")) and value[0] not in ("dir", "link"):
             (root / rel).write_bytes(value[0])
     boot_id.write_text("66666666-7777-8888-9999-000000000000\n")
-    again = json.loads(edgectl("apply", "--root", str(root), "--inference-cpus", "3",
-                               "--json").stdout)
+    again = json.loads(
+        edgectl("apply", "--root", str(root), "--inference-cpus", "3", "--json").stdout
+    )
     assert again["stale"] and any("older boot" in n for n in again["notes"])
     actions = {s["action"].split(":")[0] for s in again["stale"]}
     assert actions <= {"dropped", "restored", "removed"} and "dropped" in actions
     edgectl("revert", "--root", str(root))
-    assert tree_state(root) == {**before, "proc/sys/kernel/random/boot_id": (
-        b"66666666-7777-8888-9999-000000000000\n", before["proc/sys/kernel/random/boot_id"][1])}
+    assert tree_state(root) == {
+        **before,
+        "proc/sys/kernel/random/boot_id": (
+            b"66666666-7777-8888-9999-000000000000\n",
+            before["proc/sys/kernel/random/boot_id"][1],
+        ),
+    }
 
 
 # -- the persistent journal: --boot and --trim outlive edged-tune's stop and a reboot ---------
@@ -308,8 +333,7 @@ def split_state(root: Path, paths: set[str]) -> tuple[dict, dict]:
 
 
 @pytest.mark.integration
-def test_revert_runtime_keeps_boot_line_and_masks_then_revert_restores_all(
-        tmp_path: Path) -> None:
+def test_revert_runtime_keeps_boot_line_and_masks_then_revert_restores_all(tmp_path: Path) -> None:
     root = pi_root(tmp_path)
     before = tree_state(root)
     args = ("--root", str(root), "--inference-cpus", "3", "--trim", "--boot", "--json")
@@ -324,8 +348,7 @@ def test_revert_runtime_keeps_boot_line_and_masks_then_revert_restores_all(
 
     out = json.loads(edgectl("revert", "--runtime", "--root", str(root), "--json").stdout)
     assert out["kept_persistent"] is True
-    assert {r["path"] for r in out["reverted"]} == {
-        c["path"] for c in applied["applied"]} - kept
+    assert {r["path"] for r in out["reverted"]} == {c["path"] for c in applied["applied"]} - kept
     now_kept, now_rest = split_state(root, kept)
     assert now_kept == applied_kept  # boot line and masks in place
     assert now_rest == {k: v for k, v in before.items() if k not in now_kept}
@@ -347,20 +370,29 @@ def test_a_reboot_keeps_the_boot_line_and_masks_of_an_older_boot(tmp_path: Path)
     boot_id.parent.mkdir(parents=True, exist_ok=True)
     boot_id.write_text("11111111-2222-3333-4444-555555555555\n")
     before = tree_state(root)
-    applied = json.loads(edgectl("apply", "--root", str(root), "--inference-cpus", "3",
-                                 "--trim", "--boot", "--json").stdout)
+    applied = json.loads(
+        edgectl(
+            "apply", "--root", str(root), "--inference-cpus", "3", "--trim", "--boot", "--json"
+        ).stdout
+    )
     kept = lasting(applied)
     applied_kept, _ = split_state(root, kept)
     for rel, value in before.items():  # the reboot: kernel defaults again, files keep theirs
         if rel.startswith(("proc/", "sys/")) and value[0] not in ("dir", "link"):
             (root / rel).write_bytes(value[0])
     boot_id.write_text("66666666-7777-8888-9999-000000000000\n")
-    again = json.loads(edgectl("apply", "--root", str(root), "--inference-cpus", "3",
-                               "--json").stdout)
+    again = json.loads(
+        edgectl("apply", "--root", str(root), "--inference-cpus", "3", "--json").stdout
+    )
     assert again["stale"], "the tuning journal was from the older boot"
     assert not kept & {s["path"] for s in again["stale"]}
     assert split_state(root, kept)[0] == applied_kept
     assert not lasting(again), "nothing of --boot/--trim is re-applied: it stayed"
     edgectl("revert", "--root", str(root))
-    assert tree_state(root) == {**before, "proc/sys/kernel/random/boot_id": (
-        b"66666666-7777-8888-9999-000000000000\n", before["proc/sys/kernel/random/boot_id"][1])}
+    assert tree_state(root) == {
+        **before,
+        "proc/sys/kernel/random/boot_id": (
+            b"66666666-7777-8888-9999-000000000000\n",
+            before["proc/sys/kernel/random/boot_id"][1],
+        ),
+    }

@@ -54,16 +54,30 @@ def test_example_config_loads(test_data: Path, monkeypatch: pytest.MonkeyPatch) 
     config = load_config(EXAMPLE)
     assert config.source == EXAMPLE
     assert config.server == ServerConfig(
-        listen_host="127.0.0.1", listen_port=8000, socket=REPO / "state" / "edged.sock",
-        socket_mode=0o660, state_dir=REPO / "state", max_body_bytes=64 * 1024 * 1024,
-        log_level="info")
+        listen_host="127.0.0.1",
+        listen_port=8000,
+        socket=REPO / "state" / "edged.sock",
+        socket_mode=0o660,
+        state_dir=REPO / "state",
+        max_body_bytes=64 * 1024 * 1024,
+        log_level="info",
+    )
     assert config.selection == Policy(runs=50, warmup=5, max_drop=0.01, max_abs=None)
     det, face = config.models
     assert det == ModelConfig(
-        name="ocr-det", path=test_data / "models" / "ppocrv4_det.onnx", backend="auto",
-        variants=(test_data / "models" / "ppocrv4_det_int8.onnx",), threads=2, cpus=None,
-        shapes={"x": (1, 3, 640, 640)}, max_batch_size=4,
-        preferred_batch_sizes=(), max_queue_delay_us=500, max_queue_size=64, timeout_ms=2000)
+        name="ocr-det",
+        path=test_data / "models" / "ppocrv4_det.onnx",
+        backend="auto",
+        variants=(test_data / "models" / "ppocrv4_det_int8.onnx",),
+        threads=2,
+        cpus=None,
+        shapes={"x": (1, 3, 640, 640)},
+        max_batch_size=4,
+        preferred_batch_sizes=(),
+        max_queue_delay_us=500,
+        max_queue_size=64,
+        timeout_ms=2000,
+    )
     assert face.path == test_data / "models" / "face_detection_short_range.tflite"
     assert face.backend == "auto" and face.max_batch_size == 1
     assert config.model("face") is face and config.model("nope") is None
@@ -73,46 +87,63 @@ def test_variants_must_fit_their_original(models_dir: Path, tmp_path: Path) -> N
     """A variant that takes or gives something else than the original is a config error
     naming the key and both files; so is one that is not a model."""
     models = models_dir
-    good = parse(tmp_path, f"""
+    good = parse(
+        tmp_path,
+        f"""
         [[models]]
         name = "cls"
-        path = "{models / 'ppocr_cls.onnx'}"
-        variants = ["{models / 'ppocr_cls_int8.onnx'}"]
+        path = "{models / "ppocr_cls.onnx"}"
+        variants = ["{models / "ppocr_cls_int8.onnx"}"]
         precision = "int8"
-        """)
+        """,
+    )
     assert good.models[0].variants == (models / "ppocr_cls_int8.onnx",)
     assert good.models[0].policy(good.selection).precision == "int8"
     with pytest.raises(ConfigError) as err:
-        parse(tmp_path, f"""
+        parse(
+            tmp_path,
+            f"""
             [[models]]
             name = "cls"
-            path = "{models / 'ppocr_cls.onnx'}"
-            variants = ["{models / 'ppocr_cls_int8.onnx'}", "{models / 'ppocrv4_det_int8.onnx'}"]
-            """)
+            path = "{models / "ppocr_cls.onnx"}"
+            variants = ["{models / "ppocr_cls_int8.onnx"}", "{models / "ppocrv4_det_int8.onnx"}"]
+            """,
+        )
     assert err.value.key == "models[0].variants[1]"
-    assert f"{models / 'ppocrv4_det_int8.onnx'} does not match its original " \
-           f"{models / 'ppocr_cls.onnx'}: outputs are ['sigmoid_0.tmp_0']" in str(err.value)
+    assert (
+        f"{models / 'ppocrv4_det_int8.onnx'} does not match its original "
+        f"{models / 'ppocr_cls.onnx'}: outputs are ['sigmoid_0.tmp_0']" in str(err.value)
+    )
     (tmp_path / "junk.onnx").write_bytes(b"\x08\x07junk")
-    with pytest.raises(ConfigError, match=r"models\[0\]\.variants\[0\]: .*junk\.onnx: not a "
-                                          r"valid ONNX model"):
-        parse(tmp_path, f"""
+    with pytest.raises(
+        ConfigError,
+        match=r"models\[0\]\.variants\[0\]: .*junk\.onnx: not a "
+        r"valid ONNX model",
+    ):
+        parse(
+            tmp_path,
+            f"""
             [[models]]
             name = "cls"
-            path = "{models / 'ppocr_cls.onnx'}"
+            path = "{models / "ppocr_cls.onnx"}"
             variants = ["junk.onnx"]
-            """)
-    for bad, key, message in (('variants = "x.onnx"', "models[0].variants", "array of model"),
-                              ('variants = ["nope.onnx"]', "models[0].variants[0]",
-                               "no such file"),
-                              ('precision = "fp8"', "models[0].precision",
-                               'must be "auto" or "int8"')):
+            """,
+        )
+    for bad, key, message in (
+        ('variants = "x.onnx"', "models[0].variants", "array of model"),
+        ('variants = ["nope.onnx"]', "models[0].variants[0]", "no such file"),
+        ('precision = "fp8"', "models[0].precision", 'must be "auto" or "int8"'),
+    ):
         with pytest.raises(ConfigError) as err:
-            parse(tmp_path, f"""
+            parse(
+                tmp_path,
+                f"""
                 [[models]]
                 name = "cls"
-                path = "{models / 'ppocr_cls.onnx'}"
+                path = "{models / "ppocr_cls.onnx"}"
                 {bad}
-                """)
+                """,
+            )
         assert err.value.key == key and message in str(err.value)
 
 
@@ -127,8 +158,7 @@ def test_example_falls_back_to_the_default_test_data_folder(
     monkeypatch.setenv("HOME", str(tmp_path))
     models = tmp_path / ".cache" / "edged" / "test-data" / "models"
     models.mkdir(parents=True)
-    for name in ("ppocrv4_det.onnx", "ppocrv4_det_int8.onnx",
-                 "face_detection_short_range.tflite"):
+    for name in ("ppocrv4_det.onnx", "ppocrv4_det_int8.onnx", "face_detection_short_range.tflite"):
         (models / name).symlink_to(models_dir / name)  # variants are read: real models
     config = load_config(EXAMPLE)
     assert config.model("ocr-det").path == models / "ppocrv4_det.onnx"
@@ -139,22 +169,34 @@ def test_defaults(folder: Path) -> None:
     config = parse(folder, "")
     assert config == Config(source=folder / "edged.toml")
     assert config.server == ServerConfig(
-        listen_host="127.0.0.1", listen_port=8000, socket=Path("/run/edged/edged.sock"),
-        socket_mode=0o660, state_dir=Path("/var/lib/edged"), max_body_bytes=67108864,
-        log_level="info")
+        listen_host="127.0.0.1",
+        listen_port=8000,
+        socket=Path("/run/edged/edged.sock"),
+        socket_mode=0o660,
+        state_dir=Path("/var/lib/edged"),
+        max_body_bytes=67108864,
+        log_level="info",
+    )
     assert config.selection == Policy()
     assert config.models == ()
     (model,) = parse(folder, MODEL).models
     assert model == ModelConfig(name="m", path=folder / "m.onnx")
     assert (model.backend, model.threads, model.cpus, model.shapes) == ("auto", None, None, None)
-    assert (model.max_batch_size, model.preferred_batch_sizes, model.max_queue_delay_us,
-            model.max_queue_size, model.timeout_ms) == (1, (), 0, 64, 1000)
+    assert (
+        model.max_batch_size,
+        model.preferred_batch_sizes,
+        model.max_queue_delay_us,
+        model.max_queue_size,
+        model.timeout_ms,
+    ) == (1, (), 0, 64, 1000)
     assert Path("/etc/edged/edged.toml") == DEFAULT_CONFIG_PATH
     assert parse(folder, "models = []").models == ()
 
 
 def test_every_key_set(folder: Path) -> None:
-    config = parse(folder, """
+    config = parse(
+        folder,
+        """
         [server]
         listen = "[::1]:0"
         socket = ""
@@ -182,31 +224,39 @@ def test_every_key_set(folder: Path) -> None:
         max_queue_delay_us = 0
         max_queue_size = 1
         timeout_ms = 1
-        """)
-    assert config.server == ServerConfig("::1", 0, None, 0o600, Path("/srv/edged"), 1024,
-                                         "debug")
+        """,
+    )
+    assert config.server == ServerConfig("::1", 0, None, 0o600, Path("/srv/edged"), 1024, "debug")
     # min_cosine, the older spelling, is 1 - max_drop.
-    assert config.selection == Policy(runs=10, warmup=0, time_budget_s=2.0, max_drop=0.0,
-                                      max_abs=0.5)
+    assert config.selection == Policy(
+        runs=10, warmup=0, time_budget_s=2.0, max_drop=0.0, max_abs=0.5
+    )
     (model,) = config.models
     assert model.backend == "openvino:CPU:bf16"  # canonical name: one cache entry per backend
     assert model.cpus == (1, 2, 3)
     assert model.shapes == {"x": (1, 3, 32, 32), "mask": (1, 32)}
     assert model.preferred_batch_sizes == (4, 8)
-    assert (model.threads, model.max_queue_delay_us, model.max_queue_size,
-            model.timeout_ms) == (3, 0, 1, 1)
+    assert (model.threads, model.max_queue_delay_us, model.max_queue_size, model.timeout_ms) == (
+        3,
+        0,
+        1,
+        1,
+    )
     assert hash(config)  # frozen and hashable (shapes is left out of the hash)
     with pytest.raises(dataclasses.FrozenInstanceError):
         model.threads = 4  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("listen", "host", "port"), [
-    ("127.0.0.1:8000", "127.0.0.1", 8000),
-    ("localhost:0", "localhost", 0),
-    ("0.0.0.0:65535", "0.0.0.0", 65535),
-    ("[::1]:8001", "::1", 8001),
-    ("", None, None),
-])
+@pytest.mark.parametrize(
+    ("listen", "host", "port"),
+    [
+        ("127.0.0.1:8000", "127.0.0.1", 8000),
+        ("localhost:0", "localhost", 0),
+        ("0.0.0.0:65535", "0.0.0.0", 65535),
+        ("[::1]:8001", "::1", 8001),
+        ("", None, None),
+    ],
+)
 def test_listen(folder: Path, listen: str, host: str | None, port: int | None) -> None:
     server = parse(folder, f'[server]\nlisten = "{listen}"').server
     assert (server.listen_host, server.listen_port) == (host, port)
@@ -218,7 +268,9 @@ def test_cpus_kernel_list(folder: Path) -> None:
 
 
 def test_policy_mapping(folder: Path) -> None:
-    config = parse(folder, """
+    config = parse(
+        folder,
+        """
         [selection]
         runs = 7
         warmup = 1
@@ -231,11 +283,20 @@ def test_policy_mapping(folder: Path) -> None:
         threads = 2
         cpus = "2-3"
         shapes = { x = [1, 3, 8, 8] }
-        """)
+        """,
+    )
     policy = config.models[0].policy(config.selection)
-    assert policy == Policy(runs=7, warmup=1, time_budget_s=Policy().time_budget_s,
-                            max_drop=0.05, max_abs=0.1, threads=2, cpus=(2, 3),
-                            shapes={"x": (1, 3, 8, 8)}, backend="onnxruntime")
+    assert policy == Policy(
+        runs=7,
+        warmup=1,
+        time_budget_s=Policy().time_budget_s,
+        max_drop=0.05,
+        max_abs=0.1,
+        threads=2,
+        cpus=(2, 3),
+        shapes={"x": (1, 3, 8, 8)},
+        backend="onnxruntime",
+    )
     assert policy.key_parts()["shapes"] == {"x": [1, 3, 8, 8]}
     # A model without settings leaves the base's model fields at their unpinned defaults.
     (plain,) = parse(folder, MODEL).models
@@ -248,7 +309,8 @@ def test_relative_paths_resolve_against_the_config_folder(
 ) -> None:
     sub = folder / "etc"
     sub.mkdir()
-    (sub / "edged.toml").write_text(textwrap.dedent("""
+    (sub / "edged.toml").write_text(
+        textwrap.dedent("""
         [server]
         socket = "../run/edged.sock"
         state_dir = "state"
@@ -261,7 +323,8 @@ def test_relative_paths_resolve_against_the_config_folder(
         [[models]]
         name = "c"
         path = "~/m.onnx"
-        """))
+        """)
+    )
     monkeypatch.setenv("MODELS", str(folder))
     monkeypatch.setenv("HOME", str(folder))
     monkeypatch.chdir(sub)  # a relative config path names the file as given, resolves fully
@@ -309,13 +372,19 @@ ERRORS = [
     ('[server]\nsocket_mode = "0869"', "server.socket_mode", "got '0869'"),
     ('[server]\nsocket_mode = "01777"', "server.socket_mode", "got '01777'"),
     (f'[server]\nsocket = "/{"x" * 120}"', "server.socket", "at most 107"),
-    ('[server]\nsocket = "$EDGED_UNSET_VAR/s"', "server.socket",
-     "environment variable EDGED_UNSET_VAR is not set"),
+    (
+        '[server]\nsocket = "$EDGED_UNSET_VAR/s"',
+        "server.socket",
+        "environment variable EDGED_UNSET_VAR is not set",
+    ),
     ('[server]\nstate_dir = ""', "server.state_dir", "must not be empty"),
     ("[server]\nmax_body_bytes = 0", "server.max_body_bytes", "must be an integer >= 1, got 0"),
     ('[server]\nmax_body_bytes = "64M"', "server.max_body_bytes", "got '64M'"),
-    ('[server]\nlog_level = "verbose"', "server.log_level",
-     "must be one of debug, info, warning, error, got 'verbose'"),
+    (
+        '[server]\nlog_level = "verbose"',
+        "server.log_level",
+        "must be one of debug, info, warning, error, got 'verbose'",
+    ),
     # [selection]
     ("[selection]\nthreads = 2", "selection.threads", "unknown key"),
     ("[selection]\nruns = 0", "selection.runs", "must be an integer from 1 to 1000000, got 0"),
@@ -326,8 +395,11 @@ ERRORS = [
     ("[selection]\nmin_cosine = 1.5", "selection.min_cosine", "a number above 0, at most 1"),
     ("[selection]\nmax_drop = 1", "selection.max_drop", "a number from 0 to below 1, got 1"),
     ("[selection]\nmax_drop = -0.1", "selection.max_drop", "got -0.1"),
-    ("[selection]\nmax_drop = 0.1\nmin_cosine = 0.9", "selection.min_cosine",
-     "give max_drop or min_cosine"),
+    (
+        "[selection]\nmax_drop = 0.1\nmin_cosine = 0.9",
+        "selection.min_cosine",
+        "give max_drop or min_cosine",
+    ),
     ("[selection]\nmin_cosine = nan", "selection.min_cosine", "got nan"),
     ('[selection]\nmin_cosine = "0.9"', "selection.min_cosine", "got '0.9'"),
     ("[selection]\nmax_abs = -0.1", "selection.max_abs", "a number >= 0"),
@@ -362,15 +434,27 @@ ERRORS = [
     (MODEL + 'shapes = { x = "1x3" }', "models[0].shapes.x", "must be an array of integers"),
     (MODEL + "shapes = { x = [] }", "models[0].shapes.x", "at least one dimension"),
     (MODEL + "max_batch_size = 0", "models[0].max_batch_size", "must be an integer from 1"),
-    (MODEL + "preferred_batch_sizes = [2]", "models[0].preferred_batch_sizes[0]",
-     "must be an integer >= 1 and <= 1, got 2"),
-    (MODEL + "max_batch_size = 8\npreferred_batch_sizes = [4, 4]",
-     "models[0].preferred_batch_sizes", "lists a size twice"),
-    (MODEL + "preferred_batch_sizes = 4", "models[0].preferred_batch_sizes",
-     "must be an array of integers"),
+    (
+        MODEL + "preferred_batch_sizes = [2]",
+        "models[0].preferred_batch_sizes[0]",
+        "must be an integer >= 1 and <= 1, got 2",
+    ),
+    (
+        MODEL + "max_batch_size = 8\npreferred_batch_sizes = [4, 4]",
+        "models[0].preferred_batch_sizes",
+        "lists a size twice",
+    ),
+    (
+        MODEL + "preferred_batch_sizes = 4",
+        "models[0].preferred_batch_sizes",
+        "must be an array of integers",
+    ),
     (MODEL + "max_queue_delay_us = -1", "models[0].max_queue_delay_us", "0 to 10000000"),
-    (MODEL + "max_queue_delay_us = 99999999999", "models[0].max_queue_delay_us",
-     "from 0 to 10000000, got 99999999999"),
+    (
+        MODEL + "max_queue_delay_us = 99999999999",
+        "models[0].max_queue_delay_us",
+        "from 0 to 10000000, got 99999999999",
+    ),
     (MODEL + "max_queue_size = 0", "models[0].max_queue_size", "from 1 to 65536, got 0"),
     (MODEL + "timeout_ms = 0", "models[0].timeout_ms", "from 1 to 3600000, got 0"),
     (MODEL + "watchdog_ms = 86400000", "models[0].watchdog_ms", "to 3600000, got 86400000"),
@@ -385,10 +469,16 @@ ERRORS = [
     ("[server]\nmax_connections = true", "server.max_connections", "got true"),
     ("[server]\nhang_s = 0", "server.hang_s", "seconds > 0, got 0"),
     ('[server]\nhang_s = "30s"', "server.hang_s", "got '30s'"),
-    ("[server]\nhang_s = 5\n" + MODEL + "watchdog_ms = 5000", "server.hang_s",
-     "5 s is not longer than models[0].watchdog_ms (5000 ms)"),
-    (MODEL + "[models.shapes]\nx = [1]\n[[models]]\nname = 'm2'\npath = 'm.onnx'\n"
-     "threads = 0", "models[1].threads", "got 0"),
+    (
+        "[server]\nhang_s = 5\n" + MODEL + "watchdog_ms = 5000",
+        "server.hang_s",
+        "5 s is not longer than models[0].watchdog_ms (5000 ms)",
+    ),
+    (
+        MODEL + "[models.shapes]\nx = [1]\n[[models]]\nname = 'm2'\npath = 'm.onnx'\nthreads = 0",
+        "models[1].threads",
+        "got 0",
+    ),
 ]
 
 
@@ -406,8 +496,9 @@ def test_errors_name_file_and_key(
 
 def test_missing_model_file_names_the_absolute_path(folder: Path) -> None:
     err = error(folder, '[[models]]\nname = "m"\npath = "models/gone.onnx"')
-    assert str(err) == (f"{folder / 'edged.toml'}: models[0].path: no such file: "
-                        f"{folder / 'models' / 'gone.onnx'}")
+    assert str(err) == (
+        f"{folder / 'edged.toml'}: models[0].path: no such file: {folder / 'models' / 'gone.onnx'}"
+    )
     err = error(folder, f'[[models]]\nname = "m"\npath = "{folder}"')
     assert err.key == "models[0].path" and err.problem == f"not a file: {folder}"
 
@@ -419,18 +510,25 @@ def test_typo_is_an_error_not_a_default(folder: Path) -> None:
         f"'max_body_bytes'?; allowed: listen, socket, socket_mode, state_dir, max_body_bytes, "
         f"log_level, housekeeping_cpus, mlockall, max_connections, hang_s, "
         f"socket_max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, "
-        f"max_header_bytes, max_decode_bytes")
+        f"max_header_bytes, max_decode_bytes"
+    )
 
 
 def test_isolation_keys(folder: Path) -> None:
-    config = parse(folder, '[server]\nhousekeeping_cpus = "0"\nmlockall = true\n'
-                           + MODEL + 'cpus = "1"\nrt_priority = 50\n')
+    config = parse(
+        folder,
+        '[server]\nhousekeeping_cpus = "0"\nmlockall = true\n'
+        + MODEL
+        + 'cpus = "1"\nrt_priority = 50\n',
+    )
     assert config.server.housekeeping_cpus == (0,) and config.server.mlockall is True
     assert config.models[0].rt_priority == 50
     assert "models[0].rt_priority: SCHED_FIFO priorities are 1-99" in str(
-        error(folder, MODEL + "rt_priority = 120\n"))
+        error(folder, MODEL + "rt_priority = 120\n")
+    )
     assert "server.mlockall: must be true or false" in str(
-        error(folder, '[server]\nmlockall = "yes"\n'))
+        error(folder, '[server]\nmlockall = "yes"\n')
+    )
 
 
 def test_example_documents_every_key() -> None:
@@ -441,10 +539,12 @@ def test_example_documents_every_key() -> None:
     from edged.config.schema import MQTT_KEYS, TOP_KEYS
 
     text = EXAMPLE.read_text()
-    missing = [f"{section}.{key}" for section, keys in [*TOP_KEYS.items(),
-                                                        ("telemetry.mqtt", MQTT_KEYS)]
-               for key in keys
-               if key != "mqtt" and not re.search(rf"^#?\s*{key}\s*=", text, re.MULTILINE)]
+    missing = [
+        f"{section}.{key}"
+        for section, keys in [*TOP_KEYS.items(), ("telemetry.mqtt", MQTT_KEYS)]
+        for key in keys
+        if key != "mqtt" and not re.search(rf"^#?\s*{key}\s*=", text, re.MULTILINE)
+    ]
     assert not missing
     assert "[telemetry.mqtt]" in text and "[audit]" in text
 
@@ -458,8 +558,10 @@ def test_connection_limit_and_hang_bound(folder: Path) -> None:
     slow = parse(folder, MODEL + "watchdog_ms = 40000\n").server
     assert slow.hang_s == 80.0
     assert parse(folder, MODEL + "watchdog_ms = 200\n").server.hang_s == 30.0
-    assert parse(folder, "[server]\nhang_s = 0.5\n" + MODEL + "watchdog_ms = 200\n"
-                 ).server.hang_s == 0.5
+    assert (
+        parse(folder, "[server]\nhang_s = 0.5\n" + MODEL + "watchdog_ms = 200\n").server.hang_s
+        == 0.5
+    )
 
 
 def test_period_ms(folder: Path) -> None:
@@ -506,7 +608,9 @@ def test_permission_denied(tmp_path: Path) -> None:
 def test_telemetry_keys(folder: Path) -> None:
     (folder / "ca.pem").write_text("x")
     (folder / "pw").write_text("secret\n")
-    config = parse(folder, """
+    config = parse(
+        folder,
+        """
         [telemetry]
         interval_s = 1
         [telemetry.mqtt]
@@ -516,7 +620,8 @@ def test_telemetry_keys(folder: Path) -> None:
         username = "edged"
         password_file = "pw"
         spool_max_mb = 5
-    """)
+    """,
+    )
     mqtt = config.telemetry.mqtt
     assert config.telemetry.interval_s == 1.0
     assert (mqtt.url, mqtt.group, mqtt.device_id) == ("mqtts://broker.local:8883", "line-3", None)
@@ -525,23 +630,34 @@ def test_telemetry_keys(folder: Path) -> None:
     assert parse(folder, "").telemetry.mqtt is None  # no broker: telemetry to the log
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('[telemetry.mqtt]\nurl = "http://x:1"\n', "telemetry.mqtt.url: expected mqtt://HOST:PORT"),
-    ('[telemetry.mqtt]\nurl = "mqtt://x:99999"\n', "telemetry.mqtt.url"),
-    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\ngroup = "a/b"\n', "telemetry.mqtt.group: must be one"),
-    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nca_file = "nope.pem"\n', "ca_file: no such file"),
-    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nprotocol = "4"\n', 'protocol: must be "5"'),
-    ("[telemetry]\ninterval_s = 0\n", "telemetry.interval_s: must be a number of seconds"),
-    ("[telemetry]\ninterval_s = inf\n", "telemetry.interval_s: must be a number of seconds"),
-    ("[telemetry]\ninterval_s = 1e308\n", "from 0.1 to 86400, got 1e+308"),
-    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nspool_max_mb = inf\n',
-     "telemetry.mqtt.spool_max_mb: must be a number of MiB above 0, at most 1048576, got inf"),
-    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nspool_max_mb = 1e308\n', "got 1e+308"),
-    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nspool_max_age_days = nan\n', "got nan"),
-    ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nkeepalive_s = 100000\n',
-     "keepalive_s: must be an integer from 1 to 65535"),
-    ("[telemetry]\nintervall_s = 1\n", "telemetry.intervall_s: unknown key"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[telemetry.mqtt]\nurl = "http://x:1"\n', "telemetry.mqtt.url: expected mqtt://HOST:PORT"),
+        ('[telemetry.mqtt]\nurl = "mqtt://x:99999"\n', "telemetry.mqtt.url"),
+        (
+            '[telemetry.mqtt]\nurl = "mqtt://x:1"\ngroup = "a/b"\n',
+            "telemetry.mqtt.group: must be one",
+        ),
+        ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nca_file = "nope.pem"\n', "ca_file: no such file"),
+        ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nprotocol = "4"\n', 'protocol: must be "5"'),
+        ("[telemetry]\ninterval_s = 0\n", "telemetry.interval_s: must be a number of seconds"),
+        ("[telemetry]\ninterval_s = inf\n", "telemetry.interval_s: must be a number of seconds"),
+        ("[telemetry]\ninterval_s = 1e308\n", "from 0.1 to 86400, got 1e+308"),
+        (
+            '[telemetry.mqtt]\nurl = "mqtt://x:1"\nspool_max_mb = inf\n',
+            "telemetry.mqtt.spool_max_mb: must be a number of MiB above 0, at most 1048576, "
+            "got inf",
+        ),
+        ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nspool_max_mb = 1e308\n', "got 1e+308"),
+        ('[telemetry.mqtt]\nurl = "mqtt://x:1"\nspool_max_age_days = nan\n', "got nan"),
+        (
+            '[telemetry.mqtt]\nurl = "mqtt://x:1"\nkeepalive_s = 100000\n',
+            "keepalive_s: must be an integer from 1 to 65535",
+        ),
+        ("[telemetry]\nintervall_s = 1\n", "telemetry.intervall_s: unknown key"),
+    ],
+)
 def test_telemetry_errors(folder: Path, text: str, message: str) -> None:
     assert message in str(error(folder, text))
 
@@ -553,30 +669,46 @@ def test_mqtt_settings_are_checked_at_load_once(folder: Path) -> None:
     (folder / "ca.pem").write_text("x")
     (folder / "pw").write_text("secret\n")
     bad = [
-        ('url = "mqtt://user:secret@h:1"', "url",
-         "must not carry user:password@; use username and password_file"),
-        ('url = "mqtt://"', "url", "expected mqtt://HOST:PORT or mqtts://HOST:PORT, got "
-                                   "'mqtt://'"),
+        (
+            'url = "mqtt://user:secret@h:1"',
+            "url",
+            "must not carry user:password@; use username and password_file",
+        ),
+        ('url = "mqtt://"', "url", "expected mqtt://HOST:PORT or mqtts://HOST:PORT, got 'mqtt://'"),
         ('url = "mqtt://h:0"', "url", "expected mqtt[s]://HOST[:PORT], got 'mqtt://h:0'"),
-        ('url = "mqtt://h:1/path"', "url",
-         "expected mqtt[s]://HOST[:PORT] and nothing after it, got 'mqtt://h:1/path'"),
+        (
+            'url = "mqtt://h:1/path"',
+            "url",
+            "expected mqtt[s]://HOST[:PORT] and nothing after it, got 'mqtt://h:1/path'",
+        ),
         ('url = "mqtt://h:1"\ndevice_id = "+"', "device_id", "must be one MQTT topic level"),
         ('url = "mqtt://h:1"\ndevice_id = ""', "device_id", "must be one MQTT topic level"),
-        ('url = "mqtt://h:1"\nca_file = "ca.pem"', "url",
-         "ca_file/cert_file/key_file need an mqtts:// url"),
-        ('url = "mqtts://h:1"\ncert_file = "ca.pem"', "cert_file",
-         "cert_file and key_file go together"),
+        (
+            'url = "mqtt://h:1"\nca_file = "ca.pem"',
+            "url",
+            "ca_file/cert_file/key_file need an mqtts:// url",
+        ),
+        (
+            'url = "mqtts://h:1"\ncert_file = "ca.pem"',
+            "cert_file",
+            "cert_file and key_file go together",
+        ),
         ('url = "mqtt://h:1"\npassword_file = "pw"', "username", "required with password_file"),
-        ('url = "mqtt://h:1"\nkeepalive_s = 0', "keepalive_s",
-         "must be an integer from 1 to 65535, got 0"),
+        (
+            'url = "mqtt://h:1"\nkeepalive_s = 0',
+            "keepalive_s",
+            "must be an integer from 1 to 65535, got 0",
+        ),
     ]
     for text, key, problem in bad:
         err = error(folder, f"[telemetry.mqtt]\n{text}\n")
         assert err.key == f"telemetry.mqtt.{key}", text
         assert err.problem.startswith(problem), (text, err.problem)
         assert "secret" not in str(err)
-    mqtt = parse(folder, '[telemetry.mqtt]\nurl = "mqtts://[::1]:9999"\nusername = "u"\n'
-                         'password_file = "pw"\n').telemetry.mqtt
+    mqtt = parse(
+        folder,
+        '[telemetry.mqtt]\nurl = "mqtts://[::1]:9999"\nusername = "u"\npassword_file = "pw"\n',
+    ).telemetry.mqtt
     assert (mqtt.host, mqtt.port, mqtt.tls, mqtt.keepalive_s) == ("::1", 9999, True, 30)
     assert str(folder / "pw") not in repr(mqtt)  # the password file stays out of logs
     mqtt = parse(folder, '[telemetry.mqtt]\nurl = "mqtt://broker.local"\n').telemetry.mqtt
@@ -584,17 +716,21 @@ def test_mqtt_settings_are_checked_at_load_once(folder: Path) -> None:
     assert (mqtt.spool_max_bytes, mqtt.spool_max_age_s) == (50 * 2**20, 7 * 86400)
 
 
-@pytest.mark.parametrize("content, problem", [
-    (b"", "empty file"),
-    (b"\x08\x07\x12\xff" * 100, "not a valid ONNX model"),
-    (None, "not a valid ONNX model"),  # the real model, truncated
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"", "empty file"),
+        (b"\x08\x07\x12\xff" * 100, "not a valid ONNX model"),
+        (None, "not a valid ONNX model"),  # the real model, truncated
+    ],
+)
 def test_model_file_is_read_at_load(folder: Path, models_dir: Path, content, problem) -> None:
     """A truncated, random or empty model file is an error naming the key, at load (and
     so at --check-config), not a crash at serving."""
     bad = folder / "bad.onnx"
-    bad.write_bytes(content if content is not None else
-                    (models_dir / "ppocr_cls.onnx").read_bytes()[:3000])
+    bad.write_bytes(
+        content if content is not None else (models_dir / "ppocr_cls.onnx").read_bytes()[:3000]
+    )
     err = error(folder, '[[models]]\nname = "m"\npath = "bad.onnx"\n')
     assert err.key == "models[0].path" and problem in err.problem
     assert str(bad) in err.problem
@@ -604,7 +740,10 @@ def test_cpus_are_checked_against_the_online_set(folder: Path) -> None:
     text = '[[models]]\nname = "m"\npath = "m.onnx"\ncpus = "1-2"\n'
     source = folder / "edged.toml"
     assert parse_config(text, source, online_cpus={0, 1, 2}).models[0].cpus == (1, 2)
-    with pytest.raises(ConfigError, match=r"models\[0\]\.cpus: CPU 2 is not online on this "
-                                          r"machine \(online: 0-1\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"models\[0\]\.cpus: CPU 2 is not online on this "
+        r"machine \(online: 0-1\)",
+    ):
         parse_config(text, source, online_cpus={0, 1})
     assert parse_config(text, source).models[0].cpus == (1, 2)  # not checked: an image's

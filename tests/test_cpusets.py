@@ -13,11 +13,20 @@ from tests.support.roots import board_root, snapshot_live
 
 
 def sets(online: list[int], isolated: list[int] | None = None) -> CpuSets:
-    return CpuSets(online=online, isolated=isolated or [], nohz_full=[], isolcpus=[],
-                   isolcpus_flags=[], rcu_nocbs=[], irqaffinity=[], cmdline="")
+    return CpuSets(
+        online=online,
+        isolated=isolated or [],
+        nohz_full=[],
+        isolcpus=[],
+        isolcpus_flags=[],
+        rcu_nocbs=[],
+        irqaffinity=[],
+        cmdline="",
+    )
 
 
 # -- reading ----------------------------------------------------------------------------------
+
 
 def test_live_read_matches_the_kernel_files() -> None:
     cs = read_cpusets(SysRoot())
@@ -34,9 +43,13 @@ def test_snapshot_of_this_machine_reads_like_the_machine(tmp_path: Path) -> None
 
 
 def test_board_with_isolation_on_the_command_line(tmp_path: Path) -> None:
-    root = board_root(tmp_path, cpus=8, isolated="4-7",
-                      cmdline="console=ttyS2,1500000n8 isolcpus=managed_irq,domain,4-7 "
-                              "nohz_full=4-7 rcu_nocbs=all irqaffinity=0-3 quiet")
+    root = board_root(
+        tmp_path,
+        cpus=8,
+        isolated="4-7",
+        cmdline="console=ttyS2,1500000n8 isolcpus=managed_irq,domain,4-7 "
+        "nohz_full=4-7 rcu_nocbs=all irqaffinity=0-3 quiet",
+    )
     cs = read_cpusets(SysRoot(root))
     assert cs.online == list(range(8))
     assert cs.isolated == cs.nohz_full == [4, 5, 6, 7]
@@ -64,15 +77,20 @@ def test_malformed_values_read_as_empty(tmp_path: Path) -> None:
 
 # -- the command line -------------------------------------------------------------------------
 
+
 def test_cmdline_flags_values_and_empty_values() -> None:
     params = parse_cmdline("ro quiet root=/dev/mmcblk0p2 nohz_full= console=ttyS0,115200n8\n")
-    assert params == {"ro": None, "quiet": None, "root": "/dev/mmcblk0p2", "nohz_full": "",
-                      "console": "ttyS0,115200n8"}
+    assert params == {
+        "ro": None,
+        "quiet": None,
+        "root": "/dev/mmcblk0p2",
+        "nohz_full": "",
+        "console": "ttyS0,115200n8",
+    }
 
 
 def test_cmdline_quotes_as_the_kernel_strips_them() -> None:
-    params = parse_cmdline('dyndbg="file foo.c +p" "acpi_osi=Windows 2020" '
-                           'opt="a=b" plain=x"y"z')
+    params = parse_cmdline('dyndbg="file foo.c +p" "acpi_osi=Windows 2020" opt="a=b" plain=x"y"z')
     assert params["dyndbg"] == "file foo.c +p"
     assert params["acpi_osi"] == "Windows 2020"
     assert params["opt"] == "a=b"  # only the first = splits
@@ -108,6 +126,7 @@ def test_isolcpus_flags_and_cpus(value: str, flags: list[str], cpus: list[int]) 
 
 
 # -- decide -----------------------------------------------------------------------------------
+
 
 def test_isolated_set_is_used_when_nothing_is_configured() -> None:
     assert decide(sets([0, 1, 2, 3], [2, 3])) == CpuPlan((2, 3), (0, 1), "isolated")
@@ -176,9 +195,14 @@ def test_configured_offline_or_empty_is_an_error() -> None:
 
 def test_plan_to_dict() -> None:
     plan = decide(sets([0, 1, 2, 3, 4, 5]), configured=[2, 3, 5])
-    assert plan.to_dict() == {"inference": [2, 3, 5], "housekeeping": [0, 1, 4],
-                              "source": "configured", "inference_list": "2-3,5",
-                              "housekeeping_list": "0-1,4", "notes": []}
+    assert plan.to_dict() == {
+        "inference": [2, 3, 5],
+        "housekeeping": [0, 1, 4],
+        "source": "configured",
+        "inference_list": "2-3,5",
+        "housekeeping_list": "0-1,4",
+        "notes": [],
+    }
 
 
 def test_live_machine_gets_a_plan_or_a_clear_error() -> None:

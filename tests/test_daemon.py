@@ -27,7 +27,7 @@ def models_toml(models_dir: Path, queue: int = 64, extra: str = "") -> str:
     return f"""
 [[models]]
 name = "cls"
-path = "{models_dir / 'ppocr_cls.onnx'}"
+path = "{models_dir / "ppocr_cls.onnx"}"
 threads = 1
 shapes = {{ x = {CLS} }}
 max_batch_size = 4
@@ -36,7 +36,7 @@ max_queue_size = {queue}
 
 [[models]]
 name = "face"
-path = "{models_dir / 'face_detection_short_range.tflite'}"
+path = "{models_dir / "face_detection_short_range.tflite"}"
 threads = 1
 {extra}
 """
@@ -45,8 +45,7 @@ threads = 1
 @pytest.fixture(scope="module")
 def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
     folder = tmp_path_factory.mktemp("daemon")
-    config = write_config(folder, models_toml(models_dir),
-                          server_extra="max_body_bytes = 1000000")
+    config = write_config(folder, models_toml(models_dir), server_extra="max_body_bytes = 1000000")
     d = Daemon(config, env={"WATCHDOG_USEC": "300000"}).wait_ready()
     yield d
     assert d.stop() == 0, d.log_text()
@@ -80,8 +79,9 @@ def test_tritonclient_health_and_metadata(daemon: Daemon) -> None:
 
 @pytest.mark.parametrize("binary", [True, False])
 @pytest.mark.integration
-def test_tritonclient_infer_matches_in_process(daemon: Daemon, models_dir: Path,
-                                               binary: bool) -> None:
+def test_tritonclient_infer_matches_in_process(
+    daemon: Daemon, models_dir: Path, binary: bool
+) -> None:
     import onnxruntime as ort
     import tritonclient.http as th
 
@@ -91,8 +91,9 @@ def test_tritonclient_infer_matches_in_process(daemon: Daemon, models_dir: Path,
     inp = th.InferInput("x", list(x.shape), "FP32")
     inp.set_data_from_numpy(x, binary_data=binary)
     out_name = "save_infer_model/scale_0.tmp_1"
-    result = client.infer("cls", [inp], outputs=[th.InferRequestedOutput(out_name,
-                                                                          binary_data=binary)])
+    result = client.infer(
+        "cls", [inp], outputs=[th.InferRequestedOutput(out_name, binary_data=binary)]
+    )
     got = result.as_numpy(out_name)
     assert got.shape == (1, 2)
     # Whatever backend was selected, it was verified against the float32 reference.
@@ -145,8 +146,9 @@ def test_unix_socket_client(daemon: Daemon, models_dir: Path) -> None:
     assert any(t["name"] == "infer-cls" for t in status["threads"])
 
 
-def _post(daemon: Daemon, body: bytes, headers: dict[str, str], path: str = "/v2/models/cls/infer"
-          ) -> tuple[int, dict]:
+def _post(
+    daemon: Daemon, body: bytes, headers: dict[str, str], path: str = "/v2/models/cls/infer"
+) -> tuple[int, dict]:
     conn = http.client.HTTPConnection(daemon.address, timeout=30)
     conn.request("POST", path, body=body, headers=headers)
     response = conn.getresponse()
@@ -155,11 +157,22 @@ def _post(daemon: Daemon, body: bytes, headers: dict[str, str], path: str = "/v2
     return response.status, json.loads(data) if data else {}
 
 
-def _binary_request(x: np.ndarray, size: int | None = None, extra: bytes = b""
-                    ) -> tuple[bytes, dict[str, str]]:
+def _binary_request(
+    x: np.ndarray, size: int | None = None, extra: bytes = b""
+) -> tuple[bytes, dict[str, str]]:
     data = x.tobytes()
-    head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
-                                   "parameters": {"binary_data_size": size or len(data)}}]})
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": size or len(data)},
+                }
+            ]
+        }
+    )
     return head.encode() + data + extra, {"Inference-Header-Content-Length": str(len(head))}
 
 
@@ -195,19 +208,27 @@ def test_bad_requests(daemon: Daemon) -> None:
 def test_client_disconnects_mid_request(daemon: Daemon) -> None:
     body, headers = _binary_request(cls_input())
     with socket.create_connection(("127.0.0.1", daemon.port)) as raw:
-        raw.sendall(b"POST /v2/models/cls/infer HTTP/1.1\r\nHost: x\r\n"
-                    + f"Content-Length: {len(body)}\r\n".encode()
-                    + f"Inference-Header-Content-Length: "
-                      f"{headers['Inference-Header-Content-Length']}\r\n\r\n".encode()
-                    + body[: len(body) // 2])
+        raw.sendall(
+            b"POST /v2/models/cls/infer HTTP/1.1\r\nHost: x\r\n"
+            + f"Content-Length: {len(body)}\r\n".encode()
+            + f"Inference-Header-Content-Length: "
+            f"{headers['Inference-Header-Content-Length']}\r\n\r\n".encode()
+            + body[: len(body) // 2]
+        )
     body, headers = _binary_request(cls_input())
     assert _post(daemon, body, headers)[0] == 200
 
 
 @pytest.mark.integration
 def test_deadline_passed_is_504(daemon: Daemon) -> None:
-    with Client(daemon.address) as client, pytest.raises(EdgedError, match=r"\[504\] cls: "
-                                                          r"deadline passed"):
+    with (
+        Client(daemon.address) as client,
+        pytest.raises(
+            EdgedError,
+            match=r"\[504\] cls: "
+            r"deadline passed",
+        ),
+    ):
         client.infer("cls", {"x": cls_input()}, timeout_ms=0.001)
 
 
@@ -245,7 +266,7 @@ def test_concurrent_requests_are_batched_and_answered(daemon: Daemon) -> None:
     assert 'edged_requests_total{code="200",model="cls"}' in text
     assert 'edged_batch_size_count{model="cls"}' in text
     assert 'edged_queue_depth{model="cls"}' in text
-    assert 'edged_backend_info{backend=' in text
+    assert "edged_backend_info{backend=" in text
     # Intrusion counters, read from the kernel at scrape time.
     assert 'edged_cpu_interrupts_total{cpu="0",role=' in text
     assert 'edged_cpu_softirqs_total{cpu="0",kind="TIMER",role=' in text
@@ -264,7 +285,7 @@ def test_queue_full_is_503_and_others_keep_serving(models_dir: Path, tmp_path: P
     models = f"""
 [[models]]
 name = "det"
-path = "{models_dir / 'ppocrv4_det.onnx'}"
+path = "{models_dir / "ppocrv4_det.onnx"}"
 threads = 1
 shapes = {{ x = [1, 3, 320, 320] }}
 max_queue_size = 1
@@ -332,9 +353,19 @@ def test_reload_swaps_models_and_keeps_old_on_errors(models_dir: Path, tmp_path:
         mark = len(d.notify.messages)
         with Client(d.address) as client, pytest.raises(EdgedError, match="403"):
             client.reload()  # not over TCP
-        proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "reload", "--address",
-                               f"unix:{tmp_path / 'edged.sock'}"], capture_output=True,
-                              text=True, cwd=REPO)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edged.cli.main",
+                "reload",
+                "--address",
+                f"unix:{tmp_path / 'edged.sock'}",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         assert proc.returncode == 0, proc.stderr
         d.notify.wait_for("READY=1", after=mark)
         with Client(d.address) as client:
@@ -351,7 +382,7 @@ def test_sigterm_drains_in_flight_and_exits_0(models_dir: Path, tmp_path: Path) 
     models = f"""
 [[models]]
 name = "det"
-path = "{models_dir / 'ppocrv4_det.onnx'}"
+path = "{models_dir / "ppocrv4_det.onnx"}"
 threads = 1
 shapes = {{ x = [1, 3, 640, 640] }}
 """
@@ -382,8 +413,12 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "edged.toml"
     config.write_text('[server]\nlisten = "localhost"\n')
     for extra in ([], ["--check-config"]):
-        proc = subprocess.run([sys.executable, "-m", "edged.daemon", "--config", str(config),
-                               *extra], capture_output=True, text=True, cwd=REPO)
+        proc = subprocess.run(
+            [sys.executable, "-m", "edged.daemon", "--config", str(config), *extra],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         assert proc.returncode == 2
         assert f"{config}: server.listen" in proc.stderr
 
@@ -391,8 +426,12 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_check_config_ok(models_dir: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, models_toml(models_dir))
-    proc = subprocess.run([sys.executable, "-m", "edged.daemon", "--config", str(config),
-                           "--check-config"], capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "edged.daemon", "--config", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode == 0 and "OK (2 model(s))" in proc.stdout
 
 
@@ -401,19 +440,31 @@ def test_edgectl_status(daemon: Daemon) -> None:
     with Client(daemon.address) as client:
         client.infer("face", {"input": np.zeros((1, 128, 128, 3), np.float32)})
     sock = daemon.config.parent / "edged.sock"
-    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "status", "--address",
-                           f"unix:{sock}", "--json"], capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "edged.cli.main", "status", "--address", f"unix:{sock}", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
     face = next(m for m in status["models"] if m["name"] == "face")
     assert face["ready"] and face["backend"] in ("litert", "openvino")
     assert status["latency_ms"]["face"]["requests"] >= 1
     assert status["latency_ms"]["face"]["p99_ms_le"] >= status["latency_ms"]["face"]["p50_ms_le"]
-    text = subprocess.run([sys.executable, "-m", "edged.cli.main", "status", "--address",
-                           daemon.address], capture_output=True, text=True, cwd=REPO).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "edged.cli.main", "status", "--address", daemon.address],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    ).stdout
     assert "face" in text and "infer-face" in text
-    gone = subprocess.run([sys.executable, "-m", "edged.cli.main", "status", "--address",
-                           "unix:/nonexistent.sock"], capture_output=True, text=True, cwd=REPO)
+    gone = subprocess.run(
+        [sys.executable, "-m", "edged.cli.main", "status", "--address", "unix:/nonexistent.sock"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert gone.returncode == 1 and "no edged answers" in gone.stderr
 
 
@@ -425,7 +476,7 @@ def test_pinning_fifo_and_mlockall(models_dir: Path, tmp_path: Path) -> None:
     models = f"""
 [[models]]
 name = "cls"
-path = "{models_dir / 'ppocr_cls.onnx'}"
+path = "{models_dir / "ppocr_cls.onnx"}"
 backend = "onnxruntime"
 threads = 2
 cpus = "1"
@@ -452,8 +503,9 @@ shapes = {{ x = {CLS} }}
         assert d.stop() == 0
 
 
-def _get(address: str, conn: http.client.HTTPConnection | None = None,
-         path: str = "/v2/health/live") -> tuple[int, http.client.HTTPConnection]:
+def _get(
+    address: str, conn: http.client.HTTPConnection | None = None, path: str = "/v2/health/live"
+) -> tuple[int, http.client.HTTPConnection]:
     conn = conn or http.client.HTTPConnection(address, timeout=30)
     conn.request("GET", path)
     response = conn.getresponse()
@@ -465,8 +517,9 @@ def _get(address: str, conn: http.client.HTTPConnection | None = None,
 def test_connection_limit_answers_503(models_dir: Path, tmp_path: Path) -> None:
     """[server] max_connections = 2: two kept-alive connections are served, a request on a
     third gets 503 at once, and once one closes a new connection is served again."""
-    d = Daemon(write_config(tmp_path, models_toml(models_dir),
-                            server_extra="max_connections = 2")).wait_ready()
+    d = Daemon(
+        write_config(tmp_path, models_toml(models_dir), server_extra="max_connections = 2")
+    ).wait_ready()
     held: list[http.client.HTTPConnection] = []
     try:
         for _ in range(2):
@@ -506,7 +559,7 @@ def test_watchdog_pings_stop_while_a_worker_hangs(models_dir: Path, tmp_path: Pa
     models = f"""
 [[models]]
 name = "cls"
-path = "{models_dir / 'ppocr_cls.onnx'}"
+path = "{models_dir / "ppocr_cls.onnx"}"
 backend = "onnxruntime"
 threads = 1
 shapes = {{ x = {CLS} }}
@@ -556,6 +609,7 @@ timeout_ms = 20000
 
 # -- the CPU plan, the core sampler's readers, the audit topic, hot-plug ---------------------
 
+
 def _cpu_root(folder: Path, online: str, isolated: str = "") -> Path:
     cpu = folder / "sys" / "devices" / "system" / "cpu"
     cpu.mkdir(parents=True)
@@ -578,8 +632,7 @@ def _in_process(folder: Path, models: str, extra: str = "", root: Path | None = 
 
 @pytest.mark.needs_cpus(2)
 @pytest.mark.integration
-def test_default_pinning_follows_the_tune_units_decision(models_dir: Path,
-                                                         tmp_path: Path) -> None:
+def test_default_pinning_follows_the_tune_units_decision(models_dir: Path, tmp_path: Path) -> None:
     """No model sets cpus: the daemon pins models to decide()'s inference cores (what
     `edgectl apply` tunes) and everything else to housekeeping. Checked on the real threads
     after inferences. (onnxruntime and LiteRT: OpenVINO's CPU pinning moves its calling
@@ -590,14 +643,14 @@ def test_default_pinning_follows_the_tune_units_decision(models_dir: Path,
     models = f"""
 [[models]]
 name = "cls"
-path = "{models_dir / 'ppocr_cls.onnx'}"
+path = "{models_dir / "ppocr_cls.onnx"}"
 backend = "onnxruntime"
 threads = 2
 shapes = {{ x = {CLS} }}
 
 [[models]]
 name = "face"
-path = "{models_dir / 'face_detection_short_range.tflite'}"
+path = "{models_dir / "face_detection_short_range.tflite"}"
 backend = "litert"
 """
     d = Daemon(write_config(tmp_path, models)).wait_ready()
@@ -620,8 +673,9 @@ backend = "litert"
         assert main["cpus"] == plan["housekeeping_list"]
         on_inference = [t for t in threads if t["cpus"] == plan["inference_list"]]
         assert len(on_inference) >= 3, threads  # the workers and onnxruntime's pool thread
-        assert f"CPU plan ({plan['source']}): models on CPUs {plan['inference_list']}" \
-            in d.log_text()
+        assert (
+            f"CPU plan ({plan['source']}): models on CPUs {plan['inference_list']}" in d.log_text()
+        )
         # A reload (on a thread that is itself on housekeeping) keeps the same plan, so the
         # unchanged models are kept, not reloaded.
         mark = len(d.notify.messages)
@@ -632,7 +686,8 @@ backend = "litert"
         assert again["reloads"] == 1 and again["cpu_plan"] == plan
         assert [m["cpus"] for m in again["models"]] == [plan["inference"]] * 2
         assert {t["tid"] for t in again["threads"] if t["name"].startswith("infer-")} == {
-            t["tid"] for t in workers}
+            t["tid"] for t in workers
+        }
         assert "stay unpinned" not in d.log_text()
     finally:
         assert d.stop() == 0
@@ -657,8 +712,7 @@ def test_cpu_plan_isolated_set_and_configured_cpus(models_dir: Path, tmp_path: P
     assert d.cpu_plan is None and [mc.cpus for mc in d.config.models] == [None, None]
 
 
-def _sampler_root(folder: Path, cur_khz: int, cooling_state: int, firmware: str | None
-                  ) -> Path:
+def _sampler_root(folder: Path, cur_khz: int, cooling_state: int, firmware: str | None) -> Path:
     root = _cpu_root(folder, "0-1")
     for name in ("interrupts", "softirqs"):
         (root / "proc" / name).write_text(Path(f"/proc/{name}").read_text())
@@ -678,16 +732,24 @@ def _sampler_root(folder: Path, cur_khz: int, cooling_state: int, firmware: str 
     return root
 
 
-@pytest.mark.parametrize(("cur_khz", "cooling", "firmware", "causes"), [
-    (600000, 0, None, {"freq_drop"}),  # CPU 1 below its max
-    (1800000, 2, None, {"throttle"}),  # a cpufreq cooling device engaged: a thermal cap
-    (1800000, 0, "0x50005", {"throttle"}),  # the Pi firmware throttling the ARM now
-    (1800000, 0, "0x50000", set()),  # only "since boot" bits: not now
-    (600000, 1, "0x0", {"freq_drop", "throttle"}),
-])
+@pytest.mark.parametrize(
+    ("cur_khz", "cooling", "firmware", "causes"),
+    [
+        (600000, 0, None, {"freq_drop"}),  # CPU 1 below its max
+        (1800000, 2, None, {"throttle"}),  # a cpufreq cooling device engaged: a thermal cap
+        (1800000, 0, "0x50005", {"throttle"}),  # the Pi firmware throttling the ARM now
+        (1800000, 0, "0x50000", set()),  # only "since boot" bits: not now
+        (600000, 1, "0x0", {"freq_drop", "throttle"}),
+    ],
+)
 def test_core_sampler_reads_cpufreq_and_throttle_from_the_root(
-        models_dir: Path, tmp_path: Path, cur_khz: int, cooling: int, firmware: str | None,
-        causes: set[str]) -> None:
+    models_dir: Path,
+    tmp_path: Path,
+    cur_khz: int,
+    cooling: int,
+    firmware: str | None,
+    causes: set[str],
+) -> None:
     """The daemon's sampler gets cpufreq and throttle readers on its root, so the outlier
     causes freq_drop and throttle can be recorded."""
     import time
@@ -707,8 +769,7 @@ def test_core_sampler_reads_cpufreq_and_throttle_from_the_root(
     assert {c for c in found if c in ("freq_drop", "throttle")} == causes
 
 
-def test_core_sampler_without_cpufreq_or_throttle_files(models_dir: Path,
-                                                        tmp_path: Path) -> None:
+def test_core_sampler_without_cpufreq_or_throttle_files(models_dir: Path, tmp_path: Path) -> None:
     root = _cpu_root(tmp_path / "root", "0-1")
     for name in ("interrupts", "softirqs"):
         (root / "proc" / name).write_text(Path(f"/proc/{name}").read_text())
@@ -725,7 +786,9 @@ def test_mqtt_audit_topic(models_dir: Path, tmp_path: Path) -> None:
 
     base = "edged/v1/lab/dev-1"
     with Broker(tmp_path / "broker") as broker:
-        config = write_config(tmp_path, f"""
+        config = write_config(
+            tmp_path,
+            f"""
 [telemetry]
 interval_s = 5
 [telemetry.mqtt]
@@ -736,15 +799,28 @@ keepalive_s = 2
 
 [[models]]
 name = "face"
-path = "{models_dir / 'face_detection_short_range.tflite'}"
+path = "{models_dir / "face_detection_short_range.tflite"}"
 threads = 1
-""")
+""",
+        )
         d = Daemon(config).wait_ready()
         try:
             [first] = sub_once(broker.port, f"{base}/audit", wait_s=30)  # retained
-            proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "audit", "--format",
-                                   "json", "--config", str(config)], capture_output=True,
-                                  text=True, cwd=REPO)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "edged.cli.main",
+                    "audit",
+                    "--format",
+                    "json",
+                    "--config",
+                    str(config),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            )
             report = json.loads(proc.stdout)
             from sysconf.audit.findings import Evidence, Finding
             from sysconf.audit.report import level
@@ -760,18 +836,29 @@ threads = 1
             assert first["findings"] == len(report["findings"]) > 0
             assert sum(first["levels"].values()) == first["findings"]
             assert {"ts", "seq", "bdSeq"} <= set(first)
-            sub = SubProcess(broker.port, [f"{base}/audit", f"{base}/event"],
-                             tmp_path / "sub.txt").ready()
+            sub = SubProcess(
+                broker.port, [f"{base}/audit", f"{base}/event"], tmp_path / "sub.txt"
+            ).ready()
             try:
                 pub(broker.port, f"{base}/cmd/audit", '{"id": "a-1"}')
-                messages = sub.wait_for(lambda ms: any(
-                    m.topic == f"{base}/event" and m.payload.get("kind") == "command_done"
-                    for m in ms), timeout=30)
-                again = [m.payload for m in messages if m.topic == f"{base}/audit"
-                         and m.payload["seq"] > first["seq"]]
+                messages = sub.wait_for(
+                    lambda ms: any(
+                        m.topic == f"{base}/event" and m.payload.get("kind") == "command_done"
+                        for m in ms
+                    ),
+                    timeout=30,
+                )
+                again = [
+                    m.payload
+                    for m in messages
+                    if m.topic == f"{base}/audit" and m.payload["seq"] > first["seq"]
+                ]
                 assert again and again[-1]["warning"] == first["warning"]
-                done = next(m.payload for m in messages if m.topic == f"{base}/event"
-                            and m.payload.get("kind") == "command_done")
+                done = next(
+                    m.payload
+                    for m in messages
+                    if m.topic == f"{base}/event" and m.payload.get("kind") == "command_done"
+                )
                 assert done["command"] == "audit" and done["id"] == "a-1"
             finally:
                 sub.close()
@@ -781,7 +868,8 @@ threads = 1
 
 @pytest.mark.integration
 def test_server_changes_wait_for_a_restart_and_stop_removes_only_its_socket(
-        models_dir: Path, tmp_path: Path) -> None:
+    models_dir: Path, tmp_path: Path
+) -> None:
     """A reload that moves `server.socket` keeps serving on the old one and says a restart
     is needed; at stop the daemon removes the socket it bound, not the unrelated file that
     now sits at the new path, and not a file that replaced its own socket."""

@@ -26,7 +26,9 @@ BASE = "edged/v1/line-3/cam-7"
 
 
 def config(tmp_path: Path, models_dir: Path, broker: Broker, interval_s: float = 0.5) -> Path:
-    return write_config(tmp_path, f"""
+    return write_config(
+        tmp_path,
+        f"""
 [telemetry]
 interval_s = {interval_s}
 [telemetry.mqtt]
@@ -37,9 +39,10 @@ keepalive_s = 2
 
 [[models]]
 name = "face"
-path = "{models_dir / 'face_detection_short_range.tflite'}"
+path = "{models_dir / "face_detection_short_range.tflite"}"
 threads = 1
-""")
+""",
+    )
 
 
 @pytest.mark.needs_broker
@@ -51,27 +54,40 @@ def test_birth_telemetry_events_and_offline(tmp_path: Path, models_dir: Path) ->
             with Client(d.address) as client:
                 for _ in range(20):
                     client.infer("face", {"input": np.zeros((1, 128, 128, 3), np.float32)})
-            messages = sub.wait_for(lambda ms: any(
-                m.topic == f"{BASE}/telemetry" and m.payload["models"]["face"]["count"]
-                for m in ms), timeout=20)
+            messages = sub.wait_for(
+                lambda ms: any(
+                    m.topic == f"{BASE}/telemetry" and m.payload["models"]["face"]["count"]
+                    for m in ms
+                ),
+                timeout=20,
+            )
             [birth] = [m for m in messages if m.topic == f"{BASE}/state"][:1]
             assert birth.payload["online"] is True and "face" in birth.payload["models"]
             assert birth.payload["hardware"]["cpu_count"] >= 1
-            busy = next(m for m in messages if m.topic == f"{BASE}/telemetry"
-                        and m.payload["models"]["face"]["count"])
+            busy = next(
+                m
+                for m in messages
+                if m.topic == f"{BASE}/telemetry" and m.payload["models"]["face"]["count"]
+            )
             face = busy.payload["models"]["face"]
             assert face["p99_ms"] >= face["p50_ms"] > 0 and "jitter_ms" in face
             assert {"ts", "seq", "bdSeq"} <= set(busy.payload)
             assert busy.payload["bdSeq"] == birth.payload["bdSeq"]
             assert busy.expiry is not None  # MQTT 5 message expiry on telemetry
-            seqs = [m.payload["seq"] for m in messages
-                    if m.topic in (f"{BASE}/telemetry", f"{BASE}/event")]
+            seqs = [
+                m.payload["seq"]
+                for m in messages
+                if m.topic in (f"{BASE}/telemetry", f"{BASE}/event")
+            ]
             assert seqs == sorted(seqs)
             # A reload is reported as an event.
             d.signal(signal.SIGHUP)
-            sub.wait_for(lambda ms: any(m.topic == f"{BASE}/event"
-                                        and m.payload.get("kind") == "reload" for m in ms),
-                         timeout=20)
+            sub.wait_for(
+                lambda ms: any(
+                    m.topic == f"{BASE}/event" and m.payload.get("kind") == "reload" for m in ms
+                ),
+                timeout=20,
+            )
             assert d.stop() == 0
             [state] = sub_once(broker.port, f"{BASE}/state")  # retained, fresh client
             assert state["online"] is False and state["bdSeq"] == birth.payload["bdSeq"]
@@ -103,8 +119,7 @@ def test_kill_9_leaves_the_will(tmp_path: Path, models_dir: Path) -> None:
         d.notify.close()
         sub = SubProcess(broker.port, f"{BASE}/state", tmp_path / "will.txt").ready()
         try:
-            messages = sub.wait_for(lambda ms: any(not m.payload["online"] for m in ms),
-                                    timeout=15)
+            messages = sub.wait_for(lambda ms: any(not m.payload["online"] for m in ms), timeout=15)
         finally:
             sub.close()
         will = next(m for m in messages if not m.payload["online"])
@@ -112,14 +127,14 @@ def test_kill_9_leaves_the_will(tmp_path: Path, models_dir: Path) -> None:
 
 
 def _telemetry_and_events(messages: list[Message]) -> list[dict]:
-    return [m.payload for m in messages
-            if m.topic in (f"{BASE}/telemetry", f"{BASE}/event")]
+    return [m.payload for m in messages if m.topic in (f"{BASE}/telemetry", f"{BASE}/event")]
 
 
 @pytest.mark.slow
 @pytest.mark.needs_broker
-def test_broker_down_30_s_while_the_daemon_runs_loses_nothing(tmp_path: Path,
-                                                              models_dir: Path) -> None:
+def test_broker_down_30_s_while_the_daemon_runs_loses_nothing(
+    tmp_path: Path, models_dir: Path
+) -> None:
     """The issue's outage: the broker stopped for 30 s under a running daemon. After the
     restart every telemetry/event message reaches an independent persistent subscriber, in
     order, with a continuous seq, those made during the outage marked historical."""
@@ -127,8 +142,14 @@ def test_broker_down_30_s_while_the_daemon_runs_loses_nothing(tmp_path: Path,
     try:
         # A persistent session (-c -i) so the broker queues what the daemon replays even if
         # the daemon reconnects before mosquitto_sub does.
-        sub = SubProcess(broker.port, [f"{BASE}/telemetry", f"{BASE}/event"],
-                         tmp_path / "sub.txt", "-c", "-i", "edged-test-daemon-outage").ready()
+        sub = SubProcess(
+            broker.port,
+            [f"{BASE}/telemetry", f"{BASE}/event"],
+            tmp_path / "sub.txt",
+            "-c",
+            "-i",
+            "edged-test-daemon-outage",
+        ).ready()
     except BaseException:
         broker.stop()
         raise
@@ -142,9 +163,12 @@ def test_broker_down_30_s_while_the_daemon_runs_loses_nothing(tmp_path: Path,
         up_at = time.time()
         broker.start()
         # Until a message made after the restart arrives: everything before it is replayed.
-        messages = sub.wait_for(lambda ms: any(
-            p["ts"] > up_at + 2.0 and not p.get("historical")
-            for p in _telemetry_and_events(ms)), timeout=60)
+        messages = sub.wait_for(
+            lambda ms: any(
+                p["ts"] > up_at + 2.0 and not p.get("historical") for p in _telemetry_and_events(ms)
+            ),
+            timeout=60,
+        )
         assert d.proc.poll() is None, d.log_text()[-2000:]
     finally:
         if d is not None:
@@ -159,7 +183,8 @@ def test_broker_down_30_s_while_the_daemon_runs_loses_nothing(tmp_path: Path,
     assert len(outage) >= 50, f"only {len(outage)} made during the 30 s outage"  # ~60 at 2 Hz
     assert all(p.get("historical") is True for p in outage)
     assert [p["ts"] for p in (by_seq[s] for s in arrival)] == sorted(
-        p["ts"] for p in by_seq.values())  # arrival order is production order
+        p["ts"] for p in by_seq.values()
+    )  # arrival order is production order
     for p in outage[:3] + outage[-3:]:
         check("telemetry" if "models" in p else "event", p)
 
@@ -181,22 +206,28 @@ def _wakeups(pid: int, tid: int) -> int:
 
 
 def test_without_a_broker_idle_sampler_sleeps_and_the_log_gets_summaries(
-        tmp_path: Path, models_dir: Path) -> None:
+    tmp_path: Path, models_dir: Path
+) -> None:
     """Issue 16: an idle daemon's counter sampler does not wake up at all (its thread's
     context switches stand still: each sample is one sleep), and without a broker the log
     gets one summary line per payload while the payloads go to [telemetry] payload_file,
     each valid against the schema."""
     out = tmp_path / "telemetry.jsonl"
-    d = Daemon(write_config(tmp_path, f"""
+    d = Daemon(
+        write_config(
+            tmp_path,
+            f"""
 [telemetry]
 interval_s = 0.5
 payload_file = "{out}"
 
 [[models]]
 name = "face"
-path = "{models_dir / 'face_detection_short_range.tflite'}"
+path = "{models_dir / "face_detection_short_range.tflite"}"
 threads = 1
-""")).wait_ready()
+""",
+        )
+    ).wait_ready()
     try:
         pid = d.proc.pid
         deadline = time.monotonic() + 10

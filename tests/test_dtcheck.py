@@ -64,23 +64,32 @@ def test_corpus_scan(dtb_corpus: Path) -> None:
                 assert f.subject.startswith("/")
         # exactly one pass per rule that found nothing
         passed = [f.id for f in findings if f.status == "pass"]
-        assert sorted(passed) == sorted(set(RULES) - {f.id for f in findings
-                                                      if f.status != "pass"})
+        assert sorted(passed) == sorted(set(RULES) - {f.id for f in findings if f.status != "pass"})
     elapsed = time.perf_counter() - start
     print(f"\n{len(files)} trees in {elapsed:.2f} s")
     for rule in RULES:
         print(f"  {rule:28} {hits[rule]:5} findings on {len(boards[rule]):4} boards")
     assert elapsed < 20  # ~1.4 s here: room for a loaded 2-core CI machine
     # Rules that fire on upstream trees (seen when this test was written, 6.1.176).
-    for rule in ("DT-DMA-DISABLED-CONTROLLER", "DT-DMA-NAMES-MISMATCH", "DT-DMA-SHARED-REQUEST",
-                 "DT-CMA-MISSING", "DT-DMA-PIO-FALLBACK", "DT-RESERVED-FOR-DISABLED",
-                 "DT-DMA-RANGES-BROKEN"):
+    for rule in (
+        "DT-DMA-DISABLED-CONTROLLER",
+        "DT-DMA-NAMES-MISMATCH",
+        "DT-DMA-SHARED-REQUEST",
+        "DT-CMA-MISSING",
+        "DT-DMA-PIO-FALLBACK",
+        "DT-RESERVED-FOR-DISABLED",
+        "DT-DMA-RANGES-BROKEN",
+    ):
         assert hits[rule] > 0, rule
     assert hits["DT-PHANDLE-DANGLING"] == 0  # dtc resolves every label (gpios, supplies too)
     # Upstream default CMA pools are reusable, 4 MiB aligned and inside RAM (6.1.176), and
     # where a bus limits DMA (the Pi 4's /soc: 1 GiB) the pool's alloc-ranges stay inside it.
-    for rule in ("DT-CMA-NOT-REUSABLE", "DT-CMA-MISALIGNED", "DT-CMA-OUTSIDE-MEMORY",
-                 "DT-CMA-OUTSIDE-DMA-WINDOW"):
+    for rule in (
+        "DT-CMA-NOT-REUSABLE",
+        "DT-CMA-MISALIGNED",
+        "DT-CMA-OUTSIDE-MEMORY",
+        "DT-CMA-OUTSIDE-DMA-WINDOW",
+    ):
         assert hits[rule] == 0, rule
 
 
@@ -90,7 +99,8 @@ def test_clean_boards(dtb_corpus: Path) -> None:
     # DMA_CLEAN reserves 32 MiB for its disabled DSP (a real finding); nothing else fires.
     dma_clean = [f for f in _check(dtb_corpus / DMA_CLEAN) if f.status != "pass"]
     assert [(f.id, f.subject) for f in dma_clean] == [
-        ("DT-RESERVED-FOR-DISABLED", "/reserved-memory/dsp@92400000")]
+        ("DT-RESERVED-FOR-DISABLED", "/reserved-memory/dsp@92400000")
+    ]
 
 
 def test_dma_disabled_controller_real(dtb_corpus: Path) -> None:
@@ -108,8 +118,11 @@ def test_dma_disabled_controller_real(dtb_corpus: Path) -> None:
 def test_dma_disabled_controller_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
     copy = _copy(dtb_corpus, DMA_CLEAN, tmp_path)
     tree = load_fdt(copy)
-    user = next(n for n in tree.walk() if n.status_ok and "dmas" in n.properties
-                and n.path.startswith("/soc"))
+    user = next(
+        n
+        for n in tree.walk()
+        if n.status_ok and "dmas" in n.properties and n.path.startswith("/soc")
+    )
     provider = tree.by_phandle(user.prop_u32s("dmas")[0])
     assert provider is not None
     _fdtput("-t", "s", copy, provider.path, "status", "disabled")
@@ -140,10 +153,16 @@ def test_dma_names_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
 def test_phandle_dangling_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
     copy = _copy(dtb_corpus, CLEAN, tmp_path)
     tree = load_fdt(copy)
-    node = next(n for n in tree.walk() if n.status_ok and "clocks" in n.properties
-                and n.path.startswith("/soc"))
-    other = next(n for n in tree.walk() if n.status_ok and "interrupt-parent" in n.properties
-                 and n is not node)
+    node = next(
+        n
+        for n in tree.walk()
+        if n.status_ok and "clocks" in n.properties and n.path.startswith("/soc")
+    )
+    other = next(
+        n
+        for n in tree.walk()
+        if n.status_ok and "interrupt-parent" in n.properties and n is not node
+    )
     cells = node.prop_u32s("clocks")
     _fdtput("-t", "x", copy, node.path, "clocks", "0xdead", *(f"{c:x}" for c in cells[1:]))
     _fdtput("-t", "x", copy, other.path, "interrupt-parent", "0xbeef")
@@ -163,8 +182,11 @@ def test_shared_request_real(dtb_corpus: Path) -> None:
 def test_shared_request_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
     copy = _copy(dtb_corpus, DMA_CLEAN, tmp_path)
     tree = load_fdt(copy)
-    users = [n for n in tree.walk() if n.status_ok and "dmas" in n.properties
-             and n.path.startswith("/soc")]
+    users = [
+        n
+        for n in tree.walk()
+        if n.status_ok and "dmas" in n.properties and n.path.startswith("/soc")
+    ]
     a, b = users[0], users[1]
     _fdtput("-t", "x", copy, b.path, "dmas", *(f"{c:x}" for c in a.prop_u32s("dmas")))
     _fdtput("-t", "s", copy, b.path, "dma-names", *a.prop_strings("dma-names"))
@@ -217,8 +239,9 @@ def test_registered_check(dtb_corpus: Path, tmp_path: Path) -> None:
     assert [(f.status, f.title) for f in skipped] == [("skip", "no device tree")]
 
     root = tmp_path / "image"
-    materialize(load_fdt(dtb_corpus / "qcom/qrb5165-rb5.dtb"),
-                root / "sys/firmware/devicetree/base")
+    materialize(
+        load_fdt(dtb_corpus / "qcom/qrb5165-rb5.dtb"), root / "sys/firmware/devicetree/base"
+    )
     live = list(devicetree_check(AuditContext(root=SysRoot.at(root))))
     assert _fired(live, "DT-DMA-DISABLED-CONTROLLER")
     assert all(f.evidence[0].path.startswith("/sys/firmware/devicetree/base:/") for f in live)
@@ -237,8 +260,14 @@ CMA = "/reserved-memory/linux,cma"
 
 
 def test_new_rules_clean_on_clean_boards(dtb_corpus: Path) -> None:
-    new = ("DT-CMA-NOT-REUSABLE", "DT-CMA-MISALIGNED", "DT-CMA-OUTSIDE-MEMORY",
-           "DT-CMA-OUTSIDE-DMA-WINDOW", "DT-RESERVED-FOR-DISABLED", "DT-DMA-RANGES-BROKEN")
+    new = (
+        "DT-CMA-NOT-REUSABLE",
+        "DT-CMA-MISALIGNED",
+        "DT-CMA-OUTSIDE-MEMORY",
+        "DT-CMA-OUTSIDE-DMA-WINDOW",
+        "DT-RESERVED-FOR-DISABLED",
+        "DT-DMA-RANGES-BROKEN",
+    )
     for board in (CLEAN, RPI4, "ti/k3-am62a7-sk.dtb", "freescale/imx8mp-evk.dtb"):
         findings = _check(dtb_corpus / board)
         fired = {f.id for f in findings if f.status != "pass"}
@@ -323,8 +352,11 @@ def test_dma_ranges_broken_real(dtb_corpus: Path, tmp_path: Path) -> None:
 def test_dma_ranges_broken_mutated(dtb_corpus: Path, tmp_path: Path) -> None:
     copy = _copy(dtb_corpus, CLEAN, tmp_path)
     tree = load_fdt(copy)
-    bus = next(n for n in tree.walk() if n.path.count("/") == 2 and "ranges" in n.properties
-               and n.path.startswith("/soc"))
+    bus = next(
+        n
+        for n in tree.walk()
+        if n.path.count("/") == 2 and "ranges" in n.properties and n.path.startswith("/soc")
+    )
     _fdtput(copy, bus.path, "dma-ranges")
     hits = _fired(_check(copy), "DT-DMA-RANGES-BROKEN")
     assert [f.subject for f in hits] == [bus.path]
@@ -337,16 +369,25 @@ def test_phandle_dangling_more_props(dtb_corpus: Path, tmp_path: Path) -> None:
     gpio = tree.find(mmc).prop_u32s("cd-gpios")
     _fdtput("-t", "x", copy, mmc, "cd-gpios", "f00d", *(f"{c:x}" for c in gpio[1:]))
     _fdtput("-t", "x", copy, mmc, "vmmc-supply", "cafe")
-    others = [n for n in tree.walk() if n.status_ok and n.path.startswith("/soc@0/bus@")
-              and "interrupts" in n.properties and n.path != mmc][:2]
+    others = [
+        n
+        for n in tree.walk()
+        if n.status_ok
+        and n.path.startswith("/soc@0/bus@")
+        and "interrupts" in n.properties
+        and n.path != mmc
+    ][:2]
     _fdtput("-t", "x", copy, others[0].path, "interrupts-extended", "dead", "0", "1", "4")
     _fdtput("-t", "x", copy, others[1].path, "nvmem-cells", "beef")
     hits = _fired(_check(copy), "DT-PHANDLE-DANGLING")
     titles = sorted(f.title for f in hits)
     assert len(hits) == 4, titles
-    for needle in ("cd-gpios refers to phandle 0xf00d", "vmmc-supply refers to phandle 0xcafe",
-                   "interrupts-extended refers to phandle 0xdead",
-                   "nvmem-cells refers to phandle 0xbeef"):
+    for needle in (
+        "cd-gpios refers to phandle 0xf00d",
+        "vmmc-supply refers to phandle 0xcafe",
+        "interrupts-extended refers to phandle 0xdead",
+        "nvmem-cells refers to phandle 0xbeef",
+    ):
         assert any(needle in t for t in titles), needle
 
 
@@ -356,8 +397,11 @@ def test_interrupts_extended_valid_cells(dtb_corpus: Path, tmp_path: Path) -> No
     tree = load_fdt(copy)
     holder = next(n for n in tree.walk() if "interrupt-parent" in n.properties)
     gic = tree.by_phandle(holder.prop_u32s("interrupt-parent")[0])
-    node = next(n for n in tree.walk() if n.status_ok and "interrupts" in n.properties
-                and n.path.startswith("/soc@0/bus@"))
+    node = next(
+        n
+        for n in tree.walk()
+        if n.status_ok and "interrupts" in n.properties and n.path.startswith("/soc@0/bus@")
+    )
     assert gic is not None and gic.prop_u32s("#interrupt-cells") == [3]
     ph = f"{gic.prop_u32s('phandle')[0]:x}"
     _fdtput("-t", "x", copy, node.path, "interrupts-extended", ph, "0", "1", "4", ph, "0", "2", "4")
@@ -428,7 +472,8 @@ def test_cma_outside_dma_window_mutated(dtb_corpus: Path, tmp_path: Path) -> Non
     _fdtput("-t", "x", copy, CMA, "reg", "0", "7c000000", "4000000")
     hits = _fired(_check(copy), WINDOW)
     assert [(f.status, f.evidence[0].observed) for f in hits] == [
-        ("fail", "reg 0x7c000000..0x80000000")]
+        ("fail", "reg 0x7c000000..0x80000000")
+    ]
     assert "lies outside" in hits[0].title
     _fdtput("-t", "x", copy, CMA, "reg", "0", "2c000000", "4000000")
     assert not _fired(_check(copy), WINDOW)

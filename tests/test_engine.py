@@ -19,7 +19,8 @@ from backends import LoadOptions, get_backend
 from backends.base import Candidate
 from backends.errors import BackendError
 from backends.model_info import inspect_model
-from edged.serving.engine import BatchingConfig, DeadlineExceeded, ModelWorker, QueueFull
+from edged.serving.engine import ModelWorker
+from edged.serving.requests import BatchingConfig, DeadlineExceeded, QueueFull
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,10 @@ def cls_model(models_dir: Path):
 
 def ort_session(model):
     return get_backend("onnxruntime").load(
-        model, Candidate("onnxruntime", "CPU", "model",
-                         options={"provider": "CPUExecutionProvider"}), LoadOptions(threads=1))
+        model,
+        Candidate("onnxruntime", "CPU", "model", options={"provider": "CPUExecutionProvider"}),
+        LoadOptions(threads=1),
+    )
 
 
 def inputs(n: int) -> list[dict[str, np.ndarray]]:
@@ -63,8 +66,9 @@ class RecordingSession:
 
 def run_concurrently(worker: ModelWorker, feeds_list, timeout_ms=None):
     async def main():
-        return await asyncio.gather(*(worker.infer(f, timeout_ms) for f in feeds_list),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            *(worker.infer(f, timeout_ms) for f in feeds_list), return_exceptions=True
+        )
 
     return asyncio.run(main())
 
@@ -72,8 +76,7 @@ def run_concurrently(worker: ModelWorker, feeds_list, timeout_ms=None):
 def test_batches_under_load_and_answers_each_request(cls_model) -> None:
     session = RecordingSession(ort_session(cls_model))
     reference = ort_session(cls_model)
-    worker = ModelWorker("cls", session, BatchingConfig(max_batch_size=8,
-                                                        max_queue_delay_us=2000))
+    worker = ModelWorker("cls", session, BatchingConfig(max_batch_size=8, max_queue_delay_us=2000))
     assert worker.batchable
     worker.start()
     try:
@@ -94,8 +97,9 @@ def test_batches_under_load_and_answers_each_request(cls_model) -> None:
 def test_single_request_does_not_wait_for_a_batch(cls_model) -> None:
     session = RecordingSession(ort_session(cls_model))
     # A delay far over any stall of a loaded 2-core CI machine: waiting for it stands out.
-    worker = ModelWorker("cls", session, BatchingConfig(max_batch_size=8,
-                                                        max_queue_delay_us=5_000_000))
+    worker = ModelWorker(
+        "cls", session, BatchingConfig(max_batch_size=8, max_queue_delay_us=5_000_000)
+    )
     worker.start()
     try:
         start = time.perf_counter()
@@ -117,8 +121,7 @@ def test_queue_full_rejects_at_once(cls_model) -> None:
             gate.wait(10)
             return super().run(feeds)
 
-    worker = ModelWorker("cls", Blocked(ort_session(cls_model)),
-                         BatchingConfig(max_queue_size=2))
+    worker = ModelWorker("cls", Blocked(ort_session(cls_model)), BatchingConfig(max_queue_size=2))
     worker.start()
     try:
         done = []
@@ -176,8 +179,9 @@ def test_deadline_in_queue(cls_model) -> None:
 
     async def main():
         first, *rest = inputs(3)
-        return await asyncio.gather(worker.infer(first), *(worker.infer(f, 100) for f in rest),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            worker.infer(first), *(worker.infer(f, 100) for f in rest), return_exceptions=True
+        )
 
     try:
         results = asyncio.run(main())
@@ -199,11 +203,18 @@ def test_request_cannot_raise_the_deadline(cls_model) -> None:
 
 def test_fail_over_retries_on_the_next_candidate(cls_model) -> None:
     failing = RecordingSession(ort_session(cls_model), fail_after=2)
-    spare = get_backend("openvino").load(cls_model, Candidate("openvino", "CPU", "fp32"),
-                                         LoadOptions(threads=1, shapes={"x": (1, 3, 48, 192)}))
+    spare = get_backend("openvino").load(
+        cls_model,
+        Candidate("openvino", "CPU", "fp32"),
+        LoadOptions(threads=1, shapes={"x": (1, 3, 48, 192)}),
+    )
     offered = [spare]
-    worker = ModelWorker("cls", failing, BatchingConfig(),
-                         fallbacks=lambda usable=None: offered.pop() if offered else None)
+    worker = ModelWorker(
+        "cls",
+        failing,
+        BatchingConfig(),
+        fallbacks=lambda usable=None: offered.pop() if offered else None,
+    )
     worker.start()
     try:
         results = [run_concurrently(worker, [f])[0] for f in inputs(5)]
@@ -216,8 +227,12 @@ def test_fail_over_retries_on_the_next_candidate(cls_model) -> None:
 
 
 def test_fail_over_without_spare_reports_the_error(cls_model) -> None:
-    worker = ModelWorker("cls", RecordingSession(ort_session(cls_model), fail_after=0),
-                         BatchingConfig(), fallbacks=lambda usable=None: None)
+    worker = ModelWorker(
+        "cls",
+        RecordingSession(ort_session(cls_model), fail_after=0),
+        BatchingConfig(),
+        fallbacks=lambda usable=None: None,
+    )
     worker.start()
     try:
         [result] = run_concurrently(worker, inputs(1))
@@ -239,12 +254,19 @@ def test_stalled_backend_is_taken_over(cls_model) -> None:
             hang.wait(30)  # released at the end of the test
             return super().run(feeds)
 
-    spare = get_backend("openvino").load(cls_model, Candidate("openvino", "CPU", "fp32"),
-                                         LoadOptions(threads=1, shapes={"x": (1, 3, 48, 192)}))
+    spare = get_backend("openvino").load(
+        cls_model,
+        Candidate("openvino", "CPU", "fp32"),
+        LoadOptions(threads=1, shapes={"x": (1, 3, 48, 192)}),
+    )
     reasons = []
-    worker = ModelWorker("cls", Hanging(ort_session(cls_model)), BatchingConfig(watchdog_ms=200),
-                         fallbacks=lambda usable=None: spare if usable(spare.candidate) else None,
-                         on_failover=reasons.append)
+    worker = ModelWorker(
+        "cls",
+        Hanging(ort_session(cls_model)),
+        BatchingConfig(watchdog_ms=200),
+        fallbacks=lambda usable=None: spare if usable(spare.candidate) else None,
+        on_failover=reasons.append,
+    )
     worker.start()
 
     def supervise() -> None:  # what the daemon's supervisor task does
@@ -325,13 +347,19 @@ def test_hung_backend_answers_504_at_the_deadline(cls_model) -> None:
         worker.stop()
 
 
-@pytest.mark.parametrize("error, logged", [
-    (PermissionError(errno.EPERM, "Operation not permitted"),
-     "SCHED_FIFO 50 refused (needs CAP_SYS_NICE or an RLIMIT_RTPRIO)"),
-    (OSError(errno.EINVAL, "Invalid argument"), "SCHED_FIFO 50 failed"),
-])
-def test_rt_priority_refused_falls_back_and_serves(cls_model, monkeypatch, caplog,
-                                                   error, logged) -> None:
+@pytest.mark.parametrize(
+    "error, logged",
+    [
+        (
+            PermissionError(errno.EPERM, "Operation not permitted"),
+            "SCHED_FIFO 50 refused (needs CAP_SYS_NICE or an RLIMIT_RTPRIO)",
+        ),
+        (OSError(errno.EINVAL, "Invalid argument"), "SCHED_FIFO 50 failed"),
+    ],
+)
+def test_rt_priority_refused_falls_back_and_serves(
+    cls_model, monkeypatch, caplog, error, logged
+) -> None:
     """Without CAP_SYS_NICE the kernel answers EPERM: the worker says so and serves with
     normal scheduling. (mlockall is the daemon's, not the worker's: see test_daemon.)"""
     calls = []
@@ -351,5 +379,6 @@ def test_rt_priority_refused_falls_back_and_serves(cls_model, monkeypatch, caplo
     assert calls == [(0, os.SCHED_FIFO, 50)]  # asked for, on the worker thread itself
     assert next(iter(outputs.values())).shape == (1, 2)
     assert worker.scheduling == "other"
-    assert any(logged in r.getMessage() and r.levelno == logging.WARNING
-               for r in caplog.records), caplog.text
+    assert any(logged in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records), (
+        caplog.text
+    )

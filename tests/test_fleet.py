@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # -- payloads shaped by the daemon's own objects ----------------------------------------------
 
+
 def window(values_ms: list[float], outliers: dict[str, int] | None = None) -> dict[str, Any]:
     """A model's entry under "models", as TelemetryLoop.collect makes it."""
     recorder = LatencyRecorder("m")
@@ -62,18 +63,24 @@ def spread(p50: float, p99: float, p999: float) -> list[float]:
 def thermal(temp_c: float, throttling: bool = False) -> dict[str, Any]:
     # a passive trip with cooling bound, crossed: the kernel is throttling
     trip = Trip("passive", temp_c - 1 if throttling else 95.0, True)
-    zones = [ThermalZone("thermal_zone0", "cpu-thermal", temp_c, [trip]),
-             ThermalZone("thermal_zone1", "gpu-thermal", temp_c - 5.0, [])]
+    zones = [
+        ThermalZone("thermal_zone0", "cpu-thermal", temp_c, [trip]),
+        ThermalZone("thermal_zone1", "gpu-thermal", temp_c - 5.0, []),
+    ]
     state = ThermalState(zones=zones).to_dict()
     assert state["throttling"] is throttling
     return state
 
 
-def telemetry(models: dict[str, dict], temp_c: float, throttling: bool = False,
-              interval_s: float = 1.0) -> dict[str, Any]:
-    return {"interval_s": interval_s, "models": models,
-            "thermal": thermal(temp_c, throttling),
-            "system": {"cpu_percent": {"0": 12.5}, "cpu_percent_mean": 12.5}}
+def telemetry(
+    models: dict[str, dict], temp_c: float, throttling: bool = False, interval_s: float = 1.0
+) -> dict[str, Any]:
+    return {
+        "interval_s": interval_s,
+        "models": models,
+        "thermal": thermal(temp_c, throttling),
+        "system": {"cpu_percent": {"0": 12.5}, "cpu_percent_mean": 12.5},
+    }
 
 
 class Devices:
@@ -85,11 +92,21 @@ class Devices:
 
     def start(self, group: str, name: str, **kw: Any) -> Publisher:
         state = self.tmp / f"dev-{group}-{name}"
-        p = Publisher(MqttSettings(url=self.url, group=group, device_id=name, **kw),
-                      Spool(state / "spool.sqlite"), state, owns_spool=True,
-                      reconnect_min_s=0.2, reconnect_max_s=1.0)
-        p.set_birth({"version": "0.1.0", "hardware": {"cpu_count": 4},
-                     "models": {"face": {"backend": "onnxruntime:CPU"}}})
+        p = Publisher(
+            MqttSettings(url=self.url, group=group, device_id=name, **kw),
+            Spool(state / "spool.sqlite"),
+            state,
+            owns_spool=True,
+            reconnect_min_s=0.2,
+            reconnect_max_s=1.0,
+        )
+        p.set_birth(
+            {
+                "version": "0.1.0",
+                "hardware": {"cpu_count": 4},
+                "models": {"face": {"backend": "onnxruntime:CPU"}},
+            }
+        )
         p.start()
         assert p.wait_connected(10)
         self.all[f"{group}/{name}"] = p
@@ -122,17 +139,24 @@ def devices(tmp_path: Path, broker: Broker):
 
 # -- the monitor as its own process -----------------------------------------------------------
 
+
 class MonitorProc:
     def __init__(self, *args: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "edged.fleet", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, cwd=REPO, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edged.fleet", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
         self.err: list[str] = []
         self.out: list[str] = []
-        self._threads = [threading.Thread(target=self._read, args=(s, b), daemon=True)
-                         for s, b in ((self.proc.stderr, self.err), (self.proc.stdout,
-                                                                      self.out))]
+        self._threads = [
+            threading.Thread(target=self._read, args=(s, b), daemon=True)
+            for s, b in ((self.proc.stderr, self.err), (self.proc.stdout, self.out))
+        ]
         for t in self._threads:
             t.start()
 
@@ -180,8 +204,9 @@ def raw_publish(port: int, items: list[tuple[str, bytes, bool]]) -> None:
     client.connect("127.0.0.1", port)
     client.loop_start()
     try:
-        infos = [client.publish(topic, payload, qos=1, retain=retain)
-                 for topic, payload, retain in items]
+        infos = [
+            client.publish(topic, payload, qos=1, retain=retain) for topic, payload, retain in items
+        ]
         for info in infos:
             info.wait_for_publish(10)
     finally:
@@ -190,6 +215,7 @@ def raw_publish(port: int, items: list[tuple[str, bytes, bool]]) -> None:
 
 
 # -- --once --json: figures and order ---------------------------------------------------------
+
 
 @pytest.mark.needs_broker
 def test_once_json_lists_devices_worst_first_with_their_figures(broker, devices) -> None:
@@ -251,6 +277,7 @@ def test_group_filter_and_text_table(broker, devices) -> None:
 
 # -- thresholds -------------------------------------------------------------------------------
 
+
 @pytest.mark.needs_broker
 def test_thresholds_breach_exits_1_and_none_exits_0(broker, devices, tmp_path) -> None:
     hot = devices.start("g", "hot")
@@ -258,12 +285,31 @@ def test_thresholds_breach_exits_1_and_none_exits_0(broker, devices, tmp_path) -
     (tmp_path / "t.toml").write_text("[thresholds]\nmax_temp_c = 80.0\nmax_p999_ms = 50\n")
     (tmp_path / "t.json").write_text('{"max_jitter_ms": 0.5}')
     strict = monitor(broker, "--once", "--wait", "2", "--max-p99-ms", "3")
-    relaxed = monitor(broker, "--once", "--wait", "2", "--max-p99-ms", "10",
-                      "--max-temp-c", "90", "--thresholds", str(tmp_path / "t.toml"))
-    hot_file = monitor(broker, "--once", "--wait", "2", "--thresholds",
-                       str(tmp_path / "t.toml"), "--max-temp-c", "60")  # the flag wins
-    jitter = monitor(broker, "--once", "--wait", "2", "--json", "--thresholds",
-                     str(tmp_path / "t.json"))
+    relaxed = monitor(
+        broker,
+        "--once",
+        "--wait",
+        "2",
+        "--max-p99-ms",
+        "10",
+        "--max-temp-c",
+        "90",
+        "--thresholds",
+        str(tmp_path / "t.toml"),
+    )
+    hot_file = monitor(
+        broker,
+        "--once",
+        "--wait",
+        "2",
+        "--thresholds",
+        str(tmp_path / "t.toml"),
+        "--max-temp-c",
+        "60",
+    )  # the flag wins
+    jitter = monitor(
+        broker, "--once", "--wait", "2", "--json", "--thresholds", str(tmp_path / "t.json")
+    )
     for m in (strict, relaxed, hot_file, jitter):
         m.subscribed()
     hot_window = window(spread(4.0, 9.0, 12.0))
@@ -286,44 +332,58 @@ def test_thresholds_breach_exits_1_and_none_exits_0(broker, devices, tmp_path) -
     assert rows["ok"]["breaches"] == []
 
 
-@pytest.mark.parametrize(("text", "name", "expected"), [
-    ("max_p99 = 3\n", "t.toml", "unknown key 'max_p99'"),
-    ('max_p99_ms = "fast"\n', "t.toml", "max_p99_ms: expected a number >= 0, got 'fast'"),
-    ("max_temp_c = -1\n", "t.toml", "max_temp_c: expected a number >= 0"),
-    ("allow_offline = 1\n", "t.toml", "allow_offline: expected true or false"),
-    ("max_p99_ms = \n", "t.toml", "not valid TOML"),
-    ('{"max_jitter_ms": true}', "t.json", "max_jitter_ms: expected a number >= 0, got True"),
-    ("[1, 2]", "t.json", "expected a table/object of thresholds"),
-])
+@pytest.mark.parametrize(
+    ("text", "name", "expected"),
+    [
+        ("max_p99 = 3\n", "t.toml", "unknown key 'max_p99'"),
+        ('max_p99_ms = "fast"\n', "t.toml", "max_p99_ms: expected a number >= 0, got 'fast'"),
+        ("max_temp_c = -1\n", "t.toml", "max_temp_c: expected a number >= 0"),
+        ("allow_offline = 1\n", "t.toml", "allow_offline: expected true or false"),
+        ("max_p99_ms = \n", "t.toml", "not valid TOML"),
+        ('{"max_jitter_ms": true}', "t.json", "max_jitter_ms: expected a number >= 0, got True"),
+        ("[1, 2]", "t.json", "expected a table/object of thresholds"),
+    ],
+)
 @pytest.mark.integration
 def test_bad_thresholds_file_exits_2_naming_the_key(tmp_path, text, name, expected) -> None:
     path = tmp_path / name
     path.write_text(text)
-    rc, out, err = MonitorProc("--broker", "mqtt://127.0.0.1:1", "--once", "--thresholds",
-                               str(path)).finish()
+    rc, out, err = MonitorProc(
+        "--broker", "mqtt://127.0.0.1:1", "--once", "--thresholds", str(path)
+    ).finish()
     assert rc == 2 and out == ""
     assert err.startswith("edgectl: error: ") and expected in err and str(path) in err
     with pytest.raises(FleetError, match=re.escape(expected)):
         load_thresholds(path)
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--thresholds", "/nonexistent/t.toml"], "--thresholds /nonexistent/t.toml"),
-    (["--max-p99-ms", "nan"], "--max-p99-ms: expected a number >= 0"),
-    (["--group", "a/b"], "--group: must be a non-empty MQTT topic level"),
-    (["--share", "x+"], "--share: must be a non-empty MQTT topic level"),
-    (["--wait", "0"], "--wait and --refresh must be > 0"),
-    (["--ca-file", "/nonexistent.pem"], "--ca-file needs an mqtts:// broker"),
-    (["--username", "u", "--password-file", "/nonexistent"], "--password-file /nonexistent"),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--thresholds", "/nonexistent/t.toml"], "--thresholds /nonexistent/t.toml"),
+        (["--max-p99-ms", "nan"], "--max-p99-ms: expected a number >= 0"),
+        (["--group", "a/b"], "--group: must be a non-empty MQTT topic level"),
+        (["--share", "x+"], "--share: must be a non-empty MQTT topic level"),
+        (["--wait", "0"], "--wait and --refresh must be > 0"),
+        (["--ca-file", "/nonexistent.pem"], "--ca-file needs an mqtts:// broker"),
+        (["--username", "u", "--password-file", "/nonexistent"], "--password-file /nonexistent"),
+    ],
+)
 @pytest.mark.integration
 def test_bad_flags_exit_2(args, expected) -> None:
     rc, out, err = MonitorProc("--broker", "mqtt://127.0.0.1:1", "--once", *args).finish()
     assert rc == 2 and out == "" and expected in err and err.startswith("edgectl: error: ")
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:1883", "mqtt://u:p@127.0.0.1",
-                                 "mqtt://127.0.0.1:99999", "mqtt://127.0.0.1/x"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:1883",
+        "mqtt://u:p@127.0.0.1",
+        "mqtt://127.0.0.1:99999",
+        "mqtt://127.0.0.1/x",
+    ],
+)
 @pytest.mark.integration
 def test_bad_broker_url_exits_2(url) -> None:
     rc, _, err = MonitorProc("--broker", url, "--once").finish()
@@ -334,22 +394,25 @@ def test_bad_broker_url_exits_2(url) -> None:
 def test_unreadable_ca_file_exits_2(tmp_path) -> None:
     (tmp_path / "bad.pem").write_text("not a certificate\n")
     for ca in (tmp_path / "missing.pem", tmp_path / "bad.pem"):
-        rc, _, err = MonitorProc("--broker", "mqtts://127.0.0.1:1", "--ca-file", str(ca),
-                                 "--once").finish()
+        rc, _, err = MonitorProc(
+            "--broker", "mqtts://127.0.0.1:1", "--ca-file", str(ca), "--once"
+        ).finish()
         assert rc == 2 and f"edgectl: error: --ca-file {ca}: " in err
 
 
 @pytest.mark.integration
 def test_unreachable_broker_exits_1() -> None:
     port = free_port()
-    rc, out, err = MonitorProc("--broker", f"mqtt://127.0.0.1:{port}", "--once",
-                               "--wait", "0.5").finish()
+    rc, out, err = MonitorProc(
+        "--broker", f"mqtt://127.0.0.1:{port}", "--once", "--wait", "0.5"
+    ).finish()
     assert rc == 1 and out == ""
     assert f"cannot reach mqtt://127.0.0.1:{port}; retrying" in err
     assert "edgectl: error: cannot reach" in err
 
 
 # -- offline: the retained state, and the Will ------------------------------------------------
+
 
 @pytest.mark.needs_broker
 def test_offline_from_the_retained_state_is_a_breach(broker, devices) -> None:
@@ -388,8 +451,13 @@ time.sleep(120)
 @pytest.mark.needs_broker
 def test_will_after_kill_9_turns_the_device_offline(broker, tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, broker.url, str(tmp_path / "c")],
-                             stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, broker.url, str(tmp_path / "c")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     try:
         line = child.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("CONNECTED"), line
@@ -422,25 +490,30 @@ def test_will_after_kill_9_turns_the_device_offline(broker, tmp_path) -> None:
 
 # -- malformed payloads -----------------------------------------------------------------------
 
+
 @pytest.mark.needs_broker
 def test_malformed_payloads_are_counted_and_ignored(broker, devices) -> None:
     good = devices.start("g", "good")
     mon = monitor(broker, "--once", "--wait", "2", "--json").subscribed()
     base = "edged/v1/g/bad/"
-    fine = dumps({"ts": time.time(), "seq": 9, "bdSeq": 0,
-                  **telemetry({"face": window([1.0] * 100)}, 50.0)})
+    fine = dumps(
+        {"ts": time.time(), "seq": 9, "bdSeq": 0, **telemetry({"face": window([1.0] * 100)}, 50.0)}
+    )
     wrong = telemetry({"face": window([1.0] * 100)}, 50.0)
     wrong["models"]["face"]["p99_ms"] = "slow"
-    raw_publish(broker.port, [
-        (base + "telemetry", b"not json {", False),
-        (base + "telemetry", b"[1, 2, 3]", False),
-        (base + "telemetry", dumps({"ts": time.time(), "seq": 1, "bdSeq": 0, **wrong}), False),
-        (base + "telemetry", dumps({"ts": "yesterday", "models": {}}), False),
-        (base + "state", dumps({"ts": time.time(), "online": "yes"}), False),
-        (base + "event", dumps({"ts": time.time()}), False),  # no kind
-        (base + "telemetry", b"\xff\xfe", False),
-        (base + "telemetry", fine, False),  # and the device still counts
-    ])
+    raw_publish(
+        broker.port,
+        [
+            (base + "telemetry", b"not json {", False),
+            (base + "telemetry", b"[1, 2, 3]", False),
+            (base + "telemetry", dumps({"ts": time.time(), "seq": 1, "bdSeq": 0, **wrong}), False),
+            (base + "telemetry", dumps({"ts": "yesterday", "models": {}}), False),
+            (base + "state", dumps({"ts": time.time(), "online": "yes"}), False),
+            (base + "event", dumps({"ts": time.time()}), False),  # no kind
+            (base + "telemetry", b"\xff\xfe", False),
+            (base + "telemetry", fine, False),  # and the device still counts
+        ],
+    )
     good.publish_telemetry(telemetry({"face": window([1.0] * 100)}, 50.0))
     devices.flush()
     rc, out, err = mon.finish()
@@ -449,8 +522,7 @@ def test_malformed_payloads_are_counted_and_ignored(broker, devices) -> None:
     assert rows["bad"]["bad_payloads"] == 7
     assert rows["bad"]["p99_ms"] == 1.0 and rows["bad"]["seq"] == 9
     assert rows["good"]["bad_payloads"] == 0 and rows["good"]["p99_ms"] == 1.0
-    assert "edgectl fleet: ignored 7 malformed message(s); last: " \
-           "edged/v1/g/bad/telemetry" in err
+    assert "edgectl fleet: ignored 7 malformed message(s); last: edged/v1/g/bad/telemetry" in err
 
 
 def test_fleet_parses_what_it_uses_and_rejects_wrong_types() -> None:
@@ -476,6 +548,7 @@ def test_fleet_parses_what_it_uses_and_rejects_wrong_types() -> None:
 
 # -- state logic without a broker -------------------------------------------------------------
 
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -495,8 +568,9 @@ def test_late_will_of_an_older_connection_is_ignored_and_stale_is_detected() -> 
     fleet.handle("edged/v1/g/d/state", _msg(online=True, bdSeq=5))
     fleet.handle("edged/v1/g/d/state", _msg(online=False, bdSeq=4))  # the old Will, late
     assert fleet.ignored_deaths == 1
-    fleet.handle("edged/v1/g/d/telemetry", _msg(**telemetry({"m": window([3.0])}, 40.0,
-                                                            interval_s=2.0)))
+    fleet.handle(
+        "edged/v1/g/d/telemetry", _msg(**telemetry({"m": window([3.0])}, 40.0, interval_s=2.0))
+    )
     [row] = fleet_rows(fleet, th)
     assert row["state"] == "online" and row["breaches"] == []
     clock.now += 5.9  # < 3 × 2 s
@@ -520,12 +594,23 @@ def test_older_telemetry_does_not_replace_newer_and_throttling_events_count() ->
     [row] = fleet_rows(fleet, Thresholds())
     assert row["p50_ms"] == 2.0 and fleet.late == 1 and fleet.historical == 1
     assert fleet.lag_quantiles()["samples"] == 1  # replayed windows are not lag
-    fleet.handle("edged/v1/g/d/event", _msg(ts=201.0, kind="throttling", throttling=True,
-                                            hottest={"name": "cpu-thermal", "temp_c": 86.0}))
+    fleet.handle(
+        "edged/v1/g/d/event",
+        _msg(
+            ts=201.0,
+            kind="throttling",
+            throttling=True,
+            hottest={"name": "cpu-thermal", "temp_c": 86.0},
+        ),
+    )
     [row] = fleet_rows(fleet, Thresholds())
     assert row["throttling"] is True
-    assert row["last_event"] == {"kind": "throttling", "ts": 201.0, "throttling": True,
-                                 "hottest": {"name": "cpu-thermal", "temp_c": 86.0}}
+    assert row["last_event"] == {
+        "kind": "throttling",
+        "ts": 201.0,
+        "throttling": True,
+        "hottest": {"name": "cpu-thermal", "temp_c": 86.0},
+    }
 
 
 @pytest.mark.timing
@@ -533,8 +618,7 @@ def test_table_is_cheap_and_truncates() -> None:
     fleet = Fleet()
     base = telemetry({"m": window([1.0, 2.0])}, 40.0)
     for i in range(1000):
-        base["models"]["m"].update(p50_ms=1.0 + i / 100, p99_ms=2.0 + i / 10,
-                                   p999_ms=2.0 + i / 10)
+        base["models"]["m"].update(p50_ms=1.0 + i / 100, p99_ms=2.0 + i / 10, p999_ms=2.0 + i / 10)
         fleet.handle(f"edged/v1/g/d{i:04}/telemetry", _msg(**base))
     start = time.perf_counter()
     rows = fleet_rows(fleet, Thresholds(max_p99_ms=50))
@@ -549,6 +633,7 @@ def test_table_is_cheap_and_truncates() -> None:
 
 
 # -- live: table, alerts, Prometheus, reconnect -----------------------------------------------
+
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:
     """{(name, {(label, value)}): value} from the text exposition."""
@@ -571,8 +656,9 @@ def metric(scraped: dict, name: str, **labels: str) -> float | None:
 def test_live_table_alerts_and_prometheus(broker, devices) -> None:
     cam = devices.start("g", "cam")
     port = free_port()
-    mon = monitor(broker, "--prometheus", str(port), "--refresh", "0.2", "--max-temp-c",
-                  "70").subscribed()
+    mon = monitor(
+        broker, "--prometheus", str(port), "--refresh", "0.2", "--max-temp-c", "70"
+    ).subscribed()
     payload = window(spread(2.0, 5.0, 12.0), {"irq": 4, "preempted": 1})
     cam.publish_telemetry(telemetry({"face": payload}, 75.5, throttling=True))
     devices.flush()
@@ -588,15 +674,17 @@ def test_live_table_alerts_and_prometheus(broker, devices) -> None:
     cam_labels = {"group": "g", "device": "cam"}
     face = {**cam_labels, "model": "face"}
     assert metric(m, "edged_fleet_device_up", **cam_labels) == 1.0
-    assert metric(m, "edged_fleet_latency_seconds", **face, quantile="0.5") == \
-        payload["p50_ms"] / 1e3
-    assert metric(m, "edged_fleet_latency_seconds", **face, quantile="0.99") == \
-        payload["p99_ms"] / 1e3
-    assert metric(m, "edged_fleet_latency_seconds", **face, quantile="0.999") == \
-        pytest.approx(0.012, rel=0.01)
+    assert (
+        metric(m, "edged_fleet_latency_seconds", **face, quantile="0.5") == payload["p50_ms"] / 1e3
+    )
+    assert (
+        metric(m, "edged_fleet_latency_seconds", **face, quantile="0.99") == payload["p99_ms"] / 1e3
+    )
+    assert metric(m, "edged_fleet_latency_seconds", **face, quantile="0.999") == pytest.approx(
+        0.012, rel=0.01
+    )
     assert metric(m, "edged_fleet_jitter_seconds", **face) == payload["jitter_ms"] / 1e3
-    assert metric(m, "edged_fleet_temperature_celsius", **cam_labels,
-                  zone="cpu-thermal") == 75.5
+    assert metric(m, "edged_fleet_temperature_celsius", **cam_labels, zone="cpu-thermal") == 75.5
     assert metric(m, "edged_fleet_throttling", **cam_labels) == 1.0
     assert metric(m, "edged_fleet_outliers", **face, cause="irq") == 4.0
     assert metric(m, "edged_fleet_outliers", **face, cause="preempted") == 1.0
@@ -619,8 +707,7 @@ def test_prometheus_port_in_use_exits_1(broker) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        rc, _, err = monitor(broker, "--once", "--prometheus",
-                             str(s.getsockname()[1])).finish()
+        rc, _, err = monitor(broker, "--once", "--prometheus", str(s.getsockname()[1])).finish()
     assert rc == 1 and "edgectl: error: --prometheus 127.0.0.1:" in err
 
 
@@ -630,8 +717,9 @@ def test_prometheus_addr_chooses_the_interface(broker, devices) -> None:
     there, refused on the default 127.0.0.1. A bad address is a flag error (exit 2)."""
     cam = devices.start("g", "cam")
     port = free_port()
-    mon = monitor(broker, "--prometheus", str(port), "--prometheus-addr", "127.0.0.2",
-                  "--refresh", "0.2").subscribed()
+    mon = monitor(
+        broker, "--prometheus", str(port), "--prometheus-addr", "127.0.0.2", "--refresh", "0.2"
+    ).subscribed()
     try:
         cam.publish_telemetry(telemetry({"face": window(spread(2.0, 5.0, 12.0), {})}, 40.0))
         devices.flush()
@@ -648,8 +736,9 @@ def test_prometheus_addr_chooses_the_interface(broker, devices) -> None:
     finally:
         rc, _, err = mon.stop(signal.SIGTERM)
     assert rc == 0, err
-    rc, _, err = monitor(broker, "--once", "--prometheus", str(port),
-                         "--prometheus-addr", "not-an-ip").finish()
+    rc, _, err = monitor(
+        broker, "--once", "--prometheus", str(port), "--prometheus-addr", "not-an-ip"
+    ).finish()
     assert rc == 2 and "--prometheus-addr: expected an IP address" in err and "not-an-ip" in err
 
 
@@ -676,26 +765,51 @@ def test_reconnects_after_the_broker_restarts(broker, devices) -> None:
 
 # -- shared subscriptions ---------------------------------------------------------------------
 
+
 @pytest.mark.needs_broker
 def test_shared_subscription_splits_the_fleet(broker) -> None:
     assert subscriptions("g", "mon")[0] == "$share/mon/edged/v1/g/+/state"
     # retained state from before: not delivered on shared subscriptions
-    pub(broker.port, "edged/v1/g/retained-only/state",
-        json.dumps({"online": True, "ts": time.time(), "seq": 1, "bdSeq": 0}), "-r")
+    pub(
+        broker.port,
+        "edged/v1/g/retained-only/state",
+        json.dumps({"online": True, "ts": time.time(), "seq": 1, "bdSeq": 0}),
+        "-r",
+    )
     one = monitor(broker, "--once", "--wait", "2", "--json", "--share", "mon")
     two = monitor(broker, "--once", "--wait", "2", "--json", "--share", "mon")
     one.subscribed()
     two.subscribed()
     names = [f"dev{i:02}" for i in range(20)]
-    raw_publish(broker.port, [
-        (f"edged/v1/g/{n}/telemetry",
-         dumps({"ts": time.time(), "seq": 1, "bdSeq": 0,
-                **telemetry({"face": window([1.0 + i])}, 40.0)}), False)
-        for i, n in enumerate(names)])
+    raw_publish(
+        broker.port,
+        [
+            (
+                f"edged/v1/g/{n}/telemetry",
+                dumps(
+                    {
+                        "ts": time.time(),
+                        "seq": 1,
+                        "bdSeq": 0,
+                        **telemetry({"face": window([1.0 + i])}, 40.0),
+                    }
+                ),
+                False,
+            )
+            for i, n in enumerate(names)
+        ],
+    )
     # a birth published now (retained, as devices do) reaches one monitor, live
-    raw_publish(broker.port, [("edged/v1/g/born-now/state",
-                               dumps({"online": True, "ts": time.time(), "seq": 1,
-                                      "bdSeq": 3}), True)])
+    raw_publish(
+        broker.port,
+        [
+            (
+                "edged/v1/g/born-now/state",
+                dumps({"online": True, "ts": time.time(), "seq": 1, "bdSeq": 3}),
+                True,
+            )
+        ],
+    )
     rows_one, rows_two = one.rows(), two.rows()
     seen_one = {r["device"] for r in rows_one}
     seen_two = {r["device"] for r in rows_two}
@@ -715,14 +829,34 @@ def test_tls_and_password(tmp_path) -> None:
     certs = make_certs(tmp_path / "certs")
     with Broker(tmp_path / "broker", certs=certs, users={"ops": "s3cret"}) as b:
         (tmp_path / "pw").write_text("s3cret\n")
-        rc, out, err = MonitorProc("--broker", b.tls_url, "--ca-file", str(certs.ca),
-                                   "--username", "ops", "--password-file",
-                                   str(tmp_path / "pw"), "--once", "--wait", "0.5").finish()
+        rc, out, err = MonitorProc(
+            "--broker",
+            b.tls_url,
+            "--ca-file",
+            str(certs.ca),
+            "--username",
+            "ops",
+            "--password-file",
+            str(tmp_path / "pw"),
+            "--once",
+            "--wait",
+            "0.5",
+        ).finish()
         assert rc == 0, err
         assert "0 devices" in out and "s3cret" not in out + err
         (tmp_path / "pw").write_text("wrong\n")
-        rc, out, err = MonitorProc("--broker", b.tls_url, "--ca-file", str(certs.ca),
-                                   "--username", "ops", "--password-file",
-                                   str(tmp_path / "pw"), "--once", "--wait", "0.5").finish()
+        rc, out, err = MonitorProc(
+            "--broker",
+            b.tls_url,
+            "--ca-file",
+            str(certs.ca),
+            "--username",
+            "ops",
+            "--password-file",
+            str(tmp_path / "pw"),
+            "--once",
+            "--wait",
+            "0.5",
+        ).finish()
         assert rc == 1 and out == ""
         assert "the broker refused the connection: Not authorized" in err

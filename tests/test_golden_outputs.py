@@ -19,8 +19,19 @@ from edged.serving.metrics import ServingMetrics
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("EDGED_UPDATE_GOLDEN") == "1"
-COMMANDS = ("backends", "bench", "status", "plan", "apply", "revert", "provision", "audit",
-            "fleet", "quantize", "reload")
+COMMANDS = (
+    "backends",
+    "bench",
+    "status",
+    "plan",
+    "apply",
+    "revert",
+    "provision",
+    "audit",
+    "fleet",
+    "quantize",
+    "reload",
+)
 
 
 def _matches(path: Path, text: str) -> None:
@@ -35,8 +46,9 @@ def _edgectl(*argv: str) -> str:
     # The console script next to this interpreter: what a user runs, entry point included.
     edgectl = Path(sys.executable).with_name("edgectl")
     env = dict(os.environ, COLUMNS="100")
-    done = subprocess.run([str(edgectl), *argv], capture_output=True, text=True, env=env,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [str(edgectl), *argv], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     return done.stdout

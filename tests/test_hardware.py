@@ -53,13 +53,23 @@ class Board:
 
 
 BOARDS = {
-    "imx8mp": Board("freescale/imx8mp-evk.dtb", ((4, 0xD03, 0x0, 4),), V80_FEATURES, "16.00",
-                    full_tree=True),
-    "imx93": Board("freescale/imx93-11x11-evk.dtb", ((2, 0xD05, 0x2, 0),), A55_FEATURES, "48.00",
-                   full_tree=True),
+    "imx8mp": Board(
+        "freescale/imx8mp-evk.dtb", ((4, 0xD03, 0x0, 4),), V80_FEATURES, "16.00", full_tree=True
+    ),
+    "imx93": Board(
+        "freescale/imx93-11x11-evk.dtb",
+        ((2, 0xD05, 0x2, 0),),
+        A55_FEATURES,
+        "48.00",
+        full_tree=True,
+    ),
     "rk3568": Board("rockchip/rk3568-rock-3a.dtb", ((4, 0xD05, 0x2, 0),), A55_FEATURES, "48.00"),
-    "rk3399": Board("rockchip/rk3399-rockpro64.dtb", ((4, 0xD03, 0x0, 4), (2, 0xD08, 0x0, 2)),
-                    V80_FEATURES, "48.00"),
+    "rk3399": Board(
+        "rockchip/rk3399-rockpro64.dtb",
+        ((4, 0xD03, 0x0, 4), (2, 0xD08, 0x0, 2)),
+        V80_FEATURES,
+        "48.00",
+    ),
 }
 
 
@@ -84,8 +94,9 @@ def arm64_cpuinfo(board: Board) -> str:
 
 def probe_subset(tree: DeviceTree) -> DeviceTree:
     """The real tree with only the nodes the CPU and memory probes read."""
-    keep = [n for n in tree.root.children
-            if n.name == "cpus" or n.prop_str("device_type") == "memory"]
+    keep = [
+        n for n in tree.root.children if n.name == "cpus" or n.prop_str("device_type") == "memory"
+    ]
     root = Node(name="", path="/", properties=dict(tree.root.properties), children=keep)
     return DeviceTree(root=root, source=tree.source)
 
@@ -109,9 +120,7 @@ def materialized(
 
 
 @pytest.fixture
-def board_root(
-    tmp_path: Path, materialized: Callable[[str, bool], Path]
-) -> Callable[..., Path]:
+def board_root(tmp_path: Path, materialized: Callable[[str, bool], Path]) -> Callable[..., Path]:
     """Build a board's root: device tree, and unless told otherwise cpuinfo and cpu/online."""
     count = 0
 
@@ -161,8 +170,9 @@ def class_device(root: Path, subsystem: str, name: str, parent: str, bus: str, d
         rel_symlink(parent_dir / "driver", root / "sys/bus" / bus / "drivers" / driver)
 
 
-def usb_device(root: Path, name: str, parent: str, vendor: str | None, product: str | None,
-               driver: str = "usb") -> None:
+def usb_device(
+    root: Path, name: str, parent: str, vendor: str | None, product: str | None, driver: str = "usb"
+) -> None:
     dev_dir = root / "sys/devices" / parent / name
     rel_symlink(root / "sys/bus/usb/devices" / name, dev_dir)
     if vendor is not None and product is not None:
@@ -225,8 +235,20 @@ def test_live_isa(live: HardwareFacts) -> None:
     still shows the host's flags, and the probe must not believe its VNNI."""
     flags = _live_flags()
     assert set(live.isa_int8) <= flags
-    known = {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_tile",
-             "asimd", "asimddp", "i8mm", "sve", "sve2", "bf16"}
+    known = {
+        "avx2",
+        "avx512f",
+        "avx512_vnni",
+        "avx_vnni",
+        "amx_int8",
+        "amx_tile",
+        "asimd",
+        "asimddp",
+        "i8mm",
+        "sve",
+        "sve2",
+        "bf16",
+    }
     if os.environ.get("EDGED_ISA_LANE") == "avx2":
         assert live.isa_int8 == ["avx2"] and not live.int8_dot_product
         assert live.isa_summary() == "avx2, no VNNI"
@@ -234,8 +256,9 @@ def test_live_isa(live: HardwareFacts) -> None:
     if "avx2" in flags:
         assert "avx2" in live.isa_int8
     assert set(live.isa_int8) == flags & known  # nothing int8-relevant left out
-    assert live.int8_dot_product == bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8",
-                                                  "asimddp", "i8mm"})
+    assert live.int8_dot_product == bool(
+        flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm"}
+    )
 
 
 def test_isa_checked_against_what_the_process_can_run() -> None:
@@ -264,8 +287,11 @@ def test_live_accelerators_match_dev(live: HardwareFacts) -> None:
     """Every DRM render node and accel node this machine has is reported, and nothing else
     with a node under /dev/dri or /dev/accel (on the test VM: none at all)."""
     nodes = {str(p) for pat in ("dri/renderD*", "accel/accel*") for p in Path("/dev").glob(pat)}
-    reported = {a.node for a in live.accelerators
-                if a.node and a.node.startswith(("/dev/dri/", "/dev/accel/"))}
+    reported = {
+        a.node
+        for a in live.accelerators
+        if a.node and a.node.startswith(("/dev/dri/", "/dev/accel/"))
+    }
     assert reported == nodes
     for acc in live.accelerators:
         assert acc.kind in ("npu", "gpu", "tpu")
@@ -331,8 +357,11 @@ def test_imx8mp_memory_from_device_tree(board_root: Callable[..., Path], dtb_cor
     ],
 )
 def test_memory_from_device_tree(
-    dtb: str, size: int | None, materialized: Callable[[str, bool], Path],
-    dtb_corpus: Path, tmp_path: Path,
+    dtb: str,
+    size: int | None,
+    materialized: Callable[[str, bool], Path],
+    dtb_corpus: Path,
+    tmp_path: Path,
 ) -> None:
     shutil.copytree(materialized(dtb, False), tmp_path / DT_BASE, copy_function=os.link)
     assert dt_memory(load_fdt(dtb_corpus / dtb)) == size
@@ -410,15 +439,21 @@ def test_rk3568_vendor_npu_and_mali(board_root: Callable[..., Path]) -> None:
     ],
 )
 def test_big_little_from_device_tree_alone(
-    dtb: str, expected: dict[str, list[int]], materialized: Callable[[str, bool], Path],
-    dtb_corpus: Path, tmp_path: Path,
+    dtb: str,
+    expected: dict[str, list[int]],
+    materialized: Callable[[str, bool], Path],
+    dtb_corpus: Path,
+    tmp_path: Path,
 ) -> None:
     """An image root has no cpuinfo: cores come from /cpus, numbered as the kernel numbers
     them (tree order; cpu@100 comes after cpu@3, though it sorts before it as text)."""
     shutil.copytree(materialized(dtb, False), tmp_path / DT_BASE, copy_function=os.link)
     cpus = load_fdt(dtb_corpus / dtb).root.child("cpus")
-    names = {"arm,cortex-a53": "Cortex-A53", "arm,cortex-a72": "Cortex-A72",
-             "arm,cortex-a73": "Cortex-A73"}
+    names = {
+        "arm,cortex-a53": "Cortex-A53",
+        "arm,cortex-a72": "Cortex-A72",
+        "arm,cortex-a73": "Cortex-A73",
+    }
     from_tree: dict[str, list[int]] = {}
     cpu_nodes = [n for n in cpus.children if n.prop_str("device_type") == "cpu"]
     for index, node in enumerate(cpu_nodes):
@@ -521,9 +556,14 @@ def test_intel_hybrid_pc_with_igpu(tmp_path: Path) -> None:
     write(tmp_path, "sys/devices/system/cpu/online", "0-15\n")
     write(tmp_path, "sys/devices/cpu_core/cpus", "0-7\n")
     write(tmp_path, "sys/devices/cpu_atom/cpus", "8-15\n")
-    dmi = {"sys_vendor": "Intel(R) Client Systems", "product_name": "NUC12WSHi5",
-           "board_vendor": "Intel Corporation", "board_name": "NUC12WSBi5",
-           "bios_version": "WSADL357.0088.2023.0505.1623", "chassis_type": "35"}
+    dmi = {
+        "sys_vendor": "Intel(R) Client Systems",
+        "product_name": "NUC12WSHi5",
+        "board_vendor": "Intel Corporation",
+        "board_name": "NUC12WSBi5",
+        "bios_version": "WSADL357.0088.2023.0505.1623",
+        "chassis_type": "35",
+    }
     for key, value in dmi.items():
         write(tmp_path, f"sys/class/dmi/id/{key}", f"{value}\n")
     write(tmp_path, "proc/meminfo", "MemTotal:       32562852 kB\n")
@@ -595,7 +635,7 @@ def test_empty_root(tmp_path: Path, make: bool) -> None:
 GARBAGE_CPUINFO = {
     "binary": bytes(range(256)) * 8,
     "bad-numbers": "processor\t: zero\nCPU implementer\t: banana\nCPU architecture: 8\n"
-                   "CPU part\t: 0xzz\n\nprocessor\t: 1.5\nflags\t\t: lm avx2\n",
+    "CPU part\t: 0xzz\n\nprocessor\t: 1.5\nflags\t\t: lm avx2\n",
     "truncated": arm64_cpuinfo(BOARDS["imx93"])[:75],
     "no-colons": "this is not\ncpuinfo at all\n\n\n",
     "only-colons": ":::\n:\n\n: :\n",
@@ -658,6 +698,8 @@ def test_fingerprint_follows_accelerators_not_memory(board_root: Callable[..., P
 
 
 def test_fingerprint_tells_boards_apart(board_root: Callable[..., Path]) -> None:
-    prints = {name: probe(SysRoot(board_root(name))).fingerprint()
-              for name in ("imx8mp", "imx93", "rk3568")}
+    prints = {
+        name: probe(SysRoot(board_root(name))).fingerprint()
+        for name in ("imx8mp", "imx93", "rk3568")
+    }
     assert len(set(prints.values())) == 3

@@ -46,7 +46,7 @@ def models_toml(models_dir: Path) -> str:
     return f"""
 [[models]]
 name = "cls"
-path = "{models_dir / 'ppocr_cls.onnx'}"
+path = "{models_dir / "ppocr_cls.onnx"}"
 threads = 1
 shapes = {{ x = [1, 3, 48, 192] }}
 max_queue_size = 2
@@ -54,7 +54,7 @@ timeout_ms = 20000
 
 [[models]]
 name = "det"
-path = "{models_dir / 'ppocrv4_det.onnx'}"
+path = "{models_dir / "ppocrv4_det.onnx"}"
 threads = 1
 shapes = {{ x = [1, 3, {DET}, {DET}] }}
 timeout_ms = 60000
@@ -127,8 +127,11 @@ def exchange(d: Daemon, request: bytes, unix: bool = False) -> tuple[int, bytes,
 
 
 def status_of(d: Daemon) -> dict:
-    return json.loads(exchange(d, b"GET /edged/status HTTP/1.1\r\nHost: e\r\n"
-                                  b"Connection: close\r\n\r\n", unix=True)[1])
+    return json.loads(
+        exchange(
+            d, b"GET /edged/status HTTP/1.1\r\nHost: e\r\nConnection: close\r\n\r\n", unix=True
+        )[1]
+    )
 
 
 def model_status(d: Daemon, name: str) -> dict:
@@ -137,8 +140,9 @@ def model_status(d: Daemon, name: str) -> dict:
 
 
 def metrics_text(d: Daemon) -> str:
-    return exchange(d, b"GET /metrics HTTP/1.1\r\nHost: e\r\nConnection: close\r\n\r\n",
-                    unix=True)[1].decode()
+    return exchange(d, b"GET /metrics HTTP/1.1\r\nHost: e\r\nConnection: close\r\n\r\n", unix=True)[
+        1
+    ].decode()
 
 
 class Prober:
@@ -217,8 +221,10 @@ def test_idle_connections_lock_nobody_out(daemon: Daemon) -> None:
     finally:
         for sock in idle:
             sock.close()
-    print(f"TCP served again {served_after:.2f} s after {MAX_CONNECTIONS} idle connections "
-          f"opened (header timeout {HEADER_TIMEOUT_S} s)")
+    print(
+        f"TCP served again {served_after:.2f} s after {MAX_CONNECTIONS} idle connections "
+        f"opened (header timeout {HEADER_TIMEOUT_S} s)"
+    )
     assert served_after < HEADER_TIMEOUT_S + 2.5
 
 
@@ -254,9 +260,11 @@ def test_stalled_uploads_show_in_queue_depth_and_time_out(daemon: Daemon) -> Non
     running): queue_depth says 3 (it said 0 while "queue full" was answered), and after the
     body timeout each gets 408 and its slot is free again."""
     body, headers = CLS_BODY
-    head = (f"POST /v2/models/cls/infer HTTP/1.1\r\nHost: edged\r\n"
-            f"Content-Length: {len(body)}\r\nInference-Header-Content-Length: "
-            f"{headers['Inference-Header-Content-Length']}\r\n\r\n").encode()
+    head = (
+        f"POST /v2/models/cls/infer HTTP/1.1\r\nHost: edged\r\n"
+        f"Content-Length: {len(body)}\r\nInference-Header-Content-Length: "
+        f"{headers['Inference-Header-Content-Length']}\r\n\r\n"
+    ).encode()
     stalled = []
     try:
         for _ in range(3):
@@ -286,8 +294,7 @@ def test_stalled_uploads_show_in_queue_depth_and_time_out(daemon: Daemon) -> Non
     conn = http.client.HTTPConnection(daemon.address, timeout=10)
     assert post(conn, "cls", CLS_BODY)[0] == 200
     conn.close()
-    count = re.search(r'edged_requests_total\{code="408",model="cls"\} (\S+)',
-                      metrics_text(daemon))
+    count = re.search(r'edged_requests_total\{code="408",model="cls"\} (\S+)', metrics_text(daemon))
     assert count and float(count.group(1)) >= 3
 
 
@@ -313,11 +320,15 @@ def test_huge_header_gets_431_at_once(daemon: Daemon) -> None:
         status, body, took = exchange(daemon, request)
         time.sleep(0.1)
     assert status == 431, body
-    assert json.loads(body)["error"] == (f"request line and headers are over the limit of "
-                                         f"{MAX_HEADER_BYTES} bytes ([server] max_header_bytes)")
+    assert json.loads(body)["error"] == (
+        f"request line and headers are over the limit of "
+        f"{MAX_HEADER_BYTES} bytes ([server] max_header_bytes)"
+    )
     assert not other.errors and set(other.codes) == {200}
-    print(f"431 after {took * 1e3:.0f} ms; other client max {max(other.latencies) * 1e3:.1f} "
-          f"ms over {len(other.latencies)}")
+    print(
+        f"431 after {took * 1e3:.0f} ms; other client max {max(other.latencies) * 1e3:.1f} "
+        f"ms over {len(other.latencies)}"
+    )
     assert took < 3.0
     assert max(other.latencies) < 3.0  # before: up to 10 s (loose: a shared CI VM)
     # A normal-sized head on the same listener is still served.
@@ -327,9 +338,10 @@ def test_huge_header_gets_431_at_once(daemon: Daemon) -> None:
 # -- large JSON ----------------------------------------------------------------------------
 def json_request(shape: tuple[int, ...], values: np.ndarray | None = None) -> bytes:
     count = int(np.prod(shape))
-    data = (values.ravel().tolist() if values is not None else [0] * count)
-    return json.dumps({"inputs": [{"name": "x", "shape": list(shape), "datatype": "FP32",
-                                   "data": data}]}).encode()
+    data = values.ravel().tolist() if values is not None else [0] * count
+    return json.dumps(
+        {"inputs": [{"name": "x", "shape": list(shape), "datatype": "FP32", "data": data}]}
+    ).encode()
 
 
 @pytest.mark.timing
@@ -356,9 +368,11 @@ def test_large_json_is_decoded_off_the_event_loop(daemon: Daemon) -> None:
     assert not live.errors and not small.errors
     assert [code for code, _ in results] == [200] * 3, [b[:200] for _, b in results]
     assert set(live.codes) == {200} and set(small.codes) == {200}
-    print(f"{len(big) / 1e6:.0f} MB JSON x3: health check max {max(live.latencies) * 1e3:.0f} "
-          f"ms over {len(live.latencies)}, small inference max "
-          f"{max(small.latencies) * 1e3:.0f} ms over {len(small.latencies)}")
+    print(
+        f"{len(big) / 1e6:.0f} MB JSON x3: health check max {max(live.latencies) * 1e3:.0f} "
+        f"ms over {len(live.latencies)}, small inference max "
+        f"{max(small.latencies) * 1e3:.0f} ms over {len(small.latencies)}"
+    )
     # Measured: 0.1 s / 0.13 s here; 0.93 s / 1.9 s with the decode on the event loop.
     # Just under the figures before: the loosest bounds that still tell the two apart.
     assert max(live.latencies) < 0.9  # before: 0.93 s (loose: a shared CI VM)
@@ -382,16 +396,19 @@ def test_json_over_the_decode_budget_is_413_before_decoding(daemon: Daemon) -> N
     assert "over the limit of 512 MiB ([server] max_decode_bytes)" in error, error
     assert "binary" in error
     grown = (rss.peak - base) / 2**20
-    print(f"413 after {took * 1e3:.0f} ms, peak RSS +{grown:.0f} MiB for a "
-          f"{len(body) / 2**20:.0f} MiB body")
+    print(
+        f"413 after {took * 1e3:.0f} ms, peak RSS +{grown:.0f} MiB for a "
+        f"{len(body) / 2**20:.0f} MiB body"
+    )
     assert grown < len(body) / 2**20 + 64
     assert took < 4.0
 
 
 # -- shutdown ------------------------------------------------------------------------------
 @pytest.mark.timing
-def test_sigterm_with_idle_and_stalled_connections_exits_promptly(models_dir: Path,
-                                                                  tmp_path: Path) -> None:
+def test_sigterm_with_idle_and_stalled_connections_exits_promptly(
+    models_dir: Path, tmp_path: Path
+) -> None:
     """Kept-alive idle connections (TCP and Unix), one that never sent a byte, one with half
     a head and one upload stalled mid-body, with the default timeouts (10 s head, 30 s
     body): SIGTERM exits 0 within a few seconds, without a traceback. Before: the drain
@@ -410,10 +427,14 @@ def test_sigterm_with_idle_and_stalled_connections_exits_promptly(models_dir: Pa
         held.append(sock)
         body, headers = CLS_BODY
         stalled = connect(d)
-        stalled.sendall((f"POST /v2/models/cls/infer HTTP/1.1\r\nHost: e\r\nContent-Length: "
-                         f"{len(body)}\r\nInference-Header-Content-Length: "
-                         f"{headers['Inference-Header-Content-Length']}\r\n\r\n").encode()
-                        + body[:100])
+        stalled.sendall(
+            (
+                f"POST /v2/models/cls/infer HTTP/1.1\r\nHost: e\r\nContent-Length: "
+                f"{len(body)}\r\nInference-Header-Content-Length: "
+                f"{headers['Inference-Header-Content-Length']}\r\n\r\n"
+            ).encode()
+            + body[:100]
+        )
         held.append(stalled)
         time.sleep(0.3)
         start = time.monotonic()

@@ -17,8 +17,8 @@ import pytest
 from backends.base import Candidate
 from edged.hotplug import AcceleratorMonitor
 from edged.selection.policy import Policy
-from edged.serving.engine import BatchingConfig
 from edged.serving.models import load_model
+from edged.serving.requests import BatchingConfig
 from sysconf import SysRoot
 from sysconf.hardware import probe
 
@@ -41,8 +41,7 @@ def test_monitor_debounces_a_burst() -> None:
 
     calls: list[tuple[str, str]] = []
     fired = threading.Event()
-    monitor = AcceleratorMonitor(lambda a, p: (calls.append((a, p)), fired.set()),
-                                 debounce_s=0.2)
+    monitor = AcceleratorMonitor(lambda a, p: (calls.append((a, p)), fired.set()), debounce_s=0.2)
     device = pyudev.Devices.from_path(pyudev.Context(), "/sys/class/net/lo")
     for _ in range(5):  # a USB Coral re-enumerating sends several events at once
         monitor._event(device)
@@ -71,8 +70,9 @@ class StandIn:
 
 @pytest.fixture
 def served(models_dir: Path, tmp_path: Path):
-    model = load_model("cls", models_dir / "ppocr_cls.onnx", FAST, BatchingConfig(),
-                       probe(), tmp_path / "state")
+    model = load_model(
+        "cls", models_dir / "ppocr_cls.onnx", FAST, BatchingConfig(), probe(), tmp_path / "state"
+    )
     yield model
     model.worker.stop(1.0)
 
@@ -99,8 +99,7 @@ def test_arrived_accelerator_triggers_a_new_selection(served, tmp_path: Path) ->
     (device / "driver").symlink_to("../../../bus/pci/drivers/intel_vpu")
     (root / "sys" / "class" / "accel" / "accel0").mkdir(parents=True)
     (root / "sys" / "class" / "accel" / "accel0" / "device").symlink_to(device)
-    with_npu = dataclasses.replace(
-        live, accelerators=probe(SysRoot(root)).accelerators)
+    with_npu = dataclasses.replace(live, accelerators=probe(SysRoot(root)).accelerators)
     assert [a.name for a in with_npu.accelerators] == ["Intel NPU"]
     assert with_npu.fingerprint() != live.fingerprint()
     before = served.selection
@@ -114,6 +113,7 @@ def test_arrived_accelerator_triggers_a_new_selection(served, tmp_path: Path) ->
 
 
 # -- the daemon's side: Daemon._hardware_changed with the probe as the boundary ----------------
+
 
 class _Lines(__import__("logging").Handler):
     def __init__(self) -> None:
@@ -142,7 +142,8 @@ def _npu_root(folder: Path) -> Path:
 
 @pytest.mark.integration
 def test_daemon_hardware_change_reselects_and_fails_over(
-        models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The daemon's hot-plug path end to end below the udev monitor: the probe (the boundary
     here) reports an NPU that arrived, then one that went away; each model re-selects on the
     new hardware, or fails over at once from the backend that is gone; each change is an
@@ -160,7 +161,7 @@ def test_daemon_hardware_change_reselects_and_fails_over(
 [server]
 listen = "127.0.0.1:0"
 socket = ""
-state_dir = "{tmp_path / 'state'}"
+state_dir = "{tmp_path / "state"}"
 [selection]
 runs = 10
 warmup = 1
@@ -169,7 +170,7 @@ time_budget_s = 1.0
 enabled = false
 [[models]]
 name = "cls"
-path = "{models_dir / 'ppocr_cls.onnx'}"
+path = "{models_dir / "ppocr_cls.onnx"}"
 threads = 1
 shapes = {{ x = [1, 3, 48, 192] }}
 """)
@@ -184,8 +185,9 @@ shapes = {{ x = [1, 3, 48, 192] }}
     logger.setLevel(logging.INFO)
     daemon.publisher = LogPublisher(logger)
     served = daemon.models["cls"]
-    with_npu = dataclasses.replace(live, accelerators=probe(SysRoot(_npu_root(tmp_path)))
-                                   .accelerators)
+    with_npu = dataclasses.replace(
+        live, accelerators=probe(SysRoot(_npu_root(tmp_path))).accelerators
+    )
     seen: list[object] = []
 
     def change(hw, action: str) -> None:
@@ -211,7 +213,10 @@ shapes = {{ x = [1, 3, 48, 192] }}
         assert served.worker.session.candidate.key == served.selection.selected.candidate.key
         [event] = [p for p in lines.payloads if p.get("kind") == "hardware_change"]
         assert (event["model"], event["action"], event["device"]) == (
-            "cls", "add", "/dev/accel/accel0")
+            "cls",
+            "add",
+            "/dev/accel/accel0",
+        )
         assert event["outcome"].startswith(("kept", "switched to"))
         # 2. The same hardware again: probed, nothing else happens.
         current = served.selection

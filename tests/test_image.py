@@ -41,8 +41,12 @@ def minbase(test_data: Path) -> Path:
     partial = cached.with_name(cached.name + ".part")
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["debootstrap", "--variant=minbase", SUITE, str(partial), _archive()],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["debootstrap", "--variant=minbase", SUITE, str(partial), _archive()],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode != 0:
         pytest.fail(f"debootstrap failed:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
     partial.rename(cached)
@@ -53,14 +57,22 @@ def _special_files(folder: str, names: list[str]) -> list[str]:
     """Device nodes, FIFOs and sockets are not copied: reading /dev/full or /dev/zero as a
     file never ends (the image's /dev holds real nodes made by debootstrap)."""
     keep = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK)
-    return [n for n in names
-            if not any(test(os.lstat(os.path.join(folder, n)).st_mode) for test in keep)]
+    return [
+        n
+        for n in names
+        if not any(test(os.lstat(os.path.join(folder, n)).st_mode) for test in keep)
+    ]
 
 
 def edgectl(*args: str, rc: int | None = 0) -> subprocess.CompletedProcess:
     assert "--root" in args, "this test never touches the live system"
-    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "edged.cli.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     if rc is not None:
         assert proc.returncode == rc, proc.stderr
     return proc
@@ -76,27 +88,49 @@ def test_audit_provision_audit_revert(minbase: Path, tmp_path: Path, dtb_corpus:
     dtb = str(dtb_corpus / "freescale" / "imx8mp-evk.dtb")  # the board this image is for
     before = tree_state(image)
 
-    first = json.loads(edgectl("audit", "--root", str(image), "--dtb", dtb, "--format", "json",
-                               rc=None).stdout)
+    first = json.loads(
+        edgectl("audit", "--root", str(image), "--dtb", dtb, "--format", "json", rc=None).stdout
+    )
     assert not [f for f in first["findings"] if f["status"] == "error"], first["summary"]
-    trims = {f["subject"] for f in first["findings"]
-             if f["id"] == "SVC-TRIM" and f["status"] == "warn"}
+    trims = {
+        f["subject"] for f in first["findings"] if f["id"] == "SVC-TRIM" and f["status"] == "warn"
+    }
     assert {"apt-daily.timer", "apt-daily-upgrade.timer"} <= trims  # minbase enables these
 
-    provision = json.loads(edgectl("provision", "--root", str(image), "--dtb", dtb,
-                                   "--inference-cpus", "3", "--json").stdout)
+    provision = json.loads(
+        edgectl(
+            "provision", "--root", str(image), "--dtb", dtb, "--inference-cpus", "3", "--json"
+        ).stdout
+    )
     assert provision["applied"] and not provision["skipped"], provision["skipped"]
     assert (image / "etc/systemd/system/apt-daily.timer").resolve() == Path("/dev/null")
-    assert "CPUAffinity=0-2" in (
-        image / "etc/systemd/system.conf.d/90-edged-cpuaffinity.conf").read_text()
+    assert (
+        "CPUAffinity=0-2"
+        in (image / "etc/systemd/system.conf.d/90-edged-cpuaffinity.conf").read_text()
+    )
     assert "kernel.timer_migration = 0" in (image / "etc/sysctl.d/90-edged.conf").read_text()
     assert (image / "etc/systemd/system/multi-user.target.wants/edged.service").is_symlink()
 
-    again = json.loads(edgectl("audit", "--root", str(image), "--dtb", dtb,
-                               "--inference-cpus", "3", "--format", "json", rc=None).stdout)
+    again = json.loads(
+        edgectl(
+            "audit",
+            "--root",
+            str(image),
+            "--dtb",
+            dtb,
+            "--inference-cpus",
+            "3",
+            "--format",
+            "json",
+            rc=None,
+        ).stdout
+    )
     assert fixable_problems(again) == [], fixable_problems(again)
-    second = json.loads(edgectl("provision", "--root", str(image), "--dtb", dtb,
-                                "--inference-cpus", "3", "--json").stdout)
+    second = json.loads(
+        edgectl(
+            "provision", "--root", str(image), "--dtb", dtb, "--inference-cpus", "3", "--json"
+        ).stdout
+    )
     assert second["applied"] == []  # idempotent
 
     edgectl("revert", "--root", str(image))

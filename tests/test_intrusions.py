@@ -55,8 +55,9 @@ def test_totals_are_the_column_sums(tmp_path: Path) -> None:
     cpus, rows = read_interrupts(root)
     totals = interrupts_per_cpu(root)
     for index, cpu in enumerate(cpus):
-        assert totals[cpu] == sum(r.counts[index] for r in rows
-                                  if len(r.counts) == len(cpus))  # ERR:/MIS: are global
+        assert totals[cpu] == sum(
+            r.counts[index] for r in rows if len(r.counts) == len(cpus)
+        )  # ERR:/MIS: are global
 
 
 def test_board_root(tmp_path: Path) -> None:
@@ -64,8 +65,10 @@ def test_board_root(tmp_path: Path) -> None:
     totals = interrupts_per_cpu(root)
     assert sorted(totals) == list(range(6))
     cpus, rows = read_interrupts(root)  # the full parser's column sums
-    assert totals == {cpu: sum(r.counts[i] for r in rows if r.irq not in ("ERR", "MIS")
-                               and i < len(r.counts)) for i, cpu in enumerate(cpus)}
+    assert totals == {
+        cpu: sum(r.counts[i] for r in rows if r.irq not in ("ERR", "MIS") and i < len(r.counts))
+        for i, cpu in enumerate(cpus)
+    }
     assert sum(totals.values()) > 0
     soft = softirqs_per_cpu(root)
     assert sorted(soft) == list(range(6)) and "NET_RX" in soft[0]
@@ -91,6 +94,7 @@ def test_thread_switches_of_a_busy_thread() -> None:
 
 
 # -- the sampler's incremental readers ---------------------------------------------------------
+
 
 def test_counter_tables_agree_with_the_full_parsers_live() -> None:
     root = SysRoot()
@@ -160,36 +164,60 @@ def test_sampler_read_cost_on_a_board_sized_table(tmp_path: Path) -> None:
             changed.append(time.perf_counter() - t0)
             assert table.totals() == interrupts_per_cpu(root)
             assert table.full_parses == 1
-        print(f"\n/proc/interrupts of {lines} lines, 8 CPUs: full parse "
-              f"{statistics.median(full) * 1e6:.0f} µs, 3 rows changed "
-              f"{statistics.median(changed) * 1e6:.0f} µs (file read included)")
+        print(
+            f"\n/proc/interrupts of {lines} lines, 8 CPUs: full parse "
+            f"{statistics.median(full) * 1e6:.0f} µs, 3 rows changed "
+            f"{statistics.median(changed) * 1e6:.0f} µs (file read included)"
+        )
         # The speed itself is scripts/bench_telemetry_cpu.py's (figures in BENCHMARKS.md).
 
 
 # -- who ran on a core ----------------------------------------------------------------------------
+
 
 def _task(tid: int, cpu: int, ticks: int, started: int = 100, comm: str = "t") -> TaskTime:
     return TaskTime(tid, tid, comm, cpu, ticks, started)
 
 
 def test_intruders_between_two_scans() -> None:
-    before = TaskScan(0.0, 1000, {1: _task(1, 3, 50), 2: _task(2, 3, 10), 3: _task(3, 0, 5),
-                                  4: _task(4, 3, 7, started=100), 9: _task(9, 3, 0)})
-    after = TaskScan(1.0, 1100, {
-        1: _task(1, 3, 150, comm="hog"),  # 100 ticks on CPU 3
-        2: _task(2, 3, 10),  # idle
-        3: _task(3, 0, 400),  # busy, elsewhere
-        4: _task(4, 3, 9, started=1050, comm="reused"),  # a new thread with an old tid
-        5: _task(5, 3, 4, started=1010, comm="new"),  # started after the first scan
-        6: _task(6, 3, 80, started=900, comm="missed"),  # existed, not in the first scan
-        9: _task(9, 3, 30, comm="worker"),
-    })
+    before = TaskScan(
+        0.0,
+        1000,
+        {
+            1: _task(1, 3, 50),
+            2: _task(2, 3, 10),
+            3: _task(3, 0, 5),
+            4: _task(4, 3, 7, started=100),
+            9: _task(9, 3, 0),
+        },
+    )
+    after = TaskScan(
+        1.0,
+        1100,
+        {
+            1: _task(1, 3, 150, comm="hog"),  # 100 ticks on CPU 3
+            2: _task(2, 3, 10),  # idle
+            3: _task(3, 0, 400),  # busy, elsewhere
+            4: _task(4, 3, 9, started=1050, comm="reused"),  # a new thread with an old tid
+            5: _task(5, 3, 4, started=1010, comm="new"),  # started after the first scan
+            6: _task(6, 3, 80, started=900, comm="missed"),  # existed, not in the first scan
+            9: _task(9, 3, 30, comm="worker"),
+        },
+    )
     found = intruders(before, after, {3}, exclude={9})
     from sysconf.intrusions import CLOCK_TICKS
+
     assert [(t["comm"], t["cpu_ms"]) for t in found] == [
-        ("hog", 100 * 1000 / CLOCK_TICKS), ("new", 4 * 1000 / CLOCK_TICKS)]
-    assert found[0] == {"comm": "hog", "pid": 1, "tid": 1, "cpu": 3,
-                        "cpu_ms": 100 * 1000 / CLOCK_TICKS}
+        ("hog", 100 * 1000 / CLOCK_TICKS),
+        ("new", 4 * 1000 / CLOCK_TICKS),
+    ]
+    assert found[0] == {
+        "comm": "hog",
+        "pid": 1,
+        "tid": 1,
+        "cpu": 3,
+        "cpu_ms": 100 * 1000 / CLOCK_TICKS,
+    }
     assert intruders(before, after, {3}, top=1)[0]["comm"] == "hog"
     assert intruders(before, after, {7}) == []
 
@@ -197,13 +225,19 @@ def test_intruders_between_two_scans() -> None:
 @pytest.mark.needs_cpus(2, reason="to pin a hog")
 def test_a_pinned_busy_process_is_found_on_its_core() -> None:
     cpu = max(os.sched_getaffinity(0))
-    hog = subprocess.Popen([sys.executable, "-c", f"""
+    hog = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import os, time
 os.sched_setaffinity(0, {{{cpu}}})
 end = time.monotonic() + 30
 while time.monotonic() < end:
     pass
-"""])
+""",
+        ]
+    )
     try:
         time.sleep(0.2)
         t0 = time.perf_counter()

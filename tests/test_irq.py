@@ -75,20 +75,23 @@ def test_parse_x86_rows() -> None:
     cpus, rows = parse_interrupts(X86)
     assert cpus == [0, 1, 2, 3]
     rows_by = {r.irq: r for r in rows}
-    assert rows_by["24"] == IrqLine("24", [0, 0, 3101, 0], "IR-PCI-MSI", "512000",
-                                    "ahci[0000:00:1f.2]", True, "edge")
+    assert rows_by["24"] == IrqLine(
+        "24", [0, 0, 3101, 0], "IR-PCI-MSI", "512000", "ahci[0000:00:1f.2]", True, "edge"
+    )
     assert rows_by["1"].actions == "i8042, ehci_hcd:usb1"  # shared line, both actions
     assert (rows_by["25"].hwirq, rows_by["25"].trigger) == ("", "edge")  # no domain
-    assert rows_by["LOC"] == IrqLine("LOC", [397935, 438956, 1000, 2000],
-                                     actions="Local timer interrupts")
+    assert rows_by["LOC"] == IrqLine(
+        "LOC", [397935, 438956, 1000, 2000], actions="Local timer interrupts"
+    )
     assert rows_by["MIS"].counts == [7] and not rows_by["MIS"].numeric
 
 
 def test_parse_arm_rows() -> None:
     _, rows = parse_interrupts(ARM)
     rows_by = {r.irq: r for r in rows}
-    assert rows_by["11"] == IrqLine("11", [1234, 5678, 910, 1112], "GICv3", "27", "arch_timer",
-                                    True, "Level")
+    assert rows_by["11"] == IrqLine(
+        "11", [1234, 5678, 910, 1112], "GICv3", "27", "arch_timer", True, "Level"
+    )
     assert rows_by["77"].chip == "rockchip_gpio_irq"
     assert rows_by["77"].actions == "fe2c0000.mmc cd"  # an action name with a space
     assert (rows_by["97"].chip, rows_by["97"].hwirq) == ("ITS-MSI", "524288")
@@ -97,11 +100,13 @@ def test_parse_arm_rows() -> None:
 
 
 def test_parse_gaps_in_the_header_and_odd_lines() -> None:
-    text = ("           CPU0       CPU2       CPU3\n"
-            "  5:   1   2   3  RISC-V INTC   5 Edge      riscv-timer\n"
-            "this is not a row\n"
-            "  6:   1   2\n"  # a truncated row: what is there is kept
-            "\n")
+    text = (
+        "           CPU0       CPU2       CPU3\n"
+        "  5:   1   2   3  RISC-V INTC   5 Edge      riscv-timer\n"
+        "this is not a row\n"
+        "  6:   1   2\n"  # a truncated row: what is there is kept
+        "\n"
+    )
     cpus, rows = parse_interrupts(text)
     assert cpus == [0, 2, 3]  # CPU1 offline
     assert rows[0].chip == "RISC-V INTC" and rows[0].actions == "riscv-timer"
@@ -142,13 +147,19 @@ def test_parse_board_roots(tmp_path: Path, cpus: int, arm: bool) -> None:
     for spec in layout.irqs:
         row = numeric[str(spec.irq)]
         assert (row.chip, row.hwirq, row.trigger, row.actions, row.counts) == (
-            spec.chip, spec.hwirq, spec.trigger, spec.action, spec.counts)
+            spec.chip,
+            spec.hwirq,
+            spec.trigger,
+            spec.action,
+            spec.counts,
+        )
     named = [r.irq for r in rows if not r.numeric]
     expected = [f"IPI{i}" for i in range(7)] + ["Err"] if arm else ["NMI", "LOC", "RES", "ERR"]
     assert set(expected) <= set(named)
 
 
 # -- classification ---------------------------------------------------------------------------
+
 
 def test_arm_per_cpu_interrupts_cannot_move(tmp_path: Path) -> None:
     root = board_root(tmp_path, cpus=4)
@@ -203,6 +214,7 @@ def test_irq_without_affinity_file(tmp_path: Path) -> None:
 
 
 # -- planning ---------------------------------------------------------------------------------
+
 
 def test_plan_on_this_machine(tmp_path: Path) -> None:
     root = snapshot_live(tmp_path)
@@ -310,6 +322,7 @@ def test_effective_on(tmp_path: Path) -> None:
 
 # -- irqbalance -------------------------------------------------------------------------------
 
+
 def test_irqbalance_debian_commented_line_replaced_rest_byte_for_byte(tmp_path: Path) -> None:
     root = board_root(tmp_path, cpus=4)
     changes, _ = plan_irqs(SysRoot(root), plan_for(root, [2, 3]))
@@ -326,32 +339,44 @@ def test_irqbalance_rhel_file(tmp_path: Path) -> None:
     root = board_root(tmp_path, cpus=4, irqbalance="rhel")
     change = by_path(plan_irqs(SysRoot(root), plan_for(root, [3]))[0])["/etc/sysconfig/irqbalance"]
     assert "\nIRQBALANCE_BANNED_CPULIST=3\n" in change.new
-    assert change.new.replace("IRQBALANCE_BANNED_CPULIST=3\n",
-                              "#IRQBALANCE_BANNED_CPULIST=\n") == change.old
+    assert (
+        change.new.replace("IRQBALANCE_BANNED_CPULIST=3\n", "#IRQBALANCE_BANNED_CPULIST=\n")
+        == change.old
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
         # an active assignment wins over a commented one; other lines untouched
-        ("#IRQBALANCE_BANNED_CPULIST=\nIRQBALANCE_BANNED_CPULIST=1\nX=1\n",
-         "#IRQBALANCE_BANNED_CPULIST=\nIRQBALANCE_BANNED_CPULIST=2-3\nX=1\n"),
+        (
+            "#IRQBALANCE_BANNED_CPULIST=\nIRQBALANCE_BANNED_CPULIST=1\nX=1\n",
+            "#IRQBALANCE_BANNED_CPULIST=\nIRQBALANCE_BANNED_CPULIST=2-3\nX=1\n",
+        ),
         # an empty value bans nothing explicitly: it is replaced
         ("IRQBALANCE_BANNED_CPULIST=\n", "IRQBALANCE_BANNED_CPULIST=2-3\n"),
         # already right (quoted, other spelling): kept byte for byte
         ('IRQBALANCE_BANNED_CPULIST="2,3"\n', 'IRQBALANCE_BANNED_CPULIST="2,3"\n'),
         # absent: appended, also after a last line without newline
-        ("IRQBALANCE_ARGS=--hintpolicy=ignore", "IRQBALANCE_ARGS=--hintpolicy=ignore\n"
-                                                "IRQBALANCE_BANNED_CPULIST=2-3\n"),
+        (
+            "IRQBALANCE_ARGS=--hintpolicy=ignore",
+            "IRQBALANCE_ARGS=--hintpolicy=ignore\nIRQBALANCE_BANNED_CPULIST=2-3\n",
+        ),
         ("", "IRQBALANCE_BANNED_CPULIST=2-3\n"),
         # CRLF endings survive
-        ("A=1\r\n# IRQBALANCE_BANNED_CPULIST=0\r\nB=2\r\n",
-         "A=1\r\nIRQBALANCE_BANNED_CPULIST=2-3\r\nB=2\r\n"),
+        (
+            "A=1\r\n# IRQBALANCE_BANNED_CPULIST=0\r\nB=2\r\n",
+            "A=1\r\nIRQBALANCE_BANNED_CPULIST=2-3\r\nB=2\r\n",
+        ),
         # the deprecated mask is read first by irqbalance: an active one is kept consistent
-        ("IRQBALANCE_BANNED_CPUS=00000001\n",
-         "IRQBALANCE_BANNED_CPUS=0000000c\nIRQBALANCE_BANNED_CPULIST=2-3\n"),
-        ("#IRQBALANCE_BANNED_CPUS=\nexport IRQBALANCE_BANNED_CPULIST=0\n",
-         "#IRQBALANCE_BANNED_CPUS=\nexport IRQBALANCE_BANNED_CPULIST=2-3\n"),
+        (
+            "IRQBALANCE_BANNED_CPUS=00000001\n",
+            "IRQBALANCE_BANNED_CPUS=0000000c\nIRQBALANCE_BANNED_CPULIST=2-3\n",
+        ),
+        (
+            "#IRQBALANCE_BANNED_CPUS=\nexport IRQBALANCE_BANNED_CPULIST=0\n",
+            "#IRQBALANCE_BANNED_CPUS=\nexport IRQBALANCE_BANNED_CPULIST=2-3\n",
+        ),
     ],
 )
 def test_set_banned_cpus(text: str, expected: str) -> None:
@@ -363,11 +388,14 @@ def test_irqbalance_installed_without_defaults_file_is_noted(tmp_path: Path) -> 
     root = board_root(tmp_path, cpus=4, irqbalance="binary")
     changes, _ = plan_irqs(SysRoot(root), plan_for(root, [3]))
     assert not [c for c in changes if c.kind == "irqbalance"]
-    assert "irqbalance is installed but has no defaults file" in \
-        by_path(changes)["/proc/irq/default_smp_affinity"].reason
+    assert (
+        "irqbalance is installed but has no defaults file"
+        in by_path(changes)["/proc/irq/default_smp_affinity"].reason
+    )
 
 
 # -- apply, idempotence, revert ---------------------------------------------------------------
+
 
 def _roots(tmp_path: Path, kind: str) -> tuple[Path, list[int]]:
     if kind == "live":
@@ -379,8 +407,13 @@ def _roots(tmp_path: Path, kind: str) -> tuple[Path, list[int]]:
     if kind == "arm4":
         return board_root(tmp_path / "root", cpus=4), [2, 3]
     if kind == "arm8-managed":
-        return board_root(tmp_path / "root", cpus=8, managed=board(8).nvme_queues,
-                          isolated="4-7", irqbalance="rhel"), [4, 5, 6, 7]
+        return board_root(
+            tmp_path / "root",
+            cpus=8,
+            managed=board(8).nvme_queues,
+            isolated="4-7",
+            irqbalance="rhel",
+        ), [4, 5, 6, 7]
     return board_root(tmp_path / "root", cpus=6, arm=False), [5]
 
 

@@ -20,13 +20,25 @@ from edged.telemetry.sampler import MAX_SAMPLER_RING, CoreSampler, Sample, cpufr
 from sysconf import SysRoot
 
 
-def _record_us(recorder: LatencyRecorder, total_us: float, queue_us: float = 0.0,
-               at: float = 0.0, switches: int = 0) -> None:
-    recorder.record(total_us / 1e6, queue_us / 1e6, (total_us - queue_us) / 1e6,
-                    at, at + total_us / 1e6, switches)
+def _record_us(
+    recorder: LatencyRecorder,
+    total_us: float,
+    queue_us: float = 0.0,
+    at: float = 0.0,
+    switches: int = 0,
+) -> None:
+    recorder.record(
+        total_us / 1e6,
+        queue_us / 1e6,
+        (total_us - queue_us) / 1e6,
+        at,
+        at + total_us / 1e6,
+        switches,
+    )
 
 
 # -- statistics ------------------------------------------------------------------------------
+
 
 def test_percentiles_match_hdrhistogram_and_the_exact_values() -> None:
     rng = np.random.default_rng(7)
@@ -168,7 +180,8 @@ def test_a_periodic_models_stall_backfills_the_missed_periods() -> None:
     assert shown.count == 1000 + 100  # 1000, 990, ..., 10 ms
     assert shown.total.p99_ms > 800
     assert shown.total.p99_ms == pytest.approx(
-        reference.get_value_at_percentile(99) / 1e3, abs=1e-3)
+        reference.get_value_at_percentile(99) / 1e3, abs=1e-3
+    )
     assert shown.queue.count == shown.compute.count == 1001  # measured phases: as they ran
     assert periodic.since_start().total.p99_ms == shown.total.p99_ms
     for bad in (0, -0.01, float("nan"), float("inf")):
@@ -181,12 +194,25 @@ def test_payload_has_the_telemetry_keys() -> None:
     for value in (1000, 2000, 3000):
         _record_us(recorder, value, queue_us=200)
     payload = recorder.rotate().to_payload()
-    phase_keys = {"count", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms",
-                  "stdev_ms", "jitter_ms"}
-    assert set(payload) == phase_keys | {"queue", "compute", "outlier_count", "outliers",
-                                         "outlier_preemption"}
-    assert payload["outlier_preemption"] == {"switches": 0, "off_cpu_ms": 0.0,
-                                             "wake_delay_ms": 0.0}
+    phase_keys = {
+        "count",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "p999_ms",
+        "max_ms",
+        "mean_ms",
+        "stdev_ms",
+        "jitter_ms",
+    }
+    assert set(payload) == phase_keys | {
+        "queue",
+        "compute",
+        "outlier_count",
+        "outliers",
+        "outlier_preemption",
+    }
+    assert payload["outlier_preemption"] == {"switches": 0, "off_cpu_ms": 0.0, "wake_delay_ms": 0.0}
     assert set(payload["queue"]) == set(payload["compute"]) == phase_keys
     assert payload["count"] == 3 and payload["outliers"] == {}
     assert payload["queue"]["p50_ms"] == pytest.approx(0.2)
@@ -230,8 +256,10 @@ def test_record_costs_a_few_microseconds() -> None:
             recorder.record(0.001 + i * 1e-7, 0.0001, 0.0009 + i * 1e-7, block, block + 0.001)
         per_call.append((time.perf_counter() - t0) / 1000 * 1e6)
     median = statistics.median(per_call)
-    print(f"\nLatencyRecorder.record: median {median:.2f} µs/call, "
-          f"min {min(per_call):.2f}, max {max(per_call):.2f}")
+    print(
+        f"\nLatencyRecorder.record: median {median:.2f} µs/call, "
+        f"min {min(per_call):.2f}, max {max(per_call):.2f}"
+    )
     assert median < 50  # target < 5 µs; generous for a noisy VM
     t0 = time.perf_counter()
     stats = recorder.rotate()  # the telemetry side: numpy over the counters, not bucket walks
@@ -242,14 +270,25 @@ def test_record_costs_a_few_microseconds() -> None:
 
 # -- attribution -----------------------------------------------------------------------------
 
-def _sample(t: float, irq: int = 0, net_rx: int = 0, timer: int = 0,
-            freq: tuple[int, int] | None = None, throttled: bool | None = None,
-            cpu: int = 2) -> Sample:
+
+def _sample(
+    t: float,
+    irq: int = 0,
+    net_rx: int = 0,
+    timer: int = 0,
+    freq: tuple[int, int] | None = None,
+    throttled: bool | None = None,
+    cpu: int = 2,
+) -> Sample:
     """A sample of CPU `cpu` (the model's core) and CPU 0 (busy with everything else)."""
-    return Sample(t, t + 0.0001, {0: 10_000 + int(t * 1000), cpu: irq},
-                  {0: {"NET_RX": int(t * 1000), "TIMER": 0},
-                   cpu: {"NET_RX": net_rx, "TIMER": timer}},
-                  None if freq is None else {cpu: freq, 0: (800_000, 3_000_000)}, throttled)
+    return Sample(
+        t,
+        t + 0.0001,
+        {0: 10_000 + int(t * 1000), cpu: irq},
+        {0: {"NET_RX": int(t * 1000), "TIMER": 0}, cpu: {"NET_RX": net_rx, "TIMER": timer}},
+        None if freq is None else {cpu: freq, 0: (800_000, 3_000_000)},
+        throttled,
+    )
 
 
 def test_attribution_of_each_cause() -> None:
@@ -285,7 +324,11 @@ def test_attribution_of_each_cause() -> None:
     # one is not blamed on the counters as well (NET_RX moved while (0.045, 0.055) ran).
     outliers = [(0.025, 0.035, 0), (0.045, 0.055, 1), (0.065, 0.075, 0), (0.025, 0.055, 0)]
     assert attribute(outliers, cores, samples) == {
-        "irq": 2, "softirq:NET_RX": 1, "preempted": 1, "unexplained": 1}
+        "irq": 2,
+        "softirq:NET_RX": 1,
+        "preempted": 1,
+        "unexplained": 1,
+    }
     # Every sampled CPU when the worker is not pinned: CPU 0 moves all the time.
     assert attribute([(0.065, 0.075, 0)], None, samples) == {"irq": 1, "softirq:NET_RX": 1}
     assert attribute([(0.065, 0.075, 0)], cores, []) == {"unsampled": 1}
@@ -307,8 +350,11 @@ def test_preemption_comes_first_from_the_workers_own_figures() -> None:
     assert causes(0.041, 0.051, 0, 0.0, 0.004) == {"preempted": 1}
     assert causes(0.041, 0.051, 0, 0.0, 0.001) == {"softirq:TIMER": 1}
     assert causes(0.041, 0.051, 0, 0.0, None) == {"softirq:TIMER": 1}
-    found = attribution([(0.021, 0.031, 3, 0.005, 0.0), (0.041, 0.051, 0, 0.0, 0.004),
-                         (0.021, 0.031, 1, 0.0, 0.0)], cores, samples)
+    found = attribution(
+        [(0.021, 0.031, 3, 0.005, 0.0), (0.041, 0.051, 0, 0.0, 0.004), (0.021, 0.031, 1, 0.0, 0.0)],
+        cores,
+        samples,
+    )
     assert found.causes == {"preempted": 2, "irq": 1}
     assert found.preempted_switches == 3
     assert found.preempted_off_cpu_s == pytest.approx(0.005)
@@ -327,11 +373,11 @@ def test_brackets_too_far_from_the_request_are_not_used() -> None:
     assert attribute([outlier], [2], [old, after], max_gap=0.15) == {"unsampled": 1}
     assert attribute([outlier], [2], [old, after]) == {"irq": 1}  # no max_gap: as before
     not_woken = Sample(5.0003, 5.0004, {2: 10}, {2: {"TIMER": 0}})
-    assert attribute([outlier], [2], [old, not_woken, after], max_gap=0.15) == {
-        "unsampled": 1}
+    assert attribute([outlier], [2], [old, not_woken, after], max_gap=0.15) == {"unsampled": 1}
     too_late = Sample(5.006, 5.0061, {2: 10}, {2: {"TIMER": 0}}, woke=True)
     assert attribute([outlier], [2], [old, too_late, after], max_gap=0.15) == {
-        "unsampled": 1}  # began 6 ms (60 %) into the 10 ms request
+        "unsampled": 1
+    }  # began 6 ms (60 %) into the 10 ms request
     assert attribute([outlier], [2], [old, woke, late], max_gap=0.15) == {"unsampled": 1}
     assert attribute([(5.0, 5.01, 2)], [2], [old], max_gap=0.15) == {"preempted": 1}
 
@@ -339,8 +385,7 @@ def test_brackets_too_far_from_the_request_are_not_used() -> None:
 def test_record_keeps_the_wake_up_delay_kept_off_the_core() -> None:
     recorder = LatencyRecorder("m")
     for i in range(1000):
-        recorder.record(0.0011, 0.0001, 0.001, float(i), i + 0.001, 0, 0.0,
-                        (i - 1.0, 0, 1))
+        recorder.record(0.0011, 0.0001, 0.001, float(i), i + 0.001, 0, 0.0, (i - 1.0, 0, 1))
     # Arrived at 99.990 while the worker was free since 99.0: 5 ms until it started.
     recorder.record(0.006, 0.005, 0.001, 1000.0, 1000.001, 0, 0.0, (999.0, 0, 1))
     # The same, but the worker slept twice on the way (the GIL, a lock): not the core.
@@ -446,6 +491,7 @@ def test_batch_usage_measures_off_cpu_time_exactly() -> None:
 
 # -- counter readers -------------------------------------------------------------------------
 
+
 def test_cpufreq_reader(tmp_path: Path) -> None:
     for cpu, cur in ((0, "1200000\n"), (1, "2400000\n")):
         base = tmp_path / f"sys/devices/system/cpu/cpu{cpu}/cpufreq"
@@ -462,8 +508,9 @@ def test_live_sampler_on_this_machine() -> None:
     40 ms at 50 Hz), is woken by each, and every one is bracketed by samples."""
     cpus = sorted(os.sched_getaffinity(0))
     activity = Activity()
-    sampler = CoreSampler(cpus, rate_hz=50.0, freq=cpufreq_reader(), throttled=lambda: False,
-                          activity=activity)
+    sampler = CoreSampler(
+        cpus, rate_hz=50.0, freq=cpufreq_reader(), throttled=lambda: False, activity=activity
+    )
     recorder = LatencyRecorder("m", cores=None)  # unpinned: every sampled CPU
     for _ in range(1000):  # same window: the three sleeps are its top 0.3 %
         _record_us(recorder, 1000)
@@ -512,8 +559,7 @@ def test_sampler_starts_and_stops_cleanly() -> None:
     sampler.stop()
     samples = sampler.samples()
     assert len(samples) == 10  # the ring buffer keeps the last horizon_s * rate_hz
-    assert all(set(s.irqs) == {0} and s.freq is None and s.throttled is None
-               for s in samples)
+    assert all(set(s.irqs) == {0} and s.freq is None and s.throttled is None for s in samples)
     with pytest.raises(ValueError):
         CoreSampler(rate_hz=0)
 
@@ -530,6 +576,7 @@ def test_sampler_ring_grows_to_cover_a_window_within_a_cap() -> None:
 
 
 # -- preemption, for real --------------------------------------------------------------------
+
 
 def test_two_spinning_threads_on_one_cpu_preempt_each_other() -> None:
     cpu = max(os.sched_getaffinity(0))
@@ -561,8 +608,10 @@ def test_two_spinning_threads_on_one_cpu_preempt_each_other() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    print(f"\ninvoluntary switches over 0.3 s on CPU {cpu}: {deltas}, off the CPU "
-          f"{[round(o, 3) for o in off]} s")
+    print(
+        f"\ninvoluntary switches over 0.3 s on CPU {cpu}: {deltas}, off the CPU "
+        f"{[round(o, 3) for o in off]} s"
+    )
     assert max(deltas) > 0
     assert all(0 <= d <= whole for d, whole in zip(during, deltas, strict=True))
     assert sum(off) > 0.2  # they shared the core: about half of each one's 0.3 s

@@ -48,7 +48,8 @@ def project_modules(root: Path, packages: Iterable[str] = PACKAGES) -> dict[str,
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
@@ -106,8 +107,11 @@ def imports_of(module: str, path: Path, modules: set[str]) -> list[Import]:
                 continue
             found.append(Import(module, target, node.lineno, runs))
             own = {*_ancestors(module), module}
-            found += [Import(module, package, node.lineno, runs, implied=True)
-                      for package in _ancestors(target) if package not in own]
+            found += [
+                Import(module, package, node.lineno, runs, implied=True)
+                for package in _ancestors(target)
+                if package not in own
+            ]
     return found
 
 
@@ -184,14 +188,16 @@ def _loop_in(start: str, group: set[str], edges: dict[str, set[str]]) -> list[st
 
 def test_imports_point_down() -> None:
     violations = layer_violations(import_graph(REPO))
-    assert not violations, "imports against the layers (sysconf < backends < edged):\n  " + \
-        "\n  ".join(violations)
+    assert not violations, (
+        "imports against the layers (sysconf < backends < edged):\n  " + "\n  ".join(violations)
+    )
 
 
 def test_no_import_cycle() -> None:
     cycles = import_cycles(import_graph(REPO))
-    assert not cycles, "import cycles at import time:\n  " + \
-        "\n  ".join(" -> ".join(cycle) for cycle in cycles)
+    assert not cycles, "import cycles at import time:\n  " + "\n  ".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -203,36 +209,44 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_checks_find_a_cycle_and_an_upward_import(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "sysconf/__init__.py": "",
-        # upward, but only inside a function and for type checking: still against the layers
-        "sysconf/probe.py": "from typing import TYPE_CHECKING\n"
-                            "if TYPE_CHECKING:\n    from backends.base import Session\n"
-                            "def f():\n    import edged.a\n",
-        "backends/__init__.py": "",
-        "backends/base.py": "from sysconf import probe\n",
-        "edged/__init__.py": "",
-        # a real cycle through a relative import and a name imported from a module
-        "edged/a.py": "from . import b\n",
-        "edged/b.py": "from edged.c import thing\n",
-        "edged/c.py": "import edged.a\n",
-        # not cycles: the way back runs only in a function or for type checking
-        "edged/d.py": "import edged.e\n",
-        "edged/e.py": "import typing\nif typing.TYPE_CHECKING:\n    import edged.d\n"
-                      "def g():\n    from edged import d\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "sysconf/__init__.py": "",
+            # upward, but only inside a function and for type checking: still against the layers
+            "sysconf/probe.py": "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from backends.base import Session\n"
+            "def f():\n    import edged.a\n",
+            "backends/__init__.py": "",
+            "backends/base.py": "from sysconf import probe\n",
+            "edged/__init__.py": "",
+            # a real cycle through a relative import and a name imported from a module
+            "edged/a.py": "from . import b\n",
+            "edged/b.py": "from edged.c import thing\n",
+            "edged/c.py": "import edged.a\n",
+            # not cycles: the way back runs only in a function or for type checking
+            "edged/d.py": "import edged.e\n",
+            "edged/e.py": "import typing\nif typing.TYPE_CHECKING:\n    import edged.d\n"
+            "def g():\n    from edged import d\n",
+        },
+    )
     graph = import_graph(root)
-    assert layer_violations(graph) == ["sysconf.probe (line 3) imports backends.base",
-                                       "sysconf.probe (line 5) imports edged.a"]
+    assert layer_violations(graph) == [
+        "sysconf.probe (line 3) imports backends.base",
+        "sysconf.probe (line 5) imports edged.a",
+    ]
     assert import_cycles(graph) == [["edged.a", "edged.b", "edged.c", "edged.a"]]
 
 
 def test_importing_a_submodule_runs_its_package_first(tmp_path: Path) -> None:
     """A package whose __init__ imports its importer closes a loop through the submodule."""
-    root = _tree(tmp_path, {
-        "edged/__init__.py": "",
-        "edged/top.py": "from edged.sub.leaf import x\n",
-        "edged/sub/__init__.py": "from edged import top\n",
-        "edged/sub/leaf.py": "from edged.sub import y\n",  # its own package: no new edge
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "edged/__init__.py": "",
+            "edged/top.py": "from edged.sub.leaf import x\n",
+            "edged/sub/__init__.py": "from edged import top\n",
+            "edged/sub/leaf.py": "from edged.sub import y\n",  # its own package: no new edge
+        },
+    )
     assert import_cycles(import_graph(root)) == [["edged.sub", "edged.top", "edged.sub"]]

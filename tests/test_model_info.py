@@ -40,15 +40,17 @@ def test_qoperator_onnx_is_int8(models_dir: Path, tmp_path: Path) -> None:
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
             rng = np.random.default_rng(0)
-            self.items = iter([{"x": rng.random((1, 3, 48, 192), dtype=np.float32)}
-                               for _ in range(2)])
+            self.items = iter(
+                [{"x": rng.random((1, 3, 48, 192), dtype=np.float32)} for _ in range(2)]
+            )
 
         def get_next(self):
             return next(self.items, None)
 
     out = tmp_path / "cls_qop.onnx"
-    quantize_static(str(models_dir / "ppocr_cls.onnx"), str(out), Reader(),
-                    quant_format=QuantFormat.QOperator)
+    quantize_static(
+        str(models_dir / "ppocr_cls.onnx"), str(out), Reader(), quant_format=QuantFormat.QOperator
+    )
     info = inspect_model(out)
     assert info.precision == "int8"
     assert "QOperator" in info.precision_detail

@@ -40,11 +40,15 @@ from tests.support.schema import SCHEMAS, check, errors, schema
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = "edged/v1/g/d/"
-BIRTH = {"version": "0.1.0", "hardware": {"cpu": "test", "cores": 2},
-         "models": {"m": {"backend": "onnxruntime", "device": "CPU"}}}
+BIRTH = {
+    "version": "0.1.0",
+    "hardware": {"cpu": "test", "cores": 2},
+    "models": {"m": {"backend": "onnxruntime", "device": "CPU"}},
+}
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
 
 def settings(url: str, **kw: Any) -> MqttSettings:
     return MqttSettings(url=url, group="g", device_id="d", **kw)
@@ -54,8 +58,13 @@ def publisher(tmp: Path, url: str, *, spool_bytes: int = 2**20, **kw: Any) -> Pu
     opts = {k: kw.pop(k) for k in ("window", "reconnect_min_s", "reconnect_max_s") if k in kw}
     opts.setdefault("reconnect_min_s", 0.2)
     opts.setdefault("reconnect_max_s", 1.0)
-    p = Publisher(settings(url, **kw), Spool(tmp / "spool.sqlite", max_bytes=spool_bytes),
-                  tmp, owns_spool=True, **opts)
+    p = Publisher(
+        settings(url, **kw),
+        Spool(tmp / "spool.sqlite", max_bytes=spool_bytes),
+        tmp,
+        owns_spool=True,
+        **opts,
+    )
     p.set_birth(BIRTH)
     return p
 
@@ -107,8 +116,13 @@ time.sleep(120)
 
 def child(url: str, state: Path, count: int = 0) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-c", CHILD, url, str(state), str(count)],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, url, str(state), str(count)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def read_until(proc: subprocess.Popen[str], word: str, timeout: float = 15.0) -> str:
@@ -131,8 +145,10 @@ def read_until(proc: subprocess.Popen[str], word: str, timeout: float = 15.0) ->
 
 # -- settings -------------------------------------------------------------------------------------
 
+
 def test_settings_give_host_port_and_topics_and_unreadable_files_fail_at_open(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The settings are checked by the config (tests/test_config.py); the publisher reads
     them, and refuses a file it cannot read when it opens."""
     s = settings("mqtt://broker.local")
@@ -142,8 +158,11 @@ def test_settings_give_host_port_and_topics_and_unreadable_files_fail_at_open(
     assert settings("mqtts://[::1]:9999").port == 9999
     assert settings("mqtt://h:1").topic("state") == "edged/v1/g/d/state"
     with pytest.raises(SettingsError, match="ca_file: cannot read"):
-        Publisher(settings("mqtts://h:1", ca_file=tmp_path / "missing.pem"),
-                  Spool(tmp_path / "s.sqlite"), tmp_path)
+        Publisher(
+            settings("mqtts://h:1", ca_file=tmp_path / "missing.pem"),
+            Spool(tmp_path / "s.sqlite"),
+            tmp_path,
+        )
 
 
 def test_device_id_from_machine_id_or_hostname(tmp_path: Path) -> None:
@@ -171,21 +190,39 @@ def test_payloads_cannot_set_what_the_publisher_writes(tmp_path: Path) -> None:
 
 # -- state: birth, clean stop, Will ---------------------------------------------------------------
 
+
 @pytest.mark.needs_broker
-def test_birth_is_retained_and_a_clean_stop_publishes_offline(tmp_path: Path,
-                                                              broker: Broker) -> None:
+def test_birth_is_retained_and_a_clean_stop_publishes_offline(
+    tmp_path: Path, broker: Broker
+) -> None:
     p = publisher(tmp_path, broker.url)
     p.start()
     assert p.wait_connected(10), p.last_error
-    seq = p.publish_telemetry({"models": {"m": {"count": 3, "p50_ms": 1.0, "p99_ms": 2.0,
-                                                "p999_ms": 2.5, "max_ms": 3.0,
-                                                "jitter_ms": 1.0, "outliers": {"irq": 1},
-                                                "since_start": {
-                                                    "count": 3, "p50_ms": 1.0, "p99_ms": 2.0,
-                                                    "p999_ms": 2.5, "max_ms": 3.0,
-                                                    "jitter_ms": 1.0}}},
-                               "thermal": {"hottest": None, "throttling": False},
-                               "system": {}})
+    seq = p.publish_telemetry(
+        {
+            "models": {
+                "m": {
+                    "count": 3,
+                    "p50_ms": 1.0,
+                    "p99_ms": 2.0,
+                    "p999_ms": 2.5,
+                    "max_ms": 3.0,
+                    "jitter_ms": 1.0,
+                    "outliers": {"irq": 1},
+                    "since_start": {
+                        "count": 3,
+                        "p50_ms": 1.0,
+                        "p99_ms": 2.0,
+                        "p999_ms": 2.5,
+                        "max_ms": 3.0,
+                        "jitter_ms": 1.0,
+                    },
+                }
+            },
+            "thermal": {"hottest": None, "throttling": False},
+            "system": {},
+        }
+    )
     wait(lambda: p.stats()["spool"]["count"] == 0, what="telemetry acked")
     # A fresh subscriber gets the retained birth: the independent client's view.
     (birth,) = sub_once(broker.port, BASE + "state")
@@ -210,7 +247,8 @@ def test_birth_is_retained_and_a_clean_stop_publishes_offline(tmp_path: Path,
 
 @pytest.mark.needs_broker
 def test_kill_9_makes_the_broker_publish_the_will_with_the_births_bdseq(
-        tmp_path: Path, broker: Broker) -> None:
+    tmp_path: Path, broker: Broker
+) -> None:
     (tmp_path / "mqtt-bdseq").write_text("41\n")  # a daemon that has connected before
     proc = child(broker.url, tmp_path)
     try:
@@ -240,6 +278,7 @@ def test_kill_9_makes_the_broker_publish_the_will_with_the_births_bdseq(
 
 # -- store-and-forward ----------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.needs_broker
 def test_broker_outage_every_message_arrives_in_order(tmp_path: Path) -> None:
@@ -249,13 +288,18 @@ def test_broker_outage_every_message_arrives_in_order(tmp_path: Path) -> None:
     publisher replays even if the publisher reconnects first."""
     broker = Broker(tmp_path / "broker", persistence=True).start()
     try:
-        watcher = SubProcess(broker.port, [BASE + "telemetry", BASE + "state"],
-                             tmp_path / "tele.out", "-c", "-i", "edged-test-outage").ready()
+        watcher = SubProcess(
+            broker.port,
+            [BASE + "telemetry", BASE + "state"],
+            tmp_path / "tele.out",
+            "-c",
+            "-i",
+            "edged-test-outage",
+        ).ready()
     except BaseException:
         broker.stop()
         raise
-    p = publisher(tmp_path, broker.url, keepalive_s=5, reconnect_min_s=0.5,
-                  reconnect_max_s=2.0)
+    p = publisher(tmp_path, broker.url, keepalive_s=5, reconnect_min_s=0.5, reconnect_max_s=2.0)
     produced: list[tuple[int, str]] = []  # (seq, phase)
     phase = "before"
     running = threading.Event()
@@ -263,8 +307,7 @@ def test_broker_outage_every_message_arrives_in_order(tmp_path: Path) -> None:
 
     def produce() -> None:
         while running.is_set():
-            seq = p.publish_telemetry({"models": {}, "thermal": {}, "system": {},
-                                       "phase": phase})
+            seq = p.publish_telemetry({"models": {}, "thermal": {}, "system": {}, "phase": phase})
             assert seq is not None
             produced.append((seq, phase))
             time.sleep(0.05)
@@ -287,7 +330,8 @@ def test_broker_outage_every_message_arrives_in_order(tmp_path: Path) -> None:
         producer.join()
         last = produced[-1][0]
         messages = watcher.wait_for(
-            lambda m: any(x.get("seq") == last for x in of(m, "telemetry")), timeout=20)
+            lambda m: any(x.get("seq") == last for x in of(m, "telemetry")), timeout=20
+        )
         wait(lambda: p.stats()["spool"]["count"] == 0, what="spool drained")
     finally:
         running.clear()
@@ -343,16 +387,16 @@ def test_spool_survives_kill_9_of_the_publisher(tmp_path: Path, broker: Broker) 
 
 
 @pytest.mark.needs_broker
-def test_spool_bound_drops_the_oldest_and_reports_how_many(tmp_path: Path,
-                                                           broker: Broker) -> None:
+def test_spool_bound_drops_the_oldest_and_reports_how_many(tmp_path: Path, broker: Broker) -> None:
     p = publisher(tmp_path, broker.url, spool_bytes=2000)
     pad = "x" * 150
     produced = [p.publish_telemetry({"models": {}, "pad": pad}) for _ in range(60)]
     assert produced == list(range(1, 61))  # seq = spool id, before any connection
     kept = p.spool.stats()["count"]
     assert 5 < kept < 15
-    watcher = SubProcess(broker.port, [BASE + "telemetry", BASE + "event"],
-                         tmp_path / "sub.out").ready()
+    watcher = SubProcess(
+        broker.port, [BASE + "telemetry", BASE + "event"], tmp_path / "sub.out"
+    ).ready()
     try:
         p.start()
         messages = watcher.wait_for(lambda m: of(m, "event"))
@@ -369,7 +413,8 @@ def test_spool_bound_drops_the_oldest_and_reports_how_many(tmp_path: Path,
 
 @pytest.mark.needs_broker
 def test_a_backlog_larger_than_the_brokers_receive_maximum_is_sent_in_order(
-        tmp_path: Path, broker: Broker) -> None:
+    tmp_path: Path, broker: Broker
+) -> None:
     """Mosquitto allows 20 unacknowledged QoS 1 messages per client (Receive Maximum); 1,000
     spooled messages go out within that window, in order. Prints the replay rate."""
     p = publisher(tmp_path, broker.url, spool_bytes=10 * 2**20)
@@ -392,20 +437,29 @@ def test_a_backlog_larger_than_the_brokers_receive_maximum_is_sent_in_order(
 
 # -- TLS and credentials --------------------------------------------------------------------------
 
+
 @pytest.mark.needs_broker
-def test_tls_client_certificate_and_password_file(tmp_path: Path, certs: Certs,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_tls_client_certificate_and_password_file(
+    tmp_path: Path, certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
     secret = "s3cret-Pa55word"
     password_file = tmp_path / "password"
     password_file.write_text(secret + "\n")
     caplog.set_level(logging.DEBUG)
-    with Broker(tmp_path / "broker", certs=certs, users={"device": secret},
-                require_client_cert=True) as broker:
+    with Broker(
+        tmp_path / "broker", certs=certs, users={"device": secret}, require_client_cert=True
+    ) as broker:
         creds = ("-u", "device", "-P", secret)
         watcher = SubProcess(broker.port, BASE + "#", tmp_path / "sub.out", auth=creds).ready()
-        p = publisher(tmp_path, broker.tls_url, ca_file=certs.ca, cert_file=certs.client_cert,
-                      key_file=certs.client_key, username="device",
-                      password_file=password_file)
+        p = publisher(
+            tmp_path,
+            broker.tls_url,
+            ca_file=certs.ca,
+            cert_file=certs.client_cert,
+            key_file=certs.client_key,
+            username="device",
+            password_file=password_file,
+        )
         try:
             p.start()
             assert p.wait_connected(10), p.last_error
@@ -419,9 +473,15 @@ def test_tls_client_certificate_and_password_file(tmp_path: Path, certs: Certs,
 
         # A wrong password: refused by the broker, reported, retried, never logged.
         password_file.write_text("wrong-" + secret)
-        bad = publisher(tmp_path / "bad", broker.tls_url, ca_file=certs.ca,
-                        cert_file=certs.client_cert, key_file=certs.client_key,
-                        username="device", password_file=password_file)
+        bad = publisher(
+            tmp_path / "bad",
+            broker.tls_url,
+            ca_file=certs.ca,
+            cert_file=certs.client_cert,
+            key_file=certs.client_key,
+            username="device",
+            password_file=password_file,
+        )
         bad.start()
         wait(lambda: bad.last_error is not None, what="refusal reported")
         assert not bad.connected
@@ -436,15 +496,19 @@ def test_tls_client_certificate_and_password_file(tmp_path: Path, certs: Certs,
 @pytest.mark.needs_broker
 @pytest.mark.timing
 def test_tls_with_the_wrong_ca_fails_with_the_reason_not_a_crash(
-        tmp_path: Path, certs: Certs, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
     with Broker(tmp_path / "broker", certs=certs) as broker:
         p = publisher(tmp_path, broker.tls_url, ca_file=certs.other_ca)
         p.start()
         wait(lambda: p.last_error is not None, what="failure reported")
         assert "certificate verify failed" in p.last_error
         assert not p.connected
-        assert any("certificate verify failed" in r.getMessage() for r in caplog.records
-                   if r.levelno == logging.WARNING)
+        assert any(
+            "certificate verify failed" in r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING
+        )
         p.publish_telemetry({"models": {}})  # still spooling
         assert p.spool.stats()["count"] == 1
         t = time.monotonic()
@@ -453,6 +517,7 @@ def test_tls_with_the_wrong_ca_fails_with_the_reason_not_a_crash(
 
 
 # -- commands -------------------------------------------------------------------------------------
+
 
 @pytest.mark.needs_broker
 def test_commands_are_validated_and_answered(tmp_path: Path, broker: Broker) -> None:
@@ -463,8 +528,9 @@ def test_commands_are_validated_and_answered(tmp_path: Path, broker: Broker) -> 
         audits.append(command)
         return {"checks": 3, "failed": 1}
 
-    watcher = SubProcess(broker.port, [BASE + "event", BASE + "state", BASE + "audit"],
-                         tmp_path / "sub.out").ready()
+    watcher = SubProcess(
+        broker.port, [BASE + "event", BASE + "state", BASE + "audit"], tmp_path / "sub.out"
+    ).ready()
     # A retained command would run again at every reconnect: refused when it comes as the
     # retained message at subscription.
     pub(broker.port, BASE + "cmd/rebirth", "{}", "-r")
@@ -489,8 +555,14 @@ def test_commands_are_validated_and_answered(tmp_path: Path, broker: Broker) -> 
     for e in events:
         check("event", e)
     rejected = [(e["command"], e["reason"]) for e in events if e["kind"] == "command_rejected"]
-    assert [c for c, _ in rejected] == ["rebirth", "rebirth", "rebirth", "reboot", "audit",
-                                        "rebirth"]
+    assert [c for c, _ in rejected] == [
+        "rebirth",
+        "rebirth",
+        "rebirth",
+        "reboot",
+        "audit",
+        "rebirth",
+    ]
     reasons = [r for _, r in rejected]
     assert reasons[0].startswith("retained commands are ignored")
     assert reasons[1].startswith("payload is not JSON")
@@ -526,8 +598,7 @@ def test_audit_command_flood_is_rate_limited(tmp_path: Path, broker: Broker) -> 
             pub(broker.port, BASE + "cmd/audit", f'{{"id": "f{i}"}}')
         wait(lambda: p.stats()["commands"] >= 20, what="20 commands")
         elapsed = time.monotonic() - start
-        messages = watcher.wait_for(lambda m: any(x.payload["kind"] == "command_done"
-                                                  for x in m))
+        messages = watcher.wait_for(lambda m: any(x.payload["kind"] == "command_done" for x in m))
         time.sleep(0.5)
         messages = watcher.messages()
     finally:
@@ -536,14 +607,16 @@ def test_audit_command_flood_is_rate_limited(tmp_path: Path, broker: Broker) -> 
     assert len(audits) == 1
     events = [m.payload for m in messages]
     rejected = [e for e in events if e["kind"] == "command_rejected"]
-    assert rejected and all(e["reason"].startswith(("at most one audit every 10 s",
-                                                    "an audit is already running"))
-                            for e in rejected)
+    assert rejected and all(
+        e["reason"].startswith(("at most one audit every 10 s", "an audit is already running"))
+        for e in rejected
+    )
     assert len(rejected) <= elapsed + 2  # at most one a second (plus the edges)
     assert p.stats()["commands_rejected"] == 19
 
 
 # -- protocol versions ----------------------------------------------------------------------------
+
 
 @pytest.mark.needs_broker
 def test_mqtt_311_configured(tmp_path: Path, broker: Broker) -> None:
@@ -616,8 +689,7 @@ class V311Only:
 
 
 @pytest.mark.needs_broker
-def test_falls_back_to_311_when_the_broker_refuses_mqtt5(tmp_path: Path,
-                                                         broker: Broker) -> None:
+def test_falls_back_to_311_when_the_broker_refuses_mqtt5(tmp_path: Path, broker: Broker) -> None:
     proxy = V311Only(broker.port)
     p = publisher(tmp_path, f"mqtt://127.0.0.1:{proxy.port}")
     try:
@@ -634,23 +706,27 @@ def test_falls_back_to_311_when_the_broker_refuses_mqtt5(tmp_path: Path,
 
 # -- no broker ------------------------------------------------------------------------------------
 
-def test_log_publisher_writes_json_lines(tmp_path: Path,
-                                         caplog: pytest.LogCaptureFixture) -> None:
+
+def test_log_publisher_writes_json_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="edged.telemetry.loop")
     p = open_publisher(None, tmp_path)
     assert isinstance(p, LogPublisher)
     p.set_birth(BIRTH)
     p.start()
-    assert p.publish_telemetry({"models": {}, "thermal": {"throttling": False},
-                                "system": {}}) == 1
+    assert p.publish_telemetry({"models": {}, "thermal": {"throttling": False}, "system": {}}) == 1
     assert p.publish_telemetry({"models": {}, "thermal": {}, "system": {}}) == 2
     p.publish_event("reload", {"model": "m"})
     p.publish_audit({"checks": 1})
     assert p.stop() is True
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "edged.telemetry.loop"]
     assert [(x["topic"], x["seq"]) for x in lines] == [
-        ("state", 1), ("telemetry", 1), ("telemetry", 2), ("event", 1), ("audit", 1),
-        ("state", 2)]
+        ("state", 1),
+        ("telemetry", 1),
+        ("telemetry", 2),
+        ("event", 1),
+        ("audit", 1),
+        ("state", 2),
+    ]
     for line in lines:
         kind = line.pop("topic")
         check(kind, line)
@@ -661,6 +737,7 @@ def test_log_publisher_writes_json_lines(tmp_path: Path,
 
 
 # -- schemas --------------------------------------------------------------------------------------
+
 
 def test_schemas_are_json_and_reject_what_they_should() -> None:
     names = sorted(f.name.removesuffix(".schema.json") for f in SCHEMAS.glob("*.schema.json"))
@@ -675,14 +752,29 @@ def test_schemas_are_json_and_reject_what_they_should() -> None:
     assert errors({k: v for k, v in tel.items() if k != "seq"}, "telemetry")  # seq missing
     for key in ("thermal", "system"):
         assert errors({k: v for k, v in tel.items() if k != key}, "telemetry")
-    model = {"count": 1, "p50_ms": 1.0, "p99_ms": 1.0, "p999_ms": 1.0, "max_ms": 1.0,
-             "jitter_ms": 0.0, "outliers": {"throttle": 1}}
+    model = {
+        "count": 1,
+        "p50_ms": 1.0,
+        "p99_ms": 1.0,
+        "p999_ms": 1.0,
+        "max_ms": 1.0,
+        "jitter_ms": 0.0,
+        "outliers": {"throttle": 1},
+    }
     assert errors({**tel, "models": {"m": model}}, "telemetry")  # since_start missing
     model["since_start"] = {k: v for k, v in model.items() if k != "outliers"}
     assert not errors({**tel, "models": {"m": model}}, "telemetry")
-    bad_rate = {**tel, "system": {"intrusions": {"span_s": 1.0, "scope": "all", "workers": {},
-                                                 "cpus": {"0": {"interrupts_per_s": -1,
-                                                                "softirqs_per_s": 0}}}}}
+    bad_rate = {
+        **tel,
+        "system": {
+            "intrusions": {
+                "span_s": 1.0,
+                "scope": "all",
+                "workers": {},
+                "cpus": {"0": {"interrupts_per_s": -1, "softirqs_per_s": 0}},
+            }
+        },
+    }
     assert errors(bad_rate, "telemetry")
     bad_model = {**ok, "models": {"m": {"count": 1, "p50_ms": "fast"}}}
     assert errors(bad_model, "telemetry")

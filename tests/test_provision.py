@@ -40,8 +40,9 @@ def test_provision_audit_idempotent_revert(tmp_path, capsys):
     root = image(tmp_path)
     before = tree_state(root)
     audited = audit(root, capsys)
-    fixable_before = {f["id"] for f in audited["findings"]
-                      if f["fixable"] and f["status"] in ("warn", "fail")}
+    fixable_before = {
+        f["id"] for f in audited["findings"] if f["fixable"] and f["status"] in ("warn", "fail")
+    }
     assert {"SVC-TRIM", "KRN-CMDLINE", "SVC-CPUAFFINITY"} <= fixable_before
 
     report = provision(root, capsys)
@@ -50,14 +51,20 @@ def test_provision_audit_idempotent_revert(tmp_path, capsys):
 
     assert (root / SYSCTL_CONF.lstrip("/")).read_text() == sysctl_conf()
     conf = (root / SYSCTL_CONF.lstrip("/")).read_text()
-    for line in ("kernel.timer_migration = 0", "vm.stat_interval = 10",
-                 "kernel.nmi_watchdog = 0", "kernel.numa_balancing = 0"):
+    for line in (
+        "kernel.timer_migration = 0",
+        "vm.stat_interval = 10",
+        "kernel.nmi_watchdog = 0",
+        "kernel.numa_balancing = 0",
+    ):
         assert line in conf.splitlines()
     dropin = (root / AFFINITY_DROPIN.lstrip("/")).read_text()
     assert "[Manager]\nCPUAffinity=\nCPUAffinity=0-2\n" in dropin
     grub = (root / "etc/default/grub").read_text()
-    assert ('GRUB_CMDLINE_LINUX_DEFAULT="quiet isolcpus=managed_irq,domain,3 nohz_full=3 '
-            'rcu_nocbs=3 irqaffinity=0-2"') in grub
+    assert (
+        'GRUB_CMDLINE_LINUX_DEFAULT="quiet isolcpus=managed_irq,domain,3 nohz_full=3 '
+        'rcu_nocbs=3 irqaffinity=0-2"'
+    ) in grub
     etc = root / "etc/systemd/system"
     for unit in EXPECTED_TRIM:
         assert os.readlink(etc / unit) == "/dev/null", unit
@@ -65,19 +72,28 @@ def test_provision_audit_idempotent_revert(tmp_path, capsys):
     repo = Path(__file__).resolve().parent.parent / "systemd"
     for unit in ("edged.service", "edged-tune.service"):
         assert (etc / unit).read_bytes() == (repo / unit).read_bytes()
-        assert os.readlink(etc / "multi-user.target.wants" / unit) == \
-            f"/etc/systemd/system/{unit}"
+        assert os.readlink(etc / "multi-user.target.wants" / unit) == f"/etc/systemd/system/{unit}"
     # The plan's runtime changes were applied too (see sysconf/provision.py).
-    assert {c["kind"] for c in report["applied"]} >= {"irq", "cmdline", "mask", "enable",
-                                                      "unit", "sysctl-conf", "systemd-conf"}
+    assert {c["kind"] for c in report["applied"]} >= {
+        "irq",
+        "cmdline",
+        "mask",
+        "enable",
+        "unit",
+        "sysctl-conf",
+        "systemd-conf",
+    }
 
     after = audit(root, capsys)
     left = [f for f in after["findings"] if f["fixable"] and f["status"] in ("warn", "fail")]
     assert not left, left
     assert all(f["status"] == "pass" for f in after["findings"] if f["id"] == "SVC-TRIM")
     # What is left of KRN-CMDLINE is the running kernel's /proc/cmdline: the next boot fixes it.
-    assert all("was not booted" in f["title"] for f in after["findings"]
-               if f["id"] == "KRN-CMDLINE" and f["status"] != "pass")
+    assert all(
+        "was not booted" in f["title"]
+        for f in after["findings"]
+        if f["id"] == "KRN-CMDLINE" and f["status"] != "pass"
+    )
 
     state = tree_state(root)
     again = provision(root, capsys)
@@ -133,8 +149,7 @@ def test_provisioned_files_are_persistent_revert_runtime_keeps_them(tmp_path, ca
     report = provision(root, capsys)
     persistent = Path(report["persistent_journal"])
     paths = {json.loads(line).get("path") for line in persistent.read_text().splitlines()}
-    assert {SYSCTL_CONF, AFFINITY_DROPIN, "/etc/default/grub",
-            f"{WANTS}/edged.service"} <= paths
+    assert {SYSCTL_CONF, AFFINITY_DROPIN, "/etc/default/grub", f"{WANTS}/edged.service"} <= paths
     capsys.readouterr()
     assert main(["revert", "--runtime", "--root", str(root), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -159,8 +174,7 @@ def test_realtime_model_turns_rt_throttling_off_in_image(tmp_path, capsys, model
     config = tmp_path / "edged.toml"
     model = tmp_path / "m.onnx"
     model.symlink_to(models_dir / "ppocr_cls.onnx")  # the config reads it; the audit does not
-    config.write_text(f'[[models]]\nname = "m"\npath = "{model}"\ncpus = "3"\n'
-                      'rt_priority = 10\n')
+    config.write_text(f'[[models]]\nname = "m"\npath = "{model}"\ncpus = "3"\nrt_priority = 10\n')
 
     def rt_finding() -> dict:
         capsys.readouterr()

@@ -53,8 +53,12 @@ def qemu_x86() -> Path:
 
 
 def test_haswell_is_avx2_without_avx512_or_vnni(qemu_x86: Path) -> None:
-    proc = subprocess.run([str(qemu_x86), "-cpu", AVX2_CPU, sys.executable, "-c", PROBE],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(qemu_x86), "-cpu", AVX2_CPU, sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     # -hle,-rtm: no "TCG doesn't support requested feature" lines on every start.
     assert "warning" not in proc.stderr, proc.stderr
@@ -69,13 +73,21 @@ def test_haswell_is_avx2_without_avx512_or_vnni(qemu_x86: Path) -> None:
 def test_cli_prints_the_paths(qemu_x86: Path) -> None:
     script = REPO / "scripts" / "qemu_user.py"
     for arch in ("x86_64", "aarch64"):
-        proc = subprocess.run([sys.executable, str(script), "--print-path", arch],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, str(script), "--print-path", arch],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         path = Path(proc.stdout.strip())
         assert path == qemu_x86.with_name(f"qemu-{arch}")
         version = subprocess.run([str(path), "--version"], capture_output=True, text=True)
         assert version.stdout.startswith(f"qemu-{arch} version 10."), version.stdout
-    bad = subprocess.run([sys.executable, str(script), "--print-path", "riscv64"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, str(script), "--print-path", "riscv64"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "invalid choice" in bad.stderr

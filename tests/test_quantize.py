@@ -47,10 +47,12 @@ def cls_data(tmp_path_factory) -> tuple[Path, Path]:
 
 # -- calibration data ---------------------------------------------------------------------------
 
+
 def test_images_become_normalised_nchw_feeds(cls_data):
     calibration, _ = cls_data
-    samples = load_samples(calibration, CLS_SPEC, Preprocess(size=(48, 192), mean=(0.5,),
-                                                             std=(0.5,)))
+    samples = load_samples(
+        calibration, CLS_SPEC, Preprocess(size=(48, 192), mean=(0.5,), std=(0.5,))
+    )
     assert len(samples) == 40 and samples.kind == "images"
     x = samples.feeds[0]["x"]
     assert x.shape == (1, 3, 48, 192) and x.dtype == np.float32
@@ -66,8 +68,10 @@ def test_images_become_normalised_nchw_feeds(cls_data):
 
 def test_narrow_samples_are_named(tmp_path):
     """One size, one brightness, one contrast: each lack is said, with what to add."""
-    narrow = save(rendered_text_pages(12, seed=3, sizes=((128, 256),), paper=(240, 250),
-                                      ink=(20, 30)), tmp_path / "narrow")
+    narrow = save(
+        rendered_text_pages(12, seed=3, sizes=((128, 256),), paper=(240, 250), ink=(20, 30)),
+        tmp_path / "narrow",
+    )
     samples = load_samples(narrow, CLS_SPEC, DET_PRE)
     text = "\n".join(narrowness_warnings(samples, CLS_SPEC))
     assert "only 12 calibration sample(s)" in text
@@ -83,21 +87,37 @@ def test_npz_named_after_inputs(tmp_path):
     np.testing.assert_array_equal(samples.feeds[2]["x"][0], data[2])
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: np.savez(p / "d.npz", image=np.zeros((2, 3, 48, 192), np.float32)),
-     "no array for input(s) x; it holds image"),
-    (lambda p: np.savez(p / "d.npz", x=np.zeros((2, 48, 192), np.float32)),
-     "has 3 axes; input 'x' wants"),
-    (lambda p: np.savez(p / "d.npz", x=np.zeros((2, 1, 48, 192), np.float32)),
-     "does not fit input 'x'"),
-    (lambda p: np.savez(p / "d.npz", x=np.full((2, 3, 48, 192), np.nan, np.float32)),
-     "holds NaN or infinite values"),
-    (lambda p: np.savez(p / "d.npz", x=np.zeros((2, 3, 48, 192), np.float32),
-                        y=np.zeros(2, np.float32)),
-     "arrays y match no model input"),
-    (lambda p: (p / "d.npz").write_bytes(b"PK\x03\x04 not really a zip"),
-     "not a readable .npz file"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda p: np.savez(p / "d.npz", image=np.zeros((2, 3, 48, 192), np.float32)),
+            "no array for input(s) x; it holds image",
+        ),
+        (
+            lambda p: np.savez(p / "d.npz", x=np.zeros((2, 48, 192), np.float32)),
+            "has 3 axes; input 'x' wants",
+        ),
+        (
+            lambda p: np.savez(p / "d.npz", x=np.zeros((2, 1, 48, 192), np.float32)),
+            "does not fit input 'x'",
+        ),
+        (
+            lambda p: np.savez(p / "d.npz", x=np.full((2, 3, 48, 192), np.nan, np.float32)),
+            "holds NaN or infinite values",
+        ),
+        (
+            lambda p: np.savez(
+                p / "d.npz", x=np.zeros((2, 3, 48, 192), np.float32), y=np.zeros(2, np.float32)
+            ),
+            "arrays y match no model input",
+        ),
+        (
+            lambda p: (p / "d.npz").write_bytes(b"PK\x03\x04 not really a zip"),
+            "not a readable .npz file",
+        ),
+    ],
+)
 def test_bad_npz_says_what_and_where(tmp_path, make, message):
     make(tmp_path)
     with pytest.raises(CalibrationError) as err:
@@ -136,16 +156,35 @@ def test_bad_folders_say_what_and_where(tmp_path, cls_data):
 def test_cli_bad_data_exits_2_and_writes_nothing(models_dir, tmp_path, capsys):
     np.savez(tmp_path / "wrong.npz", image=np.zeros((4, 3, 48, 192), np.float32))
     out = tmp_path / "out.onnx"
-    code = main(["quantize", str(models_dir / "ppocr_cls.onnx"), "--calibration",
-                 str(tmp_path / "wrong.npz"), "--output", str(out)])
+    code = main(
+        [
+            "quantize",
+            str(models_dir / "ppocr_cls.onnx"),
+            "--calibration",
+            str(tmp_path / "wrong.npz"),
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "wrong.npz: no array for input(s) x" in err
     assert not out.exists()
     bad_model = tmp_path / "bad.onnx"
     bad_model.write_bytes(b"\x08\x07garbage")
-    assert main(["quantize", str(bad_model), "--calibration", str(tmp_path / "wrong.npz"),
-                 "--output", str(out)]) == 2
+    assert (
+        main(
+            [
+                "quantize",
+                str(bad_model),
+                "--calibration",
+                str(tmp_path / "wrong.npz"),
+                "--output",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "bad.onnx" in capsys.readouterr().err
     assert not out.exists()
 
@@ -156,8 +195,16 @@ def test_cli_output_folder_is_refused_before_any_work(models_dir, tmp_path, caps
     np.savez(tmp_path / "ok.npz", x=np.zeros((4, 3, 48, 192), np.float32))
     folder = tmp_path / "out"
     folder.mkdir()
-    code = main(["quantize", str(models_dir / "ppocr_cls.onnx"), "--calibration",
-                 str(tmp_path / "ok.npz"), "--output", str(folder)])
+    code = main(
+        [
+            "quantize",
+            str(models_dir / "ppocr_cls.onnx"),
+            "--calibration",
+            str(tmp_path / "ok.npz"),
+            "--output",
+            str(folder),
+        ]
+    )
     assert code == 2
     assert f"--output {folder} is a folder" in capsys.readouterr().err
     assert list(folder.iterdir()) == [] and not list(tmp_path.glob("*.part"))
@@ -165,19 +212,39 @@ def test_cli_output_folder_is_refused_before_any_work(models_dir, tmp_path, caps
 
 # -- quantization ---------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_cls_cli_writes_a_gated_int8_model(models_dir, cls_data, tmp_path, capsys):
     calibration, evaluation = cls_data
     out = tmp_path / "cls_int8.onnx"
-    code = main(["quantize", str(models_dir / "ppocr_cls.onnx"), "--calibration",
-                 str(calibration), "--eval", str(evaluation), "--output", str(out),
-                 "--target", "onnxruntime", *CLS_PRE, "--runs", "40", "--time-budget", "4",
-                 "--json"])
+    code = main(
+        [
+            "quantize",
+            str(models_dir / "ppocr_cls.onnx"),
+            "--calibration",
+            str(calibration),
+            "--eval",
+            str(evaluation),
+            "--output",
+            str(out),
+            "--target",
+            "onnxruntime",
+            *CLS_PRE,
+            "--runs",
+            "40",
+            "--time-budget",
+            "4",
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
-    assert {"output", "target", "recipe", "fp32_nodes", "accuracy", "speedup",
-            "warnings"} <= set(report)
+    assert {"output", "target", "recipe", "fp32_nodes", "accuracy", "speedup", "warnings"} <= set(
+        report
+    )
     assert report["target"] == "onnxruntime" and report["samples"] == {
-        "calibration": 40, "evaluation": 16}
+        "calibration": 40,
+        "evaluation": 16,
+    }
     assert any("only 40 calibration sample" in w for w in report["warnings"])
     assert out.exists()
     passed = [a for a in report["attempts"] if a["passed"]]
@@ -213,15 +280,19 @@ def test_fp32_kept_when_int8_does_not_win(models_dir, tmp_path):
     assert "no INT8 recipe beats FP32 (best: full on onnxruntime, 1.01x)" in report.reason
     assert out.read_bytes() == model.read_bytes()
 
-    bad = Attempt("onnxruntime", Recipe("conv-matmul", ("Conv",)), int8,
-                  Accuracy(0.875, 0.95, 0.9, 0.3, 0.875, "top-1 agreement"), False)
+    bad = Attempt(
+        "onnxruntime",
+        Recipe("conv-matmul", ("Conv",)),
+        int8,
+        Accuracy(0.875, 0.95, 0.9, 0.3, 0.875, "top-1 agreement"),
+        False,
+    )
     report = decide(model, out, [bad], {"onnxruntime": 1.0}, calib, calib, QUICK, [])
     assert "no INT8 recipe passes the accuracy gate" in report.reason
     assert "top-1 agreement 0.875" in report.reason
 
     fast = replace(slow, p50_ms=0.5, speedup=2.0)
-    report = decide(model, out, [slow, fast, bad], {"onnxruntime": 1.0}, calib, calib,
-                     QUICK, ["w"])
+    report = decide(model, out, [slow, fast, bad], {"onnxruntime": 1.0}, calib, calib, QUICK, ["w"])
     assert report.int8 and report.speedup == 2.0 and report.warnings == ["w"]
     assert out.read_bytes() == int8.read_bytes()
 
@@ -231,8 +302,12 @@ def test_narrow_calibration_fails_gate_and_mixed_precision_rescues(models_dir, t
     """The det model calibrated on a deliberately narrow set (few samples, one size, bright
     paper and dark ink only) and evaluated on varied pages: the plain recipes fail the gate;
     keeping the most sensitive nodes in FP32 brings one through, and the report names them."""
-    narrow = save(rendered_text_pages(16, seed=5, sizes=((128, 256),), paper=(235, 255),
-                                      ink=(0, 40), font_px=(20, 22)), tmp_path / "narrow")
+    narrow = save(
+        rendered_text_pages(
+            16, seed=5, sizes=((128, 256),), paper=(235, 255), ink=(0, 40), font_px=(20, 22)
+        ),
+        tmp_path / "narrow",
+    )
     varied = save(rendered_text_pages(8, seed=6), tmp_path / "varied")
     specs = input_specs(models_dir / "ppocrv4_det.onnx")
     calib = load_samples(narrow, specs, DET_PRE)
@@ -240,8 +315,7 @@ def test_narrow_calibration_fails_gate_and_mixed_precision_rescues(models_dir, t
     warnings = narrowness_warnings(calib, specs)
     assert any("every sample is 128x256" in w for w in warnings)
     out = tmp_path / "det_int8.onnx"
-    report = quantize_model(models_dir / "ppocrv4_det.onnx", out, calib, evals, QUICK,
-                            warnings)
+    report = quantize_model(models_dir / "ppocrv4_det.onnx", out, calib, evals, QUICK, warnings)
     attempts = report.attempts
     plain = [a for a in attempts if not a["fp32_nodes"]]
     mixed = [a for a in attempts if a["fp32_nodes"]]

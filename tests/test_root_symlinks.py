@@ -33,9 +33,12 @@ APPLY = ["apply", "--inference-cpus", "3", "--json"]
 def board(tmp_path: Path) -> Path:
     """A 4-core board root with a sysctl, a workqueue mask and a GRUB config to change."""
     root = board_root(tmp_path / "root", cpus=4)
-    for rel, text in ((SYSCTL, "1\n"), ("proc/sys/vm/stat_interval", "1\n"),
-                      ("sys/devices/virtual/workqueue/cpumask", "f\n"),
-                      ("etc/default/grub", GRUB)):
+    for rel, text in (
+        (SYSCTL, "1\n"),
+        ("proc/sys/vm/stat_interval", "1\n"),
+        ("sys/devices/virtual/workqueue/cpumask", "f\n"),
+        ("etc/default/grub", GRUB),
+    ):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     return root
@@ -69,9 +72,11 @@ def link(path: Path, target: str | Path) -> None:
 
 # -- /proc and /sys: refused ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("shape", ["absolute", "relative-out", "folder", "sys"])
-def test_apply_refuses_a_kernel_file_linked_to_a_host_file(tmp_path: Path, capsys,
-                                                           shape: str) -> None:
+def test_apply_refuses_a_kernel_file_linked_to_a_host_file(
+    tmp_path: Path, capsys, shape: str
+) -> None:
     root = board(tmp_path)
     if shape == "absolute":
         where = root / SYSCTL
@@ -148,12 +153,14 @@ def test_sysfs_shaped_links_are_followed_inside_sys(tmp_path: Path) -> None:
     assert journal.apply([Change("governor", path, "schedutil\n", "performance", "t")]).applied
     assert (policy / "scaling_governor").read_text() == "performance"
     assert [r.get("target") for r in journal.records() if r["op"] == "set"] == [
-        "/sys/devices/system/cpu/cpufreq/policy2/scaling_governor"]
+        "/sys/devices/system/cpu/cpufreq/policy2/scaling_governor"
+    ]
     journal.revert()
     assert tree_state(root) == before
 
 
 # -- crafted journals -------------------------------------------------------------------------
+
 
 def crafted_journal(root: Path, records: list[dict]) -> Path:
     """A journal as check_trusted wants it (owned by us, 0600 in a 0755 folder) whose records
@@ -170,13 +177,18 @@ def crafted_journal(root: Path, records: list[dict]) -> Path:
 CRON = "* * * * * root sh -c 'echo owned > /tmp/owned'\n"
 
 
-def test_revert_of_a_crafted_journal_through_a_kernel_link_is_refused(tmp_path: Path,
-                                                                      capsys) -> None:
+def test_revert_of_a_crafted_journal_through_a_kernel_link_is_refused(
+    tmp_path: Path, capsys
+) -> None:
     root = board(tmp_path)
     link(root / SYSCTL, victim(tmp_path))
-    journal = crafted_journal(root, [
-        {"op": "set", "path": "/" + SYSCTL, "old": CRON, "new": "0", "kind": "sysctl"},
-        {"op": "done"}])
+    journal = crafted_journal(
+        root,
+        [
+            {"op": "set", "path": "/" + SYSCTL, "old": CRON, "new": "0", "kind": "sysctl"},
+            {"op": "done"},
+        ],
+    )
     before, host = tree_state(root, exclude=()), host_state(tmp_path)
 
     code, _, err = run(capsys, "revert", "--root", str(root))
@@ -188,22 +200,33 @@ def test_revert_of_a_crafted_journal_through_a_kernel_link_is_refused(tmp_path: 
 
 
 @pytest.mark.parametrize("shape", ["absolute", "relative-out", "target"])
-def test_revert_of_a_crafted_journal_never_writes_outside_the_root(tmp_path: Path, capsys,
-                                                                   shape: str) -> None:
+def test_revert_of_a_crafted_journal_never_writes_outside_the_root(
+    tmp_path: Path, capsys, shape: str
+) -> None:
     """etc/cron.d links to a host folder: the records' paths are resolved inside the root,
     where that folder does not exist, so revert fails (exit 1) and writes nothing."""
     root = board(tmp_path)
     crontab = victim(tmp_path, "crontab", "# the host's own\n")
     cron = root / "etc/cron.d"
-    link(cron, crontab.parent if shape != "relative-out"
-         else os.path.relpath(crontab.parent, cron.parent))
-    records = [{"op": "set", "path": "/etc/cron.d/crontab", "old": CRON, "new": "x",
-                "kind": "cmdline"},
-               {"op": "set", "path": "/etc/cron.d/edged", "old": CRON, "new": "x",
-                "kind": "cmdline"}]
+    link(
+        cron,
+        crontab.parent if shape != "relative-out" else os.path.relpath(crontab.parent, cron.parent),
+    )
+    records = [
+        {"op": "set", "path": "/etc/cron.d/crontab", "old": CRON, "new": "x", "kind": "cmdline"},
+        {"op": "set", "path": "/etc/cron.d/edged", "old": CRON, "new": "x", "kind": "cmdline"},
+    ]
     if shape == "target":  # a "target" field pointing through the link
-        records = [{"op": "set", "path": "/etc/default/grub", "target": "/etc/cron.d/crontab",
-                    "old": CRON, "new": "x", "kind": "cmdline"}]
+        records = [
+            {
+                "op": "set",
+                "path": "/etc/default/grub",
+                "target": "/etc/cron.d/crontab",
+                "old": CRON,
+                "new": "x",
+                "kind": "cmdline",
+            }
+        ]
     crafted_journal(root, [*records, {"op": "done"}])
     host = host_state(tmp_path)
 
@@ -213,15 +236,15 @@ def test_revert_of_a_crafted_journal_never_writes_outside_the_root(tmp_path: Pat
     assert all(r["action"].startswith("failed") for r in json.loads(out)["reverted"])
 
 
-def test_a_journal_folder_linked_out_of_the_root_stays_in_the_root(tmp_path: Path,
-                                                                   capsys) -> None:
+def test_a_journal_folder_linked_out_of_the_root_stays_in_the_root(tmp_path: Path, capsys) -> None:
     """var/lib/edged -> a host folder holding a (trusted-looking) journal: revert --root
     must neither act on that journal nor move it aside; apply keeps its journal inside."""
     root = board(tmp_path)
     outside = tmp_path / "host" / "state"
     outside.mkdir(parents=True, mode=0o755)
-    (outside / JOURNAL_NAME).write_text(json.dumps(
-        {"op": "set", "path": "/etc/default/grub", "old": CRON, "new": "x"}) + "\n")
+    (outside / JOURNAL_NAME).write_text(
+        json.dumps({"op": "set", "path": "/etc/default/grub", "old": CRON, "new": "x"}) + "\n"
+    )
     (outside / JOURNAL_NAME).chmod(0o600)
     link(root / STATE, outside)
     host = host_state(tmp_path)
@@ -257,9 +280,11 @@ def test_a_random_bytes_journal_names_the_file(tmp_path: Path, capsys) -> None:
 
 # -- links elsewhere are data ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("target", ["../../real/grub", "/real/grub"])
-def test_apply_edits_what_a_link_leads_to_and_revert_leaves_the_link(tmp_path: Path, capsys,
-                                                                     target: str) -> None:
+def test_apply_edits_what_a_link_leads_to_and_revert_leaves_the_link(
+    tmp_path: Path, capsys, target: str
+) -> None:
     assert not os.path.lexists("/real"), "the absolute link must not find a host file"
     root = board(tmp_path)
     (root / "real").mkdir()
@@ -274,15 +299,15 @@ def test_apply_edits_what_a_link_leads_to_and_revert_leaves_the_link(tmp_path: P
     assert "isolcpus=managed_irq,domain,3" in (root / "real/grub").read_text()
     records = Journal(SysRoot(root), persistent=True).records()
     assert [(r["path"], r.get("target")) for r in records if r["op"] == "set"] == [
-        ("/etc/default/grub", "/real/grub")]
+        ("/etc/default/grub", "/real/grub")
+    ]
 
     code, _, err = run(capsys, "revert", "--root", str(root))
     assert code == 0, err
     assert tree_state(root) == before
 
 
-def test_an_absolute_link_never_brings_a_host_file_into_the_image(tmp_path: Path,
-                                                                  capsys) -> None:
+def test_an_absolute_link_never_brings_a_host_file_into_the_image(tmp_path: Path, capsys) -> None:
     """etc/default/grub -> <host path>: inside the root that path does not exist, so there
     is no boot configuration to edit; the host's content is never read into the image."""
     root = board(tmp_path)
@@ -295,8 +320,11 @@ def test_an_absolute_link_never_brings_a_host_file_into_the_image(tmp_path: Path
     assert "/etc/default/grub" not in {c["path"] for c in json.loads(out)["applied"]}
     assert host_state(tmp_path) == host
     assert os.readlink(root / "etc/default/grub") == str(host_grub)
-    assert not [rel for rel, entry in tree_state(root, exclude=()).items()
-                if isinstance(entry[0], bytes) and b"host-only-marker" in entry[0]]
+    assert not [
+        rel
+        for rel, entry in tree_state(root, exclude=()).items()
+        if isinstance(entry[0], bytes) and b"host-only-marker" in entry[0]
+    ]
     code, _, err = run(capsys, "revert", "--root", str(root))
     assert code == 0, err
     assert tree_state(root) == before
@@ -348,6 +376,7 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path: P
 
 
 # -- the resolver itself ----------------------------------------------------------------------
+
 
 def test_resolution_is_that_of_resolve_in_root(tmp_path: Path) -> None:
     root = tmp_path / "root"

@@ -62,18 +62,23 @@ def test_selects_and_caches(hw, models_dir: Path, tmp_path: Path, monkeypatch) -
     assert second.why == first.why and second.evidence[0].accuracy == first.evidence[0].accuracy
     # Another family (a variant added) is another decision.
     with pytest.raises(AssertionError, match="re-benchmarked"):
-        select(model, hw, Policy(shapes=CLS, **FAST), tmp_path,
-               variants=[models_dir / "ppocr_cls_int8.onnx"])
+        select(
+            model,
+            hw,
+            Policy(shapes=CLS, **FAST),
+            tmp_path,
+            variants=[models_dir / "ppocr_cls_int8.onnx"],
+        )
 
 
 @pytest.mark.isa
-def test_lone_int8_model_is_held_to_its_own_arithmetic(hw, models_dir: Path, tmp_path: Path
-                                                       ) -> None:
+def test_lone_int8_model_is_held_to_its_own_arithmetic(
+    hw, models_dir: Path, tmp_path: Path
+) -> None:
     """An INT8 model with no original: today's check against its own float arithmetic, and
     the evidence says the original was not checked. The test data's INT8 models use 7-bit
     weights, so they pass on CPUs with and without VNNI alike."""
-    result = select(models_dir / "ppocr_cls_int8.onnx", hw, Policy(shapes=CLS, **FAST),
-                    tmp_path)
+    result = select(models_dir / "ppocr_cls_int8.onnx", hw, Policy(shapes=CLS, **FAST), tmp_path)
     assert result.model.is_int8 and not result.against_original
     assert any("no FP32 original was given" in w for w in result.warnings)
     for ev in result.evidence:
@@ -108,8 +113,9 @@ def test_family_is_judged_against_the_original(hw, models_dir: Path, tmp_path: P
     best = min(e.latency.p99_ms for e in measured)
     assert result.selected.latency.p99_ms <= best * (1 + TIE_FRACTION)
 
-    int8_only = select(original, hw, Policy(shapes=CLS, precision="int8", **FAST), tmp_path,
-                       variants=[variant])
+    int8_only = select(
+        original, hw, Policy(shapes=CLS, precision="int8", **FAST), tmp_path, variants=[variant]
+    )
     assert int8_only.model.path == variant
     assert {e.variant for e in int8_only.evidence} == {str(variant)}
     with pytest.raises(SelectionError, match="no INT8 variant"):
@@ -117,16 +123,20 @@ def test_family_is_judged_against_the_original(hw, models_dir: Path, tmp_path: P
 
 
 @pytest.mark.isa
-def test_u8s8_saturation_is_named_where_the_cpu_lacks_vnni(hw, models_dir: Path,
-                                                            cls_u8s8: Path,
-                                                            tmp_path: Path) -> None:
+def test_u8s8_saturation_is_named_where_the_cpu_lacks_vnni(
+    hw, models_dir: Path, cls_u8s8: Path, tmp_path: Path
+) -> None:
     """Plain U8S8 weights: fine where the CPU has an 8-bit dot product; on x86 without VNNI
     (the isa-avx2 lane, an AVX2-only EPYC) onnxruntime's kernels saturate, the variant is
     rejected against the original, and its evidence names the cause and the fix."""
-    result = select(models_dir / "ppocr_cls.onnx", hw, Policy(shapes=CLS, **FAST), tmp_path,
-                    variants=[cls_u8s8])
-    ort = next(e for e in result.evidence if e.variant == str(cls_u8s8)
-               and e.candidate.key == "onnxruntime:CPU:model")
+    result = select(
+        models_dir / "ppocr_cls.onnx", hw, Policy(shapes=CLS, **FAST), tmp_path, variants=[cls_u8s8]
+    )
+    ort = next(
+        e
+        for e in result.evidence
+        if e.variant == str(cls_u8s8) and e.candidate.key == "onnxruntime:CPU:model"
+    )
     if hw.int8_dot_product or hw.arch != "x86_64":
         assert ort.status in ("selected", "passed"), ort
         assert "likely cause" not in ort.reason
@@ -138,13 +148,15 @@ def test_u8s8_saturation_is_named_where_the_cpu_lacks_vnni(hw, models_dir: Path,
 
 
 @pytest.mark.isa
-def test_original_passes_against_itself_on_nearly_constant_outputs(hw, models_dir: Path,
-                                                                   tmp_path: Path) -> None:
+def test_original_passes_against_itself_on_nearly_constant_outputs(
+    hw, models_dir: Path, tmp_path: Path
+) -> None:
     """PP-OCRv4 det at 64x64: one generated input gives a text map of ~1e-7 everywhere,
     where two correct FP32 runtimes differ by a cosine of 0.97 (rounding noise). That
     sample is judged by max-abs against the output's range, so the FP32 model is served."""
-    result = select(models_dir / "ppocrv4_det.onnx", hw,
-                    Policy(shapes={"x": (1, 3, 64, 64)}, **FAST), tmp_path)
+    result = select(
+        models_dir / "ppocrv4_det.onnx", hw, Policy(shapes={"x": (1, 3, 64, 64)}, **FAST), tmp_path
+    )
     ort = next(e for e in result.evidence if e.candidate.key == "onnxruntime:CPU:model")
     assert ort.status in ("selected", "passed"), ort
     assert "max-abs/range on 1 of 4 nearly constant" in ort.accuracy.rule
@@ -153,15 +165,22 @@ def test_original_passes_against_itself_on_nearly_constant_outputs(hw, models_di
 
 @pytest.mark.isa
 @pytest.mark.slow
-def test_int8_that_sees_nothing_is_rejected_against_the_original(hw, models_dir: Path,
-                                                                 tmp_path: Path) -> None:
+def test_int8_that_sees_nothing_is_rejected_against_the_original(
+    hw, models_dir: Path, tmp_path: Path
+) -> None:
     """At 160x160 the INT8 detector answers all-zero text maps where the original finds
     text: against its own arithmetic it passed; against the original it is rejected."""
     policy = Policy(shapes={"x": (1, 3, 160, 160)}, **FAST)
-    result = select(models_dir / "ppocrv4_det.onnx", hw, policy, tmp_path,
-                    variants=[models_dir / "ppocrv4_det_int8.onnx"])
-    int8 = [e for e in result.evidence if e.variant.endswith("_int8.onnx")
-            and e.status != "unavailable"]
+    result = select(
+        models_dir / "ppocrv4_det.onnx",
+        hw,
+        policy,
+        tmp_path,
+        variants=[models_dir / "ppocrv4_det_int8.onnx"],
+    )
+    int8 = [
+        e for e in result.evidence if e.variant.endswith("_int8.onnx") and e.status != "unavailable"
+    ]
     assert int8 and all(e.status == "rejected" for e in int8), int8
     assert all(e.accuracy.cosine_min < 0.5 for e in int8)  # a sample with nothing found
     assert not result.model.is_int8
@@ -169,10 +188,18 @@ def test_int8_that_sees_nothing_is_rejected_against_the_original(hw, models_dir:
 
 
 def test_variant_that_does_not_fit_the_original(hw, models_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match=r"variant .*ppocrv4_det_int8\.onnx does not match "
-                                         r"its original .*ppocr_cls\.onnx: outputs are"):
-        select(models_dir / "ppocr_cls.onnx", hw, Policy(shapes=CLS, **FAST), tmp_path,
-               variants=[models_dir / "ppocrv4_det_int8.onnx"])
+    with pytest.raises(
+        ModelError,
+        match=r"variant .*ppocrv4_det_int8\.onnx does not match "
+        r"its original .*ppocr_cls\.onnx: outputs are",
+    ):
+        select(
+            models_dir / "ppocr_cls.onnx",
+            hw,
+            Policy(shapes=CLS, **FAST),
+            tmp_path,
+            variants=[models_dir / "ppocrv4_det_int8.onnx"],
+        )
     assert not list(tmp_path.rglob("*.json"))
 
 
@@ -187,8 +214,9 @@ def test_variant_that_fails_to_load_is_evidence(hw, models_dir: Path, tmp_path: 
     model.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
     broken = tmp_path / "broken_variant.onnx"
     onnx.save(model, str(broken))
-    result = select(models_dir / "ppocr_cls.onnx", hw, Policy(shapes=CLS, **FAST), tmp_path,
-                    variants=[broken])
+    result = select(
+        models_dir / "ppocr_cls.onnx", hw, Policy(shapes=CLS, **FAST), tmp_path, variants=[broken]
+    )
     bad = [e for e in result.evidence if e.variant == str(broken) and e.status != "unavailable"]
     assert bad and all(e.status == "failed" and e.reason for e in bad), bad
     assert result.model.path == models_dir / "ppocr_cls.onnx"
@@ -207,20 +235,24 @@ def test_cache_key_follows_settings(hw, models_dir: Path) -> None:
     assert base != cache_key(model, hw, Policy(shapes=CLS, max_drop=0.05))
     assert base != cache_key(model, hw, Policy(shapes=CLS, precision="int8"))
     assert cache_key(other, hw, Policy(shapes=CLS)) != cache_key(
-        other, hw, Policy(shapes=CLS), [model])
+        other, hw, Policy(shapes=CLS), [model]
+    )
 
 
 def test_pinned_backend_is_still_verified(hw, models_dir: Path, tmp_path: Path) -> None:
-    result = select(models_dir / "ppocr_cls.onnx", hw,
-                    Policy(shapes=CLS, backend="openvino:CPU:fp32", **FAST), tmp_path)
+    result = select(
+        models_dir / "ppocr_cls.onnx",
+        hw,
+        Policy(shapes=CLS, backend="openvino:CPU:fp32", **FAST),
+        tmp_path,
+    )
     measured = [e for e in result.evidence if e.status != "unavailable"]
     assert [e.candidate.key for e in measured] == ["openvino:CPU:fp32"]
     assert measured[0].cosine > 0.999 and measured[0].precision == "fp32"
 
 
 def test_tflite_selection(hw, models_dir: Path, tmp_path: Path) -> None:
-    result = select(models_dir / "face_detection_short_range.tflite", hw, Policy(**FAST),
-                    tmp_path)
+    result = select(models_dir / "face_detection_short_range.tflite", hw, Policy(**FAST), tmp_path)
     keys = {e.candidate.key: e for e in result.evidence}
     assert keys["litert:XNNPACK:model"].status in ("selected", "passed")
     assert keys["litert:XNNPACK:model"].info["delegate_coverage"] == 1.0
@@ -232,26 +264,30 @@ def test_nothing_passes_nothing_cached(hw, models_dir: Path, tmp_path: Path) -> 
     the state folder is as it was (absent) after the failure."""
     state = tmp_path / "state"
     with pytest.raises(SelectionError, match=r"no candidate ran it correctly.*max-abs") as err:
-        select(models_dir / "ppocr_cls.onnx", hw,
-               Policy(shapes=CLS, max_abs=-1.0, **FAST), state)
+        select(models_dir / "ppocr_cls.onnx", hw, Policy(shapes=CLS, max_abs=-1.0, **FAST), state)
     assert {e.status for e in err.value.evidence} >= {"rejected"}
-    assert any(e.candidate.backend == "openvino" for e in err.value.evidence
-               if e.status == "rejected")  # so OpenVINO did compile (and cache) it
+    assert any(
+        e.candidate.backend == "openvino" for e in err.value.evidence if e.status == "rejected"
+    )  # so OpenVINO did compile (and cache) it
     assert not state.exists(), sorted(state.rglob("*"))
     # With blobs already there from an earlier success, only what the failure added goes.
-    ok = select(models_dir / "ppocr_cls.onnx", hw,
-                Policy(shapes=CLS, backend="openvino:CPU:fp32", **FAST), state)
+    ok = select(
+        models_dir / "ppocr_cls.onnx",
+        hw,
+        Policy(shapes=CLS, backend="openvino:CPU:fp32", **FAST),
+        state,
+    )
     before = sorted(state.rglob("*"))
     assert ok.selected and any((state / "openvino-cache").iterdir())
     with pytest.raises(SelectionError):
-        select(models_dir / "ppocr_cls_int8.onnx", hw,
-               Policy(shapes=CLS, max_abs=-1.0, **FAST), state)
+        select(
+            models_dir / "ppocr_cls_int8.onnx", hw, Policy(shapes=CLS, max_abs=-1.0, **FAST), state
+        )
     assert sorted(state.rglob("*")) == before
 
 
 @pytest.mark.integration
-def test_cached_decision_imports_only_its_runtime(hw, models_dir: Path, tmp_path: Path
-                                                  ) -> None:
+def test_cached_decision_imports_only_its_runtime(hw, models_dir: Path, tmp_path: Path) -> None:
     """A restart with a cached decision: select() reads it and load_candidate() asks only
     the chosen backend, so the other runtimes are never imported (fresh process)."""
     model = models_dir / "face_detection_short_range.tflite"
@@ -271,8 +307,14 @@ def test_cached_decision_imports_only_its_runtime(hw, models_dir: Path, tmp_path
         runtimes = ("openvino", "onnxruntime", "ai_edge_litert", "tflite_runtime")
         print(sel.from_cache, cand.key, sorted(m for m in runtimes if m in sys.modules))
     """).replace("import sys", "import sys\nfrom pathlib import Path", 1)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=REPO, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert out.stdout.strip() == "True litert:XNNPACK:model ['ai_edge_litert']", out.stderr
 
 
@@ -285,11 +327,16 @@ def test_unknown_pinned_backend(hw, models_dir: Path, tmp_path: Path) -> None:
 
 def test_bad_inputs(hw, models_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="unknown input 'image'"):
-        select(models_dir / "ppocr_cls.onnx", hw, Policy(shapes={"image": (1, 3, 48, 192)},
-                                                         **FAST), tmp_path)
+        select(
+            models_dir / "ppocr_cls.onnx",
+            hw,
+            Policy(shapes={"image": (1, 3, 48, 192)}, **FAST),
+            tmp_path,
+        )
     with pytest.raises(InputError, match=r"--shape for 'x' is 1x48x192, the model takes \?x3"):
-        select(models_dir / "ppocr_cls.onnx", hw, Policy(shapes={"x": (1, 48, 192)}, **FAST),
-               tmp_path)
+        select(
+            models_dir / "ppocr_cls.onnx", hw, Policy(shapes={"x": (1, 48, 192)}, **FAST), tmp_path
+        )
     broken = tmp_path / "broken.onnx"
     broken.write_bytes((models_dir / "ppocr_cls.onnx").read_bytes()[:1000])
     with pytest.raises(ModelError, match=r"broken\.onnx"):
@@ -340,8 +387,14 @@ def test_failover_loads_on_the_model_cpus(hw, models_dir: Path, tmp_path: Path) 
         print(json.dumps({{"key": session.candidate.key, "new": new,
                           "caller": caller}}))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=REPO, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=300,
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["key"] != first.selected.candidate.key
     assert result["new"] == ["1"], result  # OpenVINO's stream thread(s), on CPU 1 only

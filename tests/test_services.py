@@ -45,11 +45,13 @@ def ids(found, status: str = "warn") -> dict[str, set[str]]:
 
 # -- discovery and the check ------------------------------------------------------------------
 
+
 def test_candidates_found_in_image_root(tmp_path: Path) -> None:
     root = SysRoot.at(image_root(tmp_path))
     links = enable_links(root)
     assert links["getty@tty1.service"] == [
-        "/etc/systemd/system/getty.target.wants/getty@tty1.service"]
+        "/etc/systemd/system/getty.target.wants/getty@tty1.service"
+    ]
     assert {s.name for s in trim_candidates(root)} == EXPECTED_TRIM
     bluetooth = unit_state(root, "bluetooth")
     assert bluetooth.masked and bluetooth.enabled_by and not bluetooth.enabled
@@ -59,29 +61,45 @@ def test_candidates_found_in_image_root(tmp_path: Path) -> None:
 
 def test_protected_never_proposed(tmp_path: Path) -> None:
     root = SysRoot.at(image_root(tmp_path))
-    for unit in ("systemd-journald.service", "ssh", "sshd.service", "getty@tty1.service",
-                 "serial-getty@ttyS0.service", "systemd-networkd.service", "dbus.socket",
-                 "edged", "edged-tune.service", "chrony.service", "NetworkManager"):
+    for unit in (
+        "systemd-journald.service",
+        "ssh",
+        "sshd.service",
+        "getty@tty1.service",
+        "serial-getty@ttyS0.service",
+        "systemd-networkd.service",
+        "dbus.socket",
+        "edged",
+        "edged-tune.service",
+        "chrony.service",
+        "NetworkManager",
+    ):
         assert is_protected(unit), unit
     assert not is_protected("cups") and not is_protected("getty-static.service")
     extra = ("ssh.service", "systemd-networkd", "getty@tty1.service", "rsyslog.service")
     proposed = {s.name for s in trim_candidates(root, extra=extra)}
     assert proposed == EXPECTED_TRIM | {"rsyslog.service"}
     found = findings(root.root, trim=list(extra))
-    assert ids(found)["SVC-PROTECTED"] == {"ssh.service", "systemd-networkd.service",
-                                           "getty@tty1.service"}
-    assert not any(f.subject in ids(found)["SVC-PROTECTED"] for f in found
-                   if f.id == "SVC-TRIM")
+    assert ids(found)["SVC-PROTECTED"] == {
+        "ssh.service",
+        "systemd-networkd.service",
+        "getty@tty1.service",
+    }
+    assert not any(f.subject in ids(found)["SVC-PROTECTED"] for f in found if f.id == "SVC-TRIM")
     assert {c.path.rsplit("/", 1)[1] for c in plan_trim(root, extra=extra)} == proposed
 
 
 def test_keep_respected(tmp_path: Path) -> None:
     root = SysRoot.at(image_root(tmp_path))
     keep = ("cups", "fstrim.timer")
-    assert {s.name for s in trim_candidates(root, keep=keep)} == \
-        EXPECTED_TRIM - {"cups.service", "fstrim.timer"}
-    assert ids(findings(root.root, keep=list(keep)))["SVC-TRIM"] == \
-        EXPECTED_TRIM - {"cups.service", "fstrim.timer"}
+    assert {s.name for s in trim_candidates(root, keep=keep)} == EXPECTED_TRIM - {
+        "cups.service",
+        "fstrim.timer",
+    }
+    assert ids(findings(root.root, keep=list(keep)))["SVC-TRIM"] == EXPECTED_TRIM - {
+        "cups.service",
+        "fstrim.timer",
+    }
 
 
 def test_check_findings(tmp_path: Path) -> None:
@@ -109,6 +127,7 @@ def test_root_without_units_skips(tmp_path: Path) -> None:
 
 
 # -- the journal's mask kind ------------------------------------------------------------------
+
 
 def test_mask_apply_revert_exact(tmp_path: Path) -> None:
     root_dir = image_root(tmp_path)
@@ -141,11 +160,18 @@ def test_live_plan_and_finding_describe_live_masking(tmp_path: Path) -> None:
     root = LiveLooking(image_root(tmp_path))
     changes = plan_trim(root)
     assert changes and all("systemctl mask --now" in c.reason for c in changes)
-    warned = [f for f in check_services(AuditContext(root=root))
-              if f.id == "SVC-TRIM" and f.status == "warn"]
-    assert warned and all(f.fixable and f.remedy.startswith("edgectl apply --trim (masks ")
-                          and "--root" not in f.remedy and "mask --now" in f.remedy
-                          for f in warned)
+    warned = [
+        f
+        for f in check_services(AuditContext(root=root))
+        if f.id == "SVC-TRIM" and f.status == "warn"
+    ]
+    assert warned and all(
+        f.fixable
+        and f.remedy.startswith("edgectl apply --trim (masks ")
+        and "--root" not in f.remedy
+        and "mask --now" in f.remedy
+        for f in warned
+    )
 
 
 def test_live_mask_apply_revert_through_systemctl(tmp_path: Path) -> None:
@@ -161,8 +187,9 @@ def test_live_mask_apply_revert_through_systemctl(tmp_path: Path) -> None:
     assert len(result.applied) == len(changes) and not result.skipped
     for change in changes:
         assert os.readlink(root_dir / change.path.lstrip("/")) == "/dev/null"
-    assert fake.calls == [call for unit in units for call in
-                          (("is-active", unit), ("daemon-reload",), ("stop", unit))]
+    assert fake.calls == [
+        call for unit in units for call in (("is-active", unit), ("daemon-reload",), ("stop", unit))
+    ]
     assert fake.active == set()
     sets = [r for r in journal.records() if r["op"] == "set"]
     assert {r["unit"]: r["was_active"] for r in sets} == {u: u in RUNNING for u in units}
@@ -235,21 +262,23 @@ def test_live_mask_with_a_systemctl_program(tmp_path: Path) -> None:
     subprocess path, exit codes and is-active's words, without this machine's systemd."""
     log = tmp_path / "calls.log"
     program = tmp_path / "systemctl"
-    program.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
-                       'if [ "$1" = is-active ]; then\n'
-                       '  [ "$2" = cups.service ] && { echo active; exit 0; }\n'
-                       '  echo inactive; exit 3\n'
-                       'fi\n'
-                       'if [ "$3" = man-db.timer ]; then echo boom >&2; exit 5; fi\n'
-                       'exit 0\n')
+    program.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\n'
+        'if [ "$1" = is-active ]; then\n'
+        '  [ "$2" = cups.service ] && { echo active; exit 0; }\n'
+        "  echo inactive; exit 3\n"
+        "fi\n"
+        'if [ "$3" = man-db.timer ]; then echo boom >&2; exit 5; fi\n'
+        "exit 0\n"
+    )
     program.chmod(0o755)
     root_dir = image_root(tmp_path / "img")
     before = tree_state(root_dir)
     journal = Journal(LiveLooking(root_dir), systemctl=Systemctl(binary=str(program)))
     result = journal.apply(plan_trim(LiveLooking(root_dir)))
     assert [(c.path.rsplit("/", 1)[1], why.split(":")[0]) for c, why in result.skipped] == [
-        ("man-db.timer", f"`{program} --no-ask-password stop man-db.timer` for man-db.timer "
-                         "failed")]
+        ("man-db.timer", f"`{program} --no-ask-password stop man-db.timer` for man-db.timer failed")
+    ]
     assert "exit 5: boom" in result.skipped[0][1]
     cups = [r for r in journal.records() if r.get("unit") == "cups.service"]
     assert cups and cups[0]["was_active"] is True
@@ -267,38 +296,50 @@ def test_live_revert_reports_failed_start(tmp_path: Path) -> None:
     fake.fail = {("start", "avahi-daemon.service"): 1}
     reverted = dict(live_journal(root_dir, fake).revert())
     action = reverted["/etc/systemd/system/avahi-daemon.service"]
-    assert action.startswith("failed: link restored, but `systemctl --no-ask-password start "
-                             "avahi-daemon.service` for avahi-daemon.service failed")
+    assert action.startswith(
+        "failed: link restored, but `systemctl --no-ask-password start "
+        "avahi-daemon.service` for avahi-daemon.service failed"
+    )
     assert tree_state(root_dir) == before
 
 
 def test_live_enable_links_still_refused(tmp_path: Path) -> None:
     root_dir = image_root(tmp_path)
     fake = FakeSystemctl()
-    change = Change("enable", "/etc/systemd/system/multi-user.target.wants/edged.service",
-                    None, "/lib/systemd/system/edged.service", "enable edged")
+    change = Change(
+        "enable",
+        "/etc/systemd/system/multi-user.target.wants/edged.service",
+        None,
+        "/lib/systemd/system/edged.service",
+        "enable edged",
+    )
     result = live_journal(root_dir, fake).apply([change])
     assert not result.applied and "refusing" in result.skipped[0][1] and not fake.calls
 
 
 # -- config ------------------------------------------------------------------------------------
 
+
 def test_config_audit_table(tmp_path: Path) -> None:
-    config = parse_config('[audit]\ntrim = ["rsyslog", "snapd.service"]\nkeep = ["cups"]\n',
-                          tmp_path / "edged.toml")
+    config = parse_config(
+        '[audit]\ntrim = ["rsyslog", "snapd.service"]\nkeep = ["cups"]\n', tmp_path / "edged.toml"
+    )
     assert config.audit.trim == ("rsyslog", "snapd.service")
     assert config.audit.keep == ("cups",)
     assert parse_config("", tmp_path / "edged.toml").audit.trim == ()
 
 
-@pytest.mark.parametrize("text, key", [
-    ('[audit]\ntrim = "cups"\n', "audit.trim"),
-    ('[audit]\nkeep = [1]\n', "audit.keep[0]"),
-    ('[audit]\ntrim = ["a/b.service"]\n', "audit.trim[0]"),
-    ('[audit]\ntrim = ["cups", "ssh"]\n', "audit.trim[1]"),
-    ('[audit]\ntrimm = []\n', "audit.trimm"),
-    ('audit = 3\n', "audit"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ('[audit]\ntrim = "cups"\n', "audit.trim"),
+        ("[audit]\nkeep = [1]\n", "audit.keep[0]"),
+        ('[audit]\ntrim = ["a/b.service"]\n', "audit.trim[0]"),
+        ('[audit]\ntrim = ["cups", "ssh"]\n', "audit.trim[1]"),
+        ("[audit]\ntrimm = []\n", "audit.trimm"),
+        ("audit = 3\n", "audit"),
+    ],
+)
 def test_config_audit_errors_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text, tmp_path / "edged.toml")
@@ -307,11 +348,17 @@ def test_config_audit_errors_name_the_key(tmp_path: Path, text: str, key: str) -
 
 # -- edgectl on a root -------------------------------------------------------------------------
 
+
 def edgectl(*args: str, rc: int | None = 0) -> subprocess.CompletedProcess:
     assert "--root" in args, "tests must never touch the live system"
-    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=120,
-                          env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "edged.cli.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "EDGED_STATE_DIR": "/nonexistent-edged-state"},
+    )
     if rc is not None:
         assert proc.returncode == rc, proc.stderr
     return proc
@@ -320,8 +367,11 @@ def edgectl(*args: str, rc: int | None = 0) -> subprocess.CompletedProcess:
 def audit_trim(root: Path) -> set[str]:
     out = edgectl("audit", "--root", str(root), "--only", "SVC", "--format", "json", rc=None)
     assert out.returncode in (0, 1), out.stderr
-    return {f["subject"] for f in json.loads(out.stdout)["findings"]
-            if f["id"] == "SVC-TRIM" and f["status"] == "warn"}
+    return {
+        f["subject"]
+        for f in json.loads(out.stdout)["findings"]
+        if f["id"] == "SVC-TRIM" and f["status"] == "warn"
+    }
 
 
 @pytest.mark.integration
@@ -353,8 +403,19 @@ def test_cli_config_keep_and_trim(tmp_path: Path) -> None:
     root = image_root(tmp_path)
     config = tmp_path / "edged.toml"
     config.write_text('[audit]\ntrim = ["rsyslog"]\nkeep = ["cups.service"]\n')
-    plan = json.loads(edgectl("plan", "--root", str(root), "--trim", "--inference-cpus", "1",
-                              "--config", str(config), "--json").stdout)
+    plan = json.loads(
+        edgectl(
+            "plan",
+            "--root",
+            str(root),
+            "--trim",
+            "--inference-cpus",
+            "1",
+            "--config",
+            str(config),
+            "--json",
+        ).stdout
+    )
     masked = {c["path"].rsplit("/", 1)[1] for c in plan["changes"] if c["kind"] == "mask"}
     assert masked == EXPECTED_TRIM - {"cups.service"} | {"rsyslog.service"}
     config.write_text('[audit]\ntrim = ["ssh"]\n')

@@ -38,7 +38,7 @@ def models_toml(models_dir: Path) -> str:
     return f"""
 [[models]]
 name = "det"
-path = "{models_dir / 'ppocrv4_det.onnx'}"
+path = "{models_dir / "ppocrv4_det.onnx"}"
 threads = 1
 shapes = {{ x = [1, 3, {DET}, {DET}] }}
 max_queue_size = 2
@@ -46,7 +46,7 @@ timeout_ms = 60000
 
 [[models]]
 name = "cls"
-path = "{models_dir / 'ppocr_cls.onnx'}"
+path = "{models_dir / "ppocr_cls.onnx"}"
 threads = 1
 shapes = {{ x = [1, 3, 48, 192] }}
 timeout_ms = 20000  # two cores saturated by the flood: the point is the answer, not its time
@@ -56,8 +56,9 @@ timeout_ms = 20000  # two cores saturated by the flood: the point is the answer,
 @pytest.fixture(scope="module")
 def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
     folder = tmp_path_factory.mktemp("faults")
-    config = write_config(folder, models_toml(models_dir),
-                          server_extra=f"max_body_bytes = {MAX_BODY}")
+    config = write_config(
+        folder, models_toml(models_dir), server_extra=f"max_body_bytes = {MAX_BODY}"
+    )
     d = Daemon(config).wait_ready()
     yield d
     assert d.stop() == 0, d.log_text()
@@ -142,13 +143,14 @@ def test_flood_of_large_bodies_is_refused_before_reading(daemon: Daemon) -> None
             assert json.loads(body)["error"] == "det: queue full (2 requests waiting)"
     assert cls_codes and set(cls_codes) == {200}, cls_codes
     over = (flooded.peak - full_queue.peak) / 2**20
-    print(f"flood peak {flooded.peak / 2**20:.0f} MiB, full queue peak "
-          f"{full_queue.peak / 2**20:.0f} MiB, 503s {codes.count(503)}, "
-          f"cls max {max(cls_times) * 1e3:.0f} ms over {len(cls_times)}")
+    print(
+        f"flood peak {flooded.peak / 2**20:.0f} MiB, full queue peak "
+        f"{full_queue.peak / 2**20:.0f} MiB, 503s {codes.count(503)}, "
+        f"cls max {max(cls_times) * 1e3:.0f} ms over {len(cls_times)}"
+    )
     # Less than 5 more bodies' worth (allocator slack); the unbounded design held ~13.
     assert over < 50, f"the flood's peak RSS is {over:.0f} MiB over a full queue's"
-    assert post(http.client.HTTPConnection(daemon.address, timeout=60), "det",
-                DET_BODY)[0] == 200
+    assert post(http.client.HTTPConnection(daemon.address, timeout=60), "det", DET_BODY)[0] == 200
 
 
 def test_unknown_models_are_counted_under_one_label(daemon: Daemon) -> None:
@@ -171,8 +173,13 @@ def test_chunked_body_over_the_limit_is_413(daemon: Daemon) -> None:
     """No Content-Length to refuse up front: the limit is enforced while reading."""
     chunk = b"\0" * (1024 * 1024)
     conn = http.client.HTTPConnection(daemon.address, timeout=30)
-    conn.request("POST", "/v2/models/cls/infer", body=iter([chunk] * 20),
-                 headers={"Transfer-Encoding": "chunked"}, encode_chunked=True)
+    conn.request(
+        "POST",
+        "/v2/models/cls/infer",
+        body=iter([chunk] * 20),
+        headers={"Transfer-Encoding": "chunked"},
+        encode_chunked=True,
+    )
     response = conn.getresponse()
     doc = json.loads(response.read())
     assert response.status == 413, doc
@@ -186,9 +193,11 @@ def test_client_gone_while_queued_or_running(daemon: Daemon) -> None:
     """Clients that hang up after sending: their requests still run (the worker is not
     interrupted), nothing leaks into the log, everything else keeps being served."""
     body, headers = DET_BODY
-    head = (f"POST /v2/models/det/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-            f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}"
-            f"\r\n\r\n").encode()
+    head = (
+        f"POST /v2/models/det/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}"
+        f"\r\n\r\n"
+    ).encode()
     log_before = len(daemon.log_text())
     for _ in range(3):  # one runs, two wait: the queue holds 2
         with socket.create_connection(("127.0.0.1", daemon.port)) as raw:
@@ -205,8 +214,9 @@ def test_client_gone_while_queued_or_running(daemon: Daemon) -> None:
     assert "Traceback" not in log and "ERROR" not in log, log
 
 
-def test_ready_while_a_failed_reload_keeps_the_old_version(models_dir: Path,
-                                                          tmp_path: Path) -> None:
+def test_ready_while_a_failed_reload_keeps_the_old_version(
+    models_dir: Path, tmp_path: Path
+) -> None:
     text = models_toml(models_dir).replace(f"[1, 3, {DET}, {DET}]", "[1, 3, 320, 320]")
     config = write_config(tmp_path, text)
     d = Daemon(config).wait_ready()
@@ -221,8 +231,9 @@ def test_ready_while_a_failed_reload_keeps_the_old_version(models_dir: Path,
         broken = tmp_path / "broken.onnx"
         onnx.save(model, broken)
         # cls fails to reload: its old version serves, so the server is ready.
-        config.write_text(config.read_text().replace(str(models_dir / "ppocr_cls.onnx"),
-                                                     str(broken)))
+        config.write_text(
+            config.read_text().replace(str(models_dir / "ppocr_cls.onnx"), str(broken))
+        )
         mark = len(d.notify.messages)
         d.signal(signal.SIGHUP)
         d.notify.wait_for("READY=1", after=mark)
@@ -230,11 +241,14 @@ def test_ready_while_a_failed_reload_keeps_the_old_version(models_dir: Path,
         assert "broken.onnx" in status["failed"]["cls"]
         assert get(d, "/v2/health/ready") == (200, b'{"ready":true}')
         # A new model that never loaded: nothing serves it, the server is not ready.
-        config.write_text(config.read_text() + f"""
+        config.write_text(
+            config.read_text()
+            + f"""
 [[models]]
 name = "extra"
 path = "{broken}"
-""")
+"""
+        )
         mark = len(d.notify.messages)
         d.signal(signal.SIGHUP)
         d.notify.wait_for("READY=1", after=mark)
@@ -244,22 +258,29 @@ path = "{broken}"
         assert d.stop() == 0
 
 
-def test_a_size_the_model_cannot_compute_is_400_and_moves_nothing(models_dir: Path,
-                                                                  tmp_path: Path) -> None:
+def test_a_size_the_model_cannot_compute_is_400_and_moves_nothing(
+    models_dir: Path, tmp_path: Path
+) -> None:
     """1x3x7x7 on the detector: onnxruntime cannot compute it (the model halves its input
     five times). That is the input's fault, not the backend's: 400 with a clear message, no
     fail-over, no backend_switch, and the next good request runs where it ran. With
     configured shapes, another size is refused at admission (the backends were verified at
     that shape)."""
     # "free" names no shapes: its backend keeps the graph's dynamic dims.
-    config = write_config(tmp_path, "".join(f"""
+    config = write_config(
+        tmp_path,
+        "".join(
+            f"""
 [[models]]
 name = "{name}"
-path = "{models_dir / 'ppocrv4_det.onnx'}"
+path = "{models_dir / "ppocrv4_det.onnx"}"
 backend = "onnxruntime"
 threads = 1
 {shapes}
-""" for name, shapes in (("free", ""), ("fixed", "shapes = { x = [1, 3, 64, 64] }"))))
+"""
+            for name, shapes in (("free", ""), ("fixed", "shapes = { x = [1, 3, 64, 64] }"))
+        ),
+    )
     d = Daemon(config).wait_ready()
     try:
         conn = http.client.HTTPConnection(d.address, timeout=60)

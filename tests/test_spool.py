@@ -42,8 +42,9 @@ def test_append_pending_ack_in_order(tmp_path: Path) -> None:
             appended.append(spool.append(f"t/{i}", b"p%d" % i, qos=i % 2))
         assert appended == sorted(appended) and len(set(appended)) == 10
         items = spool.pending(limit=3)
-        assert items == [SpoolItem(appended[i], f"t/{i}", b"p%d" % i, i % 2, 1_000_001.0 + i)
-                         for i in range(3)]
+        assert items == [
+            SpoolItem(appended[i], f"t/{i}", b"p%d" % i, i % 2, 1_000_001.0 + i) for i in range(3)
+        ]
         assert ids(spool) == appended
         # after_id pages on past items in flight, without acking them
         assert [i.id for i in spool.pending(limit=4, after_id=appended[2])] == appended[3:7]
@@ -54,9 +55,12 @@ def test_append_pending_ack_in_order(tmp_path: Path) -> None:
         spool.ack(10**9)  # never existed
         left = [a for k, a in enumerate(appended) if k not in (0, 5, 9)]
         assert ids(spool) == left
-        assert spool.stats() == {"count": 7, "bytes": sum(len(b"p%d" % k) for k in
-                                                          (1, 2, 3, 4, 6, 7, 8)),
-                                 "oldest_created": 1_000_002.0, "dropped_total": 0}
+        assert spool.stats() == {
+            "count": 7,
+            "bytes": sum(len(b"p%d" % k) for k in (1, 2, 3, 4, 6, 7, 8)),
+            "oldest_created": 1_000_002.0,
+            "dropped_total": 0,
+        }
 
 
 def test_ids_are_never_reused(tmp_path: Path) -> None:
@@ -84,9 +88,12 @@ def test_size_bound_drops_oldest_first_and_counts(tmp_path: Path) -> None:
         assert ids(spool) == [b, c, d, e]
         f = spool.append("t", b"f" * 650)  # needs 551 more bytes: the two oldest go
         assert ids(spool) == [d, e, f]
-        assert spool.stats() == {"count": 3, "bytes": 751,
-                                 "oldest_created": spool.pending()[0].created,
-                                 "dropped_total": 3}
+        assert spool.stats() == {
+            "count": 3,
+            "bytes": 751,
+            "oldest_created": spool.pending()[0].created,
+            "dropped_total": 3,
+        }
         g = spool.append("t", b"g" * 1000)  # a payload the size of the spool empties it
         assert ids(spool) == [g] and spool.stats()["bytes"] == 1000
         assert spool.take_dropped() == 6
@@ -119,8 +126,7 @@ def test_age_bound_at_append_and_at_open(tmp_path: Path) -> None:
     clock.now = 1000  # reopened later: c, d, e (20, 100, 115) are all too old
     with Spool(path, max_age_s=100, clock=clock) as spool:
         assert ids(spool) == []
-        assert spool.stats() == {"count": 0, "bytes": 0, "oldest_created": None,
-                                 "dropped_total": 5}
+        assert spool.stats() == {"count": 0, "bytes": 0, "oldest_created": None, "dropped_total": 5}
         assert spool.take_dropped() == 3
 
 
@@ -298,8 +304,13 @@ def test_kill_9_loses_no_appended_item(tmp_path: Path, kill_after: int) -> None:
     """A process appends (and acks a third) as fast as it can and is SIGKILLed mid-way:
     every id it printed after `append` returned is there, every id it acked is gone."""
     path = tmp_path / "spool.db"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines = []
     try:
         assert child.stdout is not None
@@ -386,7 +397,6 @@ def test_one_thread_appends_while_another_drains(tmp_path: Path) -> None:
         got = [item.id for item in drained]
         assert got == appended  # nothing lost, nothing twice, in order
         assert [item.payload for item in drained] == [b"%d" % i for i in range(total)]
-        assert spool.stats() == {"count": 0, "bytes": 0, "oldest_created": None,
-                                 "dropped_total": 0}
+        assert spool.stats() == {"count": 0, "bytes": 0, "oldest_created": None, "dropped_total": 0}
     finally:
         spool.close()

@@ -114,8 +114,9 @@ def unit_copy(tmp_path: Path, text: str | None = None) -> Path:
     assert VENV_EDGED.exists(), f"{VENV_EDGED} missing: pip install -e . into the venv first"
     exe = str(VENV_EDGED).replace("%", "%%")  # % starts a unit-file specifier
     text = UNIT.read_text() if text is None else text
-    text, n = re.subn(r"^(ExecStart=[-@:+!]*)\S+", lambda m: m.group(1) + exe, text,
-                      flags=re.MULTILINE)
+    text, n = re.subn(
+        r"^(ExecStart=[-@:+!]*)\S+", lambda m: m.group(1) + exe, text, flags=re.MULTILINE
+    )
     assert n == 1, "expected exactly one ExecStart= line"
     path = tmp_path / "edged.service"
     path.write_text(text)
@@ -130,20 +131,42 @@ def analyze() -> Runner:
     """Runs `systemd-analyze ARGS` so that it cannot write to the host's /run (see above)."""
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze not installed (apt-get install systemd)")
-    env = {**os.environ, "SYSTEMD_LOG_LEVEL": "notice", "SYSTEMD_LOG_COLOR": "0",
-           "SYSTEMD_PAGER": "", "LC_ALL": "C.UTF-8"}
+    env = {
+        **os.environ,
+        "SYSTEMD_LOG_LEVEL": "notice",
+        "SYSTEMD_LOG_COLOR": "0",
+        "SYSTEMD_PAGER": "",
+        "LC_ALL": "C.UTF-8",
+    }
     prefix: list[str] = []
     if os.geteuid() == 0:
-        prefix = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-                  'mount -t tmpfs -o mode=0755,size=4m tmpfs /run && exec "$@"', "sh"]
+        prefix = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o mode=0755,size=4m tmpfs /run && exec "$@"',
+            "sh",
+        ]
         probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, env=env)
         if probe.returncode != 0:
-            pytest.skip("running as root without a private mount namespace (systemd-analyze "
-                        f"would touch the host's /run/systemd): {probe.stderr.strip()}")
+            pytest.skip(
+                "running as root without a private mount namespace (systemd-analyze "
+                f"would touch the host's /run/systemd): {probe.stderr.strip()}"
+            )
 
     def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([*prefix, "systemd-analyze", *args], capture_output=True,
-                              text=True, env=env, cwd=cwd, timeout=120)
+        return subprocess.run(
+            [*prefix, "systemd-analyze", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=cwd,
+            timeout=120,
+        )
 
     return run
 
@@ -169,8 +192,11 @@ def test_unit_verifies(analyze: Runner, tmp_path: Path) -> None:
 def test_verify_catches_broken_lines(analyze: Runner, tmp_path: Path) -> None:
     """The stderr filter above must not hide real problems: a typo'd key, a bad value and an
     unknown syscall group in our unit all show up."""
-    text = UNIT.read_text().replace("[Service]\n", "[Service]\nProtectSytem=strict\n"
-                                    "RestrictRealtime=maybe\nSystemCallFilter=@nosuch\n", 1)
+    text = UNIT.read_text().replace(
+        "[Service]\n",
+        "[Service]\nProtectSytem=strict\nRestrictRealtime=maybe\nSystemCallFilter=@nosuch\n",
+        1,
+    )
     unit = unit_copy(tmp_path, text)
     lines = about_unit(analyze("verify", "--man=no", str(unit), cwd=tmp_path).stderr, unit)
     assert len(lines) == 3, lines
@@ -182,8 +208,9 @@ def test_exec_start_binary_is_checked(analyze: Runner, tmp_path: Path) -> None:
     is why the other tests point ExecStart at the venv's script."""
     unit = tmp_path / "edged.service"
     missing = tmp_path / "no-such-edged"
-    unit.write_text(re.sub(r"^ExecStart=\S+", f"ExecStart={missing}", UNIT.read_text(),
-                           flags=re.MULTILINE))
+    unit.write_text(
+        re.sub(r"^ExecStart=\S+", f"ExecStart={missing}", UNIT.read_text(), flags=re.MULTILINE)
+    )
     proc = analyze("verify", "--man=no", str(unit), cwd=tmp_path)
     assert proc.returncode != 0
     assert any("not executable" in line for line in about_unit(proc.stderr, unit)), proc.stderr
@@ -229,8 +256,15 @@ def test_syscall_filter_keeps_what_the_daemon_needs(analyze: Runner) -> None:
         deny = spec.startswith("~")
         names = set().union(*(expand(n) for n in spec.lstrip("~").split()))
         allowed = allowed - names if deny else allowed | names
-    needed = {"sched_setscheduler", "sched_setaffinity", "sched_setattr", "setpriority",
-              "mlockall", "munlockall", "mlock"}
+    needed = {
+        "sched_setscheduler",
+        "sched_setaffinity",
+        "sched_setattr",
+        "setpriority",
+        "mlockall",
+        "munlockall",
+        "mlock",
+    }
     assert needed <= allowed, f"SystemCallFilter= denies {sorted(needed - allowed)}"
 
 
@@ -275,7 +309,8 @@ def test_deliberate_exceptions_stay_explicit() -> None:
     assert single(svc, "ProtectSystem") == "strict"
     assert single(svc, "DevicePolicy") == "closed"
     assert {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"} == set(
-        single(svc, "RestrictAddressFamilies").split())
+        single(svc, "RestrictAddressFamilies").split()
+    )
 
 
 def test_directories_match_daemon_defaults() -> None:
@@ -296,8 +331,9 @@ def test_exec_start_flags_are_edged_flags(tmp_path: Path) -> None:
     written (with the config path pointed at a temporary file) via --check-config."""
     cmd = shlex.split(single(service(), "ExecStart"))
     assert Path(cmd[0]).is_absolute() and Path(cmd[0]).name == "edged"
-    helptext = subprocess.run([str(VENV_EDGED), "--help"], capture_output=True, text=True,
-                              timeout=60, check=True).stdout
+    helptext = subprocess.run(
+        [str(VENV_EDGED), "--help"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     known = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", helptext))
     flags = [arg.split("=", 1)[0] for arg in cmd[1:] if arg.startswith("--")]
     assert flags and set(flags) <= known, f"{flags} not all in `edged --help`: {sorted(known)}"
@@ -306,10 +342,11 @@ def test_exec_start_flags_are_edged_flags(tmp_path: Path) -> None:
     config_at = args.index("--config") + 1
     assert Path(args[config_at]) == DEFAULT_CONFIG_PATH
     config = tmp_path / "edged.toml"
-    config.write_text("[server]\nlog_level = \"info\"\n")
+    config.write_text('[server]\nlog_level = "info"\n')
     args[config_at] = str(config)
-    proc = subprocess.run([str(VENV_EDGED), *args, "--check-config"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [str(VENV_EDGED), *args, "--check-config"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -318,8 +355,11 @@ def test_sysusers_format() -> None:
     """sysusers.d(5) by hand (systemd-sysusers may be absent): one `u edged` line whose home is
     the state directory, so nothing defaults to a home under /home (ProtectHome=yes), and
     `m` lines for the groups that own accelerator nodes."""
-    lines = [shlex.split(line) for line in SYSUSERS.read_text().splitlines()
-             if line.strip() and not line.lstrip().startswith("#")]
+    lines = [
+        shlex.split(line)
+        for line in SYSUSERS.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     users = [fields for fields in lines if fields[0] == "u"]
     assert len(users) == 1 and len(users[0]) == 6, users
     _, name, uid, _gecos, home, _shell = users[0]
@@ -340,9 +380,13 @@ def test_sysusers_dry_run(tmp_path: Path) -> None:
     conf.parent.mkdir(parents=True)
     shutil.copy(SYSUSERS, conf)
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
-    proc = subprocess.run(["systemd-sysusers", "--dry-run", f"--root={root}"],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "SYSTEMD_LOG_COLOR": "0", "LC_ALL": "C.UTF-8"})
+    proc = subprocess.run(
+        ["systemd-sysusers", "--dry-run", f"--root={root}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SYSTEMD_LOG_COLOR": "0", "LC_ALL": "C.UTF-8"},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "Creating group 'edged'" in out and "Creating user 'edged'" in out, out
@@ -357,13 +401,16 @@ TUNE = REPO / "systemd" / "edged-tune.service"
 
 def test_tune_unit_verifies(analyze: Runner, tmp_path: Path) -> None:
     venv_edgectl = VENV_EDGED.with_name("edgectl")
-    text = re.sub(r"^(Exec(Start|Stop)=)\S+", lambda m: m.group(1) + str(venv_edgectl),
-                  TUNE.read_text(), flags=re.MULTILINE)
+    text = re.sub(
+        r"^(Exec(Start|Stop)=)\S+",
+        lambda m: m.group(1) + str(venv_edgectl),
+        TUNE.read_text(),
+        flags=re.MULTILINE,
+    )
     unit = tmp_path / "edged-tune.service"
     unit.write_text(text)
     unit_copy(tmp_path)  # edged.service beside it: the two name each other
-    proc = analyze("verify", "--man=no", str(unit), str(tmp_path / "edged.service"),
-                   cwd=tmp_path)
+    proc = analyze("verify", "--man=no", str(unit), str(tmp_path / "edged.service"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert about_unit(proc.stderr, unit) == [], proc.stderr
 

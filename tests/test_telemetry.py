@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from edged.selection.policy import Policy
-from edged.serving.engine import BatchingConfig
 from edged.serving.models import load_model
+from edged.serving.requests import BatchingConfig
 from edged.telemetry.loop import IntruderWatch, TelemetryLoop
 from edged.telemetry.sampler import SAMPLER_HZ, CoreSampler
 from sysconf.hardware import probe
@@ -40,10 +40,14 @@ class Collect:
 
 
 def _load(models_dir: Path, tmp_path: Path, cpus: tuple[int, ...] | None = None):
-    return load_model("cls", models_dir / "ppocr_cls.onnx",
-                      Policy(runs=10, warmup=1, time_budget_s=1.0, threads=1, shapes=CLS,
-                             cpus=cpus),
-                      BatchingConfig(), probe(), tmp_path / "state")
+    return load_model(
+        "cls",
+        models_dir / "ppocr_cls.onnx",
+        Policy(runs=10, warmup=1, time_budget_s=1.0, threads=1, shapes=CLS, cpus=cpus),
+        BatchingConfig(),
+        probe(),
+        tmp_path / "state",
+    )
 
 
 @pytest.fixture
@@ -55,8 +59,9 @@ def served(models_dir: Path, tmp_path: Path):
 
 def test_payload_per_interval(served) -> None:
     sink = Collect()
-    loop = TelemetryLoop(0.3, lambda: {"cls": served}, sink,
-                         sampler=CoreSampler(rate_hz=SAMPLER_HZ))
+    loop = TelemetryLoop(
+        0.3, lambda: {"cls": served}, sink, sampler=CoreSampler(rate_hz=SAMPLER_HZ)
+    )
     loop.start()
     feeds = {"x": np.zeros((1, 3, 48, 192), np.float32)}
     deadline = time.monotonic() + 1.0
@@ -86,29 +91,41 @@ def test_payload_per_interval(served) -> None:
     assert running == sorted(running) and running[-1] == sent
     assert running == list(np.cumsum([p["models"]["cls"]["count"] for p in sink.telemetry]))
     last = sink.telemetry[-1]["models"]["cls"]["since_start"]
-    assert set(last) == {"count", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms",
-                         "mean_ms", "stdev_ms", "jitter_ms"}
+    assert set(last) == {
+        "count",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "p999_ms",
+        "max_ms",
+        "mean_ms",
+        "stdev_ms",
+        "jitter_ms",
+    }
     assert last["p99_ms"] >= last["p50_ms"] > 0
     assert last["max_ms"] == max(p["models"]["cls"]["max_ms"] for p in busy)
     # Intrusions: unpinned model, so every CPU; rates from the sampler's counters.
     intrusions = sink.telemetry[-1]["system"]["intrusions"]
     assert intrusions["scope"] == "all" and intrusions["span_s"] > 0
     assert set(intrusions["cpus"]) == {str(c) for c in range(os.cpu_count() or 1)}
-    assert all(r["interrupts_per_s"] >= 0 and r["softirqs_per_s"] >= 0
-               for r in intrusions["cpus"].values())
+    assert all(
+        r["interrupts_per_s"] >= 0 and r["softirqs_per_s"] >= 0 for r in intrusions["cpus"].values()
+    )
     assert sum(r["interrupts_per_s"] for r in intrusions["cpus"].values()) > 0
     assert intrusions["workers"]["cls"]["involuntary_switches_per_s"] >= 0
 
 
 def test_intrusion_rates_on_a_pinned_core_with_a_competing_thread(
-        models_dir: Path, tmp_path: Path) -> None:
+    models_dir: Path, tmp_path: Path
+) -> None:
     """A thread spinning on the model's core preempts its worker: the payload shows
     involuntary switches of that worker and interrupts on that core only."""
     cpu = max(os.sched_getaffinity(0))
     model = _load(models_dir, tmp_path, cpus=(cpu,))
     sink = Collect()
-    loop = TelemetryLoop(0.4, lambda: {"cls": model}, sink,
-                         sampler=CoreSampler([cpu], rate_hz=SAMPLER_HZ))
+    loop = TelemetryLoop(
+        0.4, lambda: {"cls": model}, sink, sampler=CoreSampler([cpu], rate_hz=SAMPLER_HZ)
+    )
     stop = threading.Event()
     data = b"x" * (1 << 18)
 
@@ -142,6 +159,7 @@ def test_intrusion_rates_on_a_pinned_core_with_a_competing_thread(
 
 # -- idle costs nothing; preemption named, with the thread that did it ------------------------
 
+
 def test_the_sampler_sleeps_while_no_request_is_in_flight(served) -> None:
     """Issue 16: the counter sampler ran at 20 Hz with nothing to attribute. Now it wakes for
     a batch, samples while requests come, and parks two periods after the last one."""
@@ -169,14 +187,20 @@ def test_the_sampler_sleeps_while_no_request_is_in_flight(served) -> None:
 
 def _hog(cpu: int) -> subprocess.Popen:
     """A CPU hog pinned to `cpu`, named edged-test-hog (prctl, so ps and the scan say so)."""
-    return subprocess.Popen([sys.executable, "-c", f"""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import ctypes, os, time
 ctypes.CDLL(None).prctl(15, b"edged-test-hog", 0, 0, 0)
 os.sched_setaffinity(0, {{{cpu}}})
 end = time.monotonic() + 60
 while time.monotonic() < end:
     pass
-"""])
+""",
+        ]
+    )
 
 
 def _client(model, seconds: float, hz: float = 50.0) -> int:
@@ -197,7 +221,8 @@ def _client(model, seconds: float, hz: float = 50.0) -> int:
 @pytest.mark.needs_cpus(2, reason="one for the model and its hog, one for the client")
 @pytest.mark.timing
 def test_a_hog_on_the_inference_core_is_named_as_preemption_and_intruder(
-        models_dir: Path, tmp_path: Path) -> None:
+    models_dir: Path, tmp_path: Path
+) -> None:
     """The issue's experiment, with a Python busy loop for stress-ng: a process pinned to the
     model's core. Its outliers are mostly wake-ups delayed by the hog's time slice (queue
     time, no switch of the worker during compute) and compute time spent off the CPU; both
@@ -210,9 +235,13 @@ def test_a_hog_on_the_inference_core_is_named_as_preemption_and_intruder(
     cpu, other = cpus[-1], cpus[0]
     model = _load(models_dir, tmp_path, cpus=(cpu,))
     sink = Collect()
-    loop = TelemetryLoop(2.5, lambda: {"cls": model}, sink,
-                         sampler=CoreSampler([cpu], rate_hz=SAMPLER_HZ, cpu_affinity={other}),
-                         intruder_watch=IntruderWatch(every_s=2.0))  # each window may scan
+    loop = TelemetryLoop(
+        2.5,
+        lambda: {"cls": model},
+        sink,
+        sampler=CoreSampler([cpu], rate_hz=SAMPLER_HZ, cpu_affinity={other}),
+        intruder_watch=IntruderWatch(every_s=2.0),
+    )  # each window may scan
     os.sched_setaffinity(0, {other})  # this thread is the client: off the model's core
     hog = None
     try:
@@ -234,22 +263,32 @@ def test_a_hog_on_the_inference_core_is_named_as_preemption_and_intruder(
     for payload in sink.telemetry:
         check("telemetry", {"ts": 1.0, "seq": 1, "bdSeq": 0, **payload})
     windows = [p["models"]["cls"] for p in sink.telemetry]
-    for label, w in [("quiet", w) for w in windows[:quiet]] + [
-            ("hog", w) for w in windows[quiet:]]:
+    for label, w in [("quiet", w) for w in windows[:quiet]] + [("hog", w) for w in windows[quiet:]]:
         top = (w.get("intruders") or {}).get("threads", [])[:2]
-        print(f"\n{label}: n={w['count']} p50 {w['p50_ms']} p99 {w['p99_ms']} ms, outliers "
-              f"{w['outlier_count']} {w['outliers']} {w['outlier_preemption']} "
-              f"intruders {[(t['comm'], t['pid'], t['cpu_ms']) for t in top]}")
+        print(
+            f"\n{label}: n={w['count']} p50 {w['p50_ms']} p99 {w['p99_ms']} ms, outliers "
+            f"{w['outlier_count']} {w['outliers']} {w['outlier_preemption']} "
+            f"intruders {[(t['comm'], t['pid'], t['cpu_ms']) for t in top]}"
+        )
     hogged = [w for w in windows[quiet:] if w["count"] >= 150]
     assert len(hogged) >= 2
     # Preemption names at least half of the outliers (an outlier may have several causes;
     # on a shared machine some are someone else's interrupts).
     preempted = sum(w["outliers"].get("preempted", 0) for w in hogged)
     assert preempted * 2 >= sum(w["outlier_count"] for w in hogged), hogged
-    assert sum(w["outlier_preemption"]["wake_delay_ms"] + w["outlier_preemption"]["off_cpu_ms"]
-               for w in hogged) > 0
-    named = [t for w in hogged for t in (w.get("intruders") or {}).get("threads", [])
-             if t["pid"] == hog.pid]
+    assert (
+        sum(
+            w["outlier_preemption"]["wake_delay_ms"] + w["outlier_preemption"]["off_cpu_ms"]
+            for w in hogged
+        )
+        > 0
+    )
+    named = [
+        t
+        for w in hogged
+        for t in (w.get("intruders") or {}).get("threads", [])
+        if t["pid"] == hog.pid
+    ]
     assert named, "the hog was not named as an intruder"
     assert all(t["cpu"] == cpu and t["comm"] == "edged-test-hog" for t in named)
     assert max(t["cpu_ms"] for t in named) >= 100
@@ -299,15 +338,26 @@ def test_intruder_watch_scans_only_for_preempted_windows(monkeypatch) -> None:
 
 # -- without a broker: a summary line, the payload at debug or in a file -------------------------
 
+
 def _payload() -> dict:
     return {
         "interval_s": 10,
-        "models": {"face": {"count": 500, "p50_ms": 1.62, "p99_ms": 5.9, "outlier_count": 5,
-                            "outliers": {"preempted": 4, "irq": 1},
-                            "intruders": {"span_s": 10.0, "threads": [
-                                {"comm": "stress-ng", "pid": 4242, "tid": 4242, "cpu": 3,
-                                 "cpu_ms": 4100.0}]}},
-                   "idle": {"count": 0, "p50_ms": None, "p99_ms": None, "outliers": {}}},
+        "models": {
+            "face": {
+                "count": 500,
+                "p50_ms": 1.62,
+                "p99_ms": 5.9,
+                "outlier_count": 5,
+                "outliers": {"preempted": 4, "irq": 1},
+                "intruders": {
+                    "span_s": 10.0,
+                    "threads": [
+                        {"comm": "stress-ng", "pid": 4242, "tid": 4242, "cpu": 3, "cpu_ms": 4100.0}
+                    ],
+                },
+            },
+            "idle": {"count": 0, "p50_ms": None, "p99_ms": None, "outliers": {}},
+        },
         "thermal": {"hottest": {"name": "cpu-thermal", "temp_c": 51.0}, "throttling": False},
         "system": {"x": "y" * 3000},
     }
@@ -318,7 +368,8 @@ def test_summary_line() -> None:
 
     assert summary_line(_payload()) == (
         "face n=500 p50 1.62 p99 5.9 ms, outliers 5: preempted 4, irq 1 "
-        "(by stress-ng[4242] 4.10 s on CPU 3); idle n=0; hottest cpu-thermal 51 °C")
+        "(by stress-ng[4242] 4.10 s on CPU 3); idle n=0; hottest cpu-thermal 51 °C"
+    )
     assert summary_line({"models": {}, "thermal": {"throttling": True}}) == "THROTTLING"
 
 
@@ -379,8 +430,12 @@ def test_payload_file_is_checked_at_config_load(tmp_path: Path) -> None:
 
     assert load('payload_file = "t.jsonl"').telemetry.payload_file == tmp_path / "t.jsonl"
     assert load("").telemetry.payload_file is None
-    for value, problem in (('""', "must not be empty"), ("3", "must be a string"),
-                           ('"missing/t.jsonl"', "no such folder"), ('"."', "is a folder")):
+    for value, problem in (
+        ('""', "must not be empty"),
+        ("3", "must be a string"),
+        ('"missing/t.jsonl"', "no such folder"),
+        ('"."', "is a folder"),
+    ):
         with pytest.raises(ConfigError, match=problem) as caught:
             load(f"payload_file = {value}")
         assert caught.value.key == "telemetry.payload_file"

@@ -54,6 +54,7 @@ CPU = "sys/devices/system/cpu"
 
 # -- building sysfs trees ----------------------------------------------------------------------
 
+
 def _write(root: Path, path: str, text: str) -> None:
     target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -66,8 +67,9 @@ def _link(root: Path, path: str, target: str) -> None:
     os.symlink(target, link)
 
 
-def zone(root: Path, n: int, kind: str, temp: int | None, trips=(), policy="step_wise",
-         bindings=()) -> None:
+def zone(
+    root: Path, n: int, kind: str, temp: int | None, trips=(), policy="step_wise", bindings=()
+) -> None:
     """thermal_zoneN; `temp` None makes the temp file a folder, so reading it fails the way an
     EIO/EAGAIN sensor does. `bindings` are (cooling device number, trip index)."""
     base = f"{VIRTUAL}/thermal_zone{n}"
@@ -96,15 +98,26 @@ def cooling(root: Path, n: int, kind: str, cur: int, maximum: int) -> None:
     _link(root, f"{CLASS}/cooling_device{n}", f"../../devices/virtual/thermal/cooling_device{n}")
 
 
-def policy(root: Path, cpus: list[int], cur: int, hw_max: int, scaling_max: int, hw_min: int,
-           governor: str, per_cpu: bool = False) -> None:
+def policy(
+    root: Path,
+    cpus: list[int],
+    cur: int,
+    hw_max: int,
+    scaling_max: int,
+    hw_min: int,
+    governor: str,
+    per_cpu: bool = False,
+) -> None:
     """One cpufreq policy (or, `per_cpu`, one per CPU as intel_pstate registers them)."""
     groups = [[c] for c in cpus] if per_cpu else [cpus]
     for group in groups:
         base = f"{CPU}/cpufreq/policy{group[0]}"
         for name, value in (
-            ("scaling_cur_freq", cur), ("cpuinfo_max_freq", hw_max), ("cpuinfo_min_freq", hw_min),
-            ("scaling_max_freq", scaling_max), ("scaling_governor", governor),
+            ("scaling_cur_freq", cur),
+            ("cpuinfo_max_freq", hw_max),
+            ("cpuinfo_min_freq", hw_min),
+            ("scaling_max_freq", scaling_max),
+            ("scaling_governor", governor),
             ("related_cpus", " ".join(map(str, group))),
         ):
             _write(root, f"{base}/{name}", f"{value}\n")
@@ -116,8 +129,7 @@ def policy(root: Path, cpus: list[int], cur: int, hw_max: int, scaling_max: int,
 def pi4_root(tmp: Path, throttled: str = "50005", temp: int = 61234) -> SysRoot:
     """Raspberry Pi 4 on Raspberry Pi OS, official case fan (gpio-fan overlay), running from a
     weak supply: the firmware holds the ARM at 600 MHz and says so in get_throttled."""
-    zone(tmp, 0, "cpu-thermal", temp, [("critical", 90000), ("active", 55000)],
-         bindings=[(0, 1)])
+    zone(tmp, 0, "cpu-thermal", temp, [("critical", 90000), ("active", 55000)], bindings=[(0, 1)])
     cooling(tmp, 0, "gpio-fan", 1, 1)
     policy(tmp, [0, 1, 2, 3], 600000, 1500000, 1500000, 600000, "ondemand")
     _write(tmp, "sys/devices/platform/soc/soc:firmware/get_throttled", f"{throttled}\n")
@@ -128,9 +140,14 @@ def rk3588_root(tmp: Path, big0_temp: int = 86250, big0_state: int = 2) -> SysRo
     """Rock 5B under a sustained load on the first A76 pair: bigcore0 is past its bound
     passive trip and the cpufreq cooling device holds policy4 two OPPs down."""
     cpu_trips = [("passive", 75000), ("passive", 85000), ("critical", 115000)]
-    zone(tmp, 0, "package-thermal", 79500,
-         [("critical", 115000), ("active", 45000), ("active", 50000)],
-         bindings=[(3, 1), (3, 2)])
+    zone(
+        tmp,
+        0,
+        "package-thermal",
+        79500,
+        [("critical", 115000), ("active", 45000), ("active", 50000)],
+        bindings=[(3, 1), (3, 2)],
+    )
     zone(tmp, 1, "bigcore0-thermal", big0_temp, cpu_trips, bindings=[(1, 1)])
     zone(tmp, 2, "bigcore2-thermal", 78000, cpu_trips, bindings=[(2, 1)])
     zone(tmp, 3, "littlecore-thermal", 70000, cpu_trips, bindings=[(0, 1)])
@@ -149,8 +166,9 @@ def rk3588_root(tmp: Path, big0_temp: int = 86250, big0_state: int = 2) -> SysRo
     return SysRoot(tmp)
 
 
-def x86_root(tmp: Path, scaling_max: int = 4100000, processor_state: int = 0,
-             kernel_6x: bool = True) -> SysRoot:
+def x86_root(
+    tmp: Path, scaling_max: int = 4100000, processor_state: int = 0, kernel_6x: bool = True
+) -> SysRoot:
     """Fanless industrial PC (Whiskey Lake U): ACPI and PCH zones, an iwlwifi zone whose
     sensor is asleep (reading it fails), intel_pstate with one policy per CPU."""
     unset = -274000 if kernel_6x else 0
@@ -191,6 +209,7 @@ def _zone(state: ThermalState, kind: str) -> ThermalZone:
 
 # -- the live machine ----------------------------------------------------------------------------
 
+
 def test_live_machine_reads_without_error() -> None:
     state = read_thermal(SysRoot())
     live = Path("/sys/class/thermal")
@@ -229,17 +248,24 @@ def test_psutil_sensors_only_live_and_without_zones(monkeypatch, tmp_path: Path)
 
     def fake():
         calls.append(1)
-        return {"coretemp": [shwtemp("Package id 0", 48.0, 100.0, 100.0),
-                             shwtemp("Core 0", 46.0, 100.0, 100.0)],
-                "nvme": [shwtemp("", 39.85, 84.85, 84.85)], "empty": []}
+        return {
+            "coretemp": [
+                shwtemp("Package id 0", 48.0, 100.0, 100.0),
+                shwtemp("Core 0", 46.0, 100.0, 100.0),
+            ],
+            "nvme": [shwtemp("", 39.85, 84.85, 84.85)],
+            "empty": [],
+        }
 
     monkeypatch.setattr(thermal.psutil, "sensors_temperatures", fake)
     live = read_thermal(SysRoot())
     if live.zones:  # the kernel's zones win; psutil is not asked
         assert live.sensors == {} and calls == []
     else:
-        assert live.sensors == {"coretemp": [("Package id 0", 48.0), ("Core 0", 46.0)],
-                                "nvme": [("", 39.85)]}
+        assert live.sensors == {
+            "coretemp": [("Package id 0", 48.0), ("Core 0", 46.0)],
+            "nvme": [("", 39.85)],
+        }
         assert live.hottest() == ("coretemp/Package id 0", 48.0)
         assert live.to_dict()["sensors"]["nvme"] == [{"label": "", "temp_c": 39.85}]
     calls.clear()
@@ -257,12 +283,17 @@ def test_psutil_failure_is_no_sensors(monkeypatch) -> None:
 
 # -- Raspberry Pi 4 ------------------------------------------------------------------------------
 
+
 def test_pi4(boards) -> None:
     state = read_thermal(boards(pi4_root))
     (cpu_zone,) = state.zones
-    assert cpu_zone == ThermalZone("thermal_zone0", "cpu-thermal", 61.234,
-                                   [Trip("critical", 90.0, False), Trip("active", 55.0, True)],
-                                   "step_wise")
+    assert cpu_zone == ThermalZone(
+        "thermal_zone0",
+        "cpu-thermal",
+        61.234,
+        [Trip("critical", 90.0, False), Trip("active", 55.0, True)],
+        "step_wise",
+    )
     assert cpu_zone.state == "ok"  # past the fan's active trip only: the fan runs, no cut
     assert not cpu_zone.cooling_engaged
     assert state.cooling == [CoolingDevice("cooling_device0", "gpio-fan", 1, 1)]
@@ -275,9 +306,13 @@ def test_pi4(boards) -> None:
     assert state.throttled.now == ["under_voltage", "throttled"]
     assert state.throttled.since_boot == ["under_voltage", "throttled"]
     assert state.throttled.flags() == {
-        "under_voltage": True, "arm_freq_capped": False, "throttled": True,
-        "soft_temp_limit": False, "under_voltage_since_boot": True,
-        "arm_freq_capped_since_boot": False, "throttled_since_boot": True,
+        "under_voltage": True,
+        "arm_freq_capped": False,
+        "throttled": True,
+        "soft_temp_limit": False,
+        "under_voltage_since_boot": True,
+        "arm_freq_capped_since_boot": False,
+        "throttled_since_boot": True,
         "soft_temp_limit_since_boot": False,
     }
     assert state.thermally_capped_cpus() == []
@@ -294,12 +329,17 @@ def test_pi4(boards) -> None:
         ("80008", ["soft_temp_limit"], ["soft_temp_limit"], True),  # Pi 3B+ at 60 °C
         ("20002", ["arm_freq_capped"], ["arm_freq_capped"], True),
         ("10001", ["under_voltage"], ["under_voltage"], False),  # not (yet) throttled for it
-        ("0xe000e", ["arm_freq_capped", "throttled", "soft_temp_limit"],
-         ["arm_freq_capped", "throttled", "soft_temp_limit"], True),
+        (
+            "0xe000e",
+            ["arm_freq_capped", "throttled", "soft_temp_limit"],
+            ["arm_freq_capped", "throttled", "soft_temp_limit"],
+            True,
+        ),
     ],
 )
-def test_pi_throttle_words(boards, word: str, now: list[str], since_boot: list[str],
-                           throttling: bool) -> None:
+def test_pi_throttle_words(
+    boards, word: str, now: list[str], since_boot: list[str], throttling: bool
+) -> None:
     state = read_thermal(boards(pi4_root, throttled=word))
     assert state.throttled.now == now
     assert state.throttled.since_boot == since_boot
@@ -307,8 +347,11 @@ def test_pi_throttle_words(boards, word: str, now: list[str], since_boot: list[s
 
 
 def test_get_throttled_elsewhere_and_broken(tmp_path: Path) -> None:
-    _write(tmp_path, "sys/devices/platform/soc@107c000000/soc@107c000000:firmware/get_throttled",
-           "50000\n")
+    _write(
+        tmp_path,
+        "sys/devices/platform/soc@107c000000/soc@107c000000:firmware/get_throttled",
+        "50000\n",
+    )
     assert read_throttled(SysRoot(tmp_path)) == Throttled(0x50000)
     other = tmp_path / "other"
     _write(other, "sys/devices/platform/soc/soc:firmware/get_throttled", "not hex\n")
@@ -318,15 +361,24 @@ def test_get_throttled_elsewhere_and_broken(tmp_path: Path) -> None:
 
 # -- RK3588 --------------------------------------------------------------------------------------
 
+
 def test_rk3588_hot_big_cluster(boards) -> None:
     state = read_thermal(boards(rk3588_root))
     assert [z.type for z in state.zones] == [
-        "package-thermal", "bigcore0-thermal", "bigcore2-thermal", "littlecore-thermal",
-        "center-thermal", "gpu-thermal", "npu-thermal",
+        "package-thermal",
+        "bigcore0-thermal",
+        "bigcore2-thermal",
+        "littlecore-thermal",
+        "center-thermal",
+        "gpu-thermal",
+        "npu-thermal",
     ]
     big0 = _zone(state, "bigcore0-thermal")
-    assert big0.trips == [Trip("passive", 75.0, False), Trip("passive", 85.0, True),
-                          Trip("critical", 115.0, False)]
+    assert big0.trips == [
+        Trip("passive", 75.0, False),
+        Trip("passive", 85.0, True),
+        Trip("critical", 115.0, False),
+    ]
     assert big0.state == "passive" and big0.cooling_engaged
     big2 = _zone(state, "bigcore2-thermal")  # 78 °C: past alert0 only, which nothing acts on
     assert big2.state == "passive" and not big2.cooling_engaged
@@ -356,8 +408,12 @@ def test_rk3588_warm_but_not_throttled(boards) -> None:
 
 
 def test_zone_past_critical_and_hot() -> None:
-    z = ThermalZone("thermal_zone0", "soc-thermal", 116.0,
-                    [Trip("passive", 85.0), Trip("hot", 105.0), Trip("critical", 115.0)])
+    z = ThermalZone(
+        "thermal_zone0",
+        "soc-thermal",
+        116.0,
+        [Trip("passive", 85.0), Trip("hot", 105.0), Trip("critical", 115.0)],
+    )
     assert z.state == "critical" and z.cooling_engaged
     assert ThermalZone("tz", "t", 106.0, z.trips).state == "hot"
     assert ThermalZone("tz", "t", 85.0, z.trips).state == "passive"  # reached counts
@@ -368,11 +424,16 @@ def test_zone_past_critical_and_hot() -> None:
 
 # -- x86 -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kernel_6x", [True, False])
 def test_x86(boards, kernel_6x: bool) -> None:
     state = read_thermal(boards(x86_root, kernel_6x=kernel_6x))
     assert [z.type for z in state.zones] == [
-        "acpitz", "INT3400 Thermal", "x86_pkg_temp", "pch_cannonlake", "iwlwifi_1",
+        "acpitz",
+        "INT3400 Thermal",
+        "x86_pkg_temp",
+        "pch_cannonlake",
+        "iwlwifi_1",
     ]
     pkg = _zone(state, "x86_pkg_temp")
     assert pkg.temp_c == 54.0
@@ -407,6 +468,7 @@ def test_x86_acpi_processor_throttling(boards) -> None:
 
 
 # -- failures ------------------------------------------------------------------------------------
+
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     zone(tmp_path, 0, "cpu-thermal", None, [("critical", 90000)])
@@ -443,8 +505,9 @@ def test_empty_root(tmp_path: Path) -> None:
 def test_cpu_numbers_sort_numerically(tmp_path: Path) -> None:
     for n in (0, 2, 10):
         zone(tmp_path, n, f"zone{n}", 30000 + n)
-    policy(tmp_path, list(range(12)), 1000000, 1000000, 1000000, 500000, "performance",
-           per_cpu=True)
+    policy(
+        tmp_path, list(range(12)), 1000000, 1000000, 1000000, 500000, "performance", per_cpu=True
+    )
     (tmp_path / CPU / "cpu11/cpufreq").unlink()  # offline: the kernel drops the link
     state = read_thermal(SysRoot(tmp_path))
     assert [z.name for z in state.zones] == ["thermal_zone0", "thermal_zone2", "thermal_zone10"]
@@ -453,6 +516,7 @@ def test_cpu_numbers_sort_numerically(tmp_path: Path) -> None:
 
 # -- to_dict -------------------------------------------------------------------------------------
 
+
 def test_to_dict_base_units(boards) -> None:
     data = read_thermal(boards(rk3588_root)).to_dict()
     assert json.loads(json.dumps(data)) == data
@@ -460,9 +524,15 @@ def test_to_dict_base_units(boards) -> None:
     assert big0["temp_c"] == 86.25 and big0["state"] == "passive"
     assert big0["trips"][1] == {"type": "passive", "temp_c": 85.0, "cooled": True}
     f4 = data["cpufreq"][4]
-    assert f4 == {"cpu": 4, "freq_hz": 2_304_000_000, "max_hz": 2_400_000_000,
-                  "scaling_max_hz": 2_304_000_000, "governor": "schedutil", "capped": True,
-                  "ratio": pytest.approx(0.96)}
+    assert f4 == {
+        "cpu": 4,
+        "freq_hz": 2_304_000_000,
+        "max_hz": 2_400_000_000,
+        "scaling_max_hz": 2_304_000_000,
+        "governor": "schedutil",
+        "capped": True,
+        "ratio": pytest.approx(0.96),
+    }
     assert data["hottest"] == {"name": "bigcore0-thermal", "temp_c": 86.25}
     assert data["throttling"] is True and data["thermally_capped_cpus"] == [4, 5]
     assert data["throttled"] is None
@@ -494,10 +564,10 @@ def test_cpu_use_deltas(tmp_path: Path) -> None:
         2: [3000, 0, 200, 6000, 0, 0, 0, 0, 400, 0],
     }
     second = {
-        0: [1030, 0, 510, 8050, 110, 0, 10, 0, 0, 0],   # busy 40 of 100
+        0: [1030, 0, 510, 8050, 110, 0, 10, 0, 0, 0],  # busy 40 of 100
         1: [2070, 5, 300, 7025, 50, 0 + 20, 30 + 5, 0, 0, 0],  # busy 75 of 100
-        2: [3050, 0, 200, 6050, 0, 0, 0, 0, 450, 0],    # guest is inside user: 50 of 100
-        3: [10, 0, 10, 100, 0, 0, 0, 0, 0, 0],          # came online: no baseline
+        2: [3050, 0, 200, 6050, 0, 0, 0, 0, 450, 0],  # guest is inside user: 50 of 100
+        3: [10, 0, 10, 100, 0, 0, 0, 0, 0, 0],  # came online: no baseline
     }
     _write(tmp_path, "proc/stat", _stat(first))
     sampler = CpuUseSampler(SysRoot(tmp_path))
@@ -525,16 +595,22 @@ def test_cpu_use_old_kernel_columns(tmp_path: Path) -> None:
 
 def test_read_system_from_root(tmp_path: Path) -> None:
     _write(tmp_path, "proc/stat", _stat({0: [0] * 10, 1: [0] * 10}))
-    _write(tmp_path, "proc/meminfo",
-           "MemTotal:        3884096 kB\nMemFree:          301236 kB\n"
-           "MemAvailable:    2461832 kB\nBuffers:           81220 kB\n")
+    _write(
+        tmp_path,
+        "proc/meminfo",
+        "MemTotal:        3884096 kB\nMemFree:          301236 kB\n"
+        "MemAvailable:    2461832 kB\nBuffers:           81220 kB\n",
+    )
     _write(tmp_path, "proc/loadavg", "1.52 0.98 0.61 3/412 28931\n")
     _write(tmp_path, "proc/uptime", "354102.37 1311459.80\n")
     root = SysRoot(tmp_path)
     sampler = CpuUseSampler()  # made without a root: read_system samples through its own
     read_system(root, sampler)
-    _write(tmp_path, "proc/stat", _stat({0: [30, 0, 10, 60, 0, 0, 0, 0, 0, 0],
-                                         1: [0, 0, 0, 100, 0, 0, 0, 0, 0, 0]}))
+    _write(
+        tmp_path,
+        "proc/stat",
+        _stat({0: [30, 0, 10, 60, 0, 0, 0, 0, 0, 0], 1: [0, 0, 0, 100, 0, 0, 0, 0, 0, 0]}),
+    )
     stats = read_system(root, sampler)
     assert stats.cpu_percent == {0: pytest.approx(40.0), 1: 0.0}
     assert stats.mem_total_bytes == 3884096 * 1024
@@ -543,9 +619,13 @@ def test_read_system_from_root(tmp_path: Path) -> None:
     assert stats.uptime_s == 354102.37
     assert stats.rss_bytes is None  # not live: whose RSS would it be?
     assert stats.to_dict() == {
-        "cpu_percent": {"0": 40.0, "1": 0.0}, "cpu_percent_mean": 20.0,
-        "mem_total_bytes": 3884096 * 1024, "mem_available_bytes": 2461832 * 1024,
-        "load_avg": [1.52, 0.98, 0.61], "rss_bytes": None, "uptime_s": 354102.37,
+        "cpu_percent": {"0": 40.0, "1": 0.0},
+        "cpu_percent_mean": 20.0,
+        "mem_total_bytes": 3884096 * 1024,
+        "mem_available_bytes": 2461832 * 1024,
+        "load_avg": [1.52, 0.98, 0.61],
+        "rss_bytes": None,
+        "uptime_s": 354102.37,
     }
     assert read_system(root).cpu_percent == {}  # no sampler: no CPU use
 

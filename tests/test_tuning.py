@@ -37,6 +37,7 @@ STATE = "var/lib/edged"
 @dataclass(frozen=True)
 class Plan:
     """Duck-typed stand-in for sysconf.cpusets.CpuPlan."""
+
     inference: tuple[int, ...]
     housekeeping: tuple[int, ...]
     source: str = "configured"
@@ -46,8 +47,10 @@ PLAN = Plan((2, 3), (0, 1))
 ISOLATION = "isolcpus=managed_irq,domain,2-3 nohz_full=2-3 rcu_nocbs=2-3 irqaffinity=0-1"
 GOVERNORS = "conservative ondemand userspace powersave performance schedutil \n"
 
-RPI_CMDLINE = ("console=serial0,115200 console=tty1 root=PARTUUID=4e639091-02 rootfstype=ext4 "
-               "fsck.repair=yes rootwait\n")
+RPI_CMDLINE = (
+    "console=serial0,115200 console=tty1 root=PARTUUID=4e639091-02 rootfstype=ext4 "
+    "fsck.repair=yes rootwait\n"
+)
 
 EXTLINUX = """\
 ## /boot/extlinux/extlinux.conf
@@ -110,7 +113,7 @@ def write(base: Path, rel: str, text: str) -> None:
 
 
 def build_board(base: Path, kind: str) -> Path:
-    """"rpi4": one cpufreq policy for all four cores (as on a BCM2711), cmdline.txt;
+    """ "rpi4": one cpufreq policy for all four cores (as on a BCM2711), cmdline.txt;
     "rk3568": per-core policies, extlinux.conf; "x86": intel_pstate, NUMA, NMI watchdog, GRUB;
     "rpi-legacy": like rpi4 with the pre-Bookworm /boot/cmdline.txt."""
     cpu = "sys/devices/system/cpu"
@@ -127,8 +130,11 @@ def build_board(base: Path, kind: str) -> Path:
         available = "performance powersave\n" if kind == "x86" else GOVERNORS
         for n in range(4):
             policy = f"{cpu}/cpufreq/policy{n}"
-            write(base, f"{policy}/scaling_governor",
-                  "powersave\n" if kind == "x86" else "schedutil\n")
+            write(
+                base,
+                f"{policy}/scaling_governor",
+                "powersave\n" if kind == "x86" else "schedutil\n",
+            )
             write(base, f"{policy}/scaling_available_governors", available)
             write(base, f"{policy}/related_cpus", f"{n}\n")
             (base / f"{cpu}/cpu{n}").mkdir(parents=True)
@@ -136,8 +142,11 @@ def build_board(base: Path, kind: str) -> Path:
     write(base, "sys/devices/virtual/workqueue/cpumask", "f\n")
     write(base, "sys/bus/workqueue/devices/writeback/cpumask", "f\n")
     write(base, "sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never\n")
-    write(base, "sys/kernel/mm/transparent_hugepage/defrag",
-          "always defer defer+madvise [madvise] never\n")
+    write(
+        base,
+        "sys/kernel/mm/transparent_hugepage/defrag",
+        "always defer defer+madvise [madvise] never\n",
+    )
     write(base, "proc/sys/kernel/timer_migration", "1\n")
     write(base, "proc/sys/vm/stat_interval", "1\n")
     write(base, "proc/sys/kernel/nmi_watchdog", "1\n" if kind == "x86" else "0\n")
@@ -183,6 +192,7 @@ def read(root: Path, device_path: str) -> str:
 
 # -- kernel noise ----------------------------------------------------------------------------
 
+
 def test_rpi4_kernel_noise_plan(tmp_path: Path) -> None:
     root = build_board(tmp_path, "rpi4")
     changes = plan_kernel_noise(SysRoot(root), PLAN)
@@ -191,8 +201,13 @@ def test_rpi4_kernel_noise_plan(tmp_path: Path) -> None:
         ("workqueue", "/sys/devices/virtual/workqueue/cpumask", "f\n", "3", False),
         ("workqueue", "/sys/bus/workqueue/devices/writeback/cpumask", "f\n", "3", False),
         # one policy drives all four cores: one change, not one per inference core
-        ("governor", "/sys/devices/system/cpu/cpu2/cpufreq/scaling_governor", "ondemand\n",
-         "performance", False),
+        (
+            "governor",
+            "/sys/devices/system/cpu/cpu2/cpufreq/scaling_governor",
+            "ondemand\n",
+            "performance",
+            False,
+        ),
         ("sysctl", "/proc/sys/kernel/timer_migration", "1\n", "0", False),
         ("sysctl", "/proc/sys/vm/stat_interval", "1\n", "10", False),
         # nmi_watchdog is 0 already; numa_balancing does not exist on this board
@@ -210,8 +225,7 @@ def test_x86_plans_per_core_governors_numa_and_nmi(tmp_path: Path) -> None:
     root = build_board(tmp_path, "x86")
     changes = plan_kernel_noise(SysRoot(root), PLAN)
     governors = [c.path for c in changes if c.kind == "governor"]
-    assert governors == [f"/sys/devices/system/cpu/cpu{n}/cpufreq/scaling_governor"
-                         for n in (2, 3)]
+    assert governors == [f"/sys/devices/system/cpu/cpu{n}/cpufreq/scaling_governor" for n in (2, 3)]
     assert all("also drives" not in c.reason for c in changes if c.kind == "governor")
     sysctls = {c.path: c.new for c in changes if c.kind == "sysctl"}
     assert sysctls["/proc/sys/kernel/nmi_watchdog"] == "0"
@@ -220,8 +234,11 @@ def test_x86_plans_per_core_governors_numa_and_nmi(tmp_path: Path) -> None:
 
 def test_no_performance_governor_means_no_governor_change(tmp_path: Path) -> None:
     root = build_board(tmp_path, "rpi4")
-    write(root, "sys/devices/system/cpu/cpufreq/policy0/scaling_available_governors",
-          "ondemand powersave\n")
+    write(
+        root,
+        "sys/devices/system/cpu/cpufreq/policy0/scaling_available_governors",
+        "ondemand powersave\n",
+    )
     assert not [c for c in plan_kernel_noise(SysRoot(root), PLAN) if c.kind == "governor"]
 
 
@@ -255,8 +272,10 @@ def test_an_already_tuned_system_plans_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("plan", "message"),
-    [(Plan((0, 1, 2, 3), ()), "leaves no housekeeping CPU"),
-     (Plan((1, 2), (0, 1)), "CPUs 1 in both sets")],
+    [
+        (Plan((0, 1, 2, 3), ()), "leaves no housekeeping CPU"),
+        (Plan((1, 2), (0, 1)), "CPUs 1 in both sets"),
+    ],
 )
 def test_a_bad_plan_is_refused(tmp_path: Path, plan: Plan, message: str) -> None:
     root = build_board(tmp_path, "rpi4")
@@ -267,6 +286,7 @@ def test_a_bad_plan_is_refused(tmp_path: Path, plan: Plan, message: str) -> None
 
 
 # -- apply / plan again / revert -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["rpi4", "rpi-legacy", "rk3568", "x86"])
 def test_plan_apply_replan_revert(tmp_path: Path, kind: str) -> None:
@@ -300,8 +320,7 @@ def test_a_new_plan_over_an_applied_one_reverts_to_the_first_state(tmp_path: Pat
     journal.apply(plan_isolation(sysroot, PLAN))
     second = plan_isolation(sysroot, Plan((3,), (0, 1, 2)))
     assert {c.kind for c in second} == {"workqueue", "cmdline"}
-    assert "isolcpus=managed_irq,domain,3 nohz_full=3 rcu_nocbs=3 irqaffinity=0-2" in \
-        second[-1].new
+    assert "isolcpus=managed_irq,domain,3 nohz_full=3 rcu_nocbs=3 irqaffinity=0-2" in second[-1].new
     journal.apply(second)
     journal.revert()
     assert snapshot(root) == before
@@ -309,33 +328,45 @@ def test_a_new_plan_over_an_applied_one_reverts_to_the_first_state(tmp_path: Pat
 
 # -- boot command line -----------------------------------------------------------------------
 
+
 def test_rpi_cmdline_gets_the_parameters_at_the_end_of_its_one_line(tmp_path: Path) -> None:
     root = build_board(tmp_path, "rpi4")
     write(root, "boot/firmware/cmdline.txt", RPI_CMDLINE + "# a second line the firmware ignores\n")
     [change] = plan_boot_cmdline(SysRoot(root), PLAN)
     assert change.kind == "cmdline" and change.path == "/boot/firmware/cmdline.txt"
     assert change.old == RPI_CMDLINE + "# a second line the firmware ignores\n"
-    assert change.new == (RPI_CMDLINE.rstrip("\n") + f" {ISOLATION}\n"
-                          "# a second line the firmware ignores\n")
+    assert change.new == (
+        RPI_CMDLINE.rstrip("\n") + f" {ISOLATION}\n# a second line the firmware ignores\n"
+    )
     assert "next boot" in change.reason and "first line" in change.reason
 
 
 def test_firmware_cmdline_wins_over_the_bookworm_stub(tmp_path: Path) -> None:
     root = build_board(tmp_path, "rpi4")
-    write(root, "boot/cmdline.txt", "DO NOT EDIT THIS FILE\n\nThe file you are looking for "
-          "has moved to /boot/firmware/cmdline.txt\n")
+    write(
+        root,
+        "boot/cmdline.txt",
+        "DO NOT EDIT THIS FILE\n\nThe file you are looking for "
+        "has moved to /boot/firmware/cmdline.txt\n",
+    )
     write(root, "etc/default/grub", GRUB)
     assert boot_config(SysRoot(root)) == "/boot/firmware/cmdline.txt"
     assert [c.path for c in plan_boot_cmdline(SysRoot(root), PLAN)] == [
-        "/boot/firmware/cmdline.txt"]
+        "/boot/firmware/cmdline.txt"
+    ]
 
 
 def test_existing_values_are_replaced_in_place(tmp_path: Path) -> None:
-    write(tmp_path, "boot/cmdline.txt",
-          "console=tty1 isolcpus=3 root=/dev/mmcblk0p2 nohz_full=3 isolcpus=1 rootwait\n")
+    write(
+        tmp_path,
+        "boot/cmdline.txt",
+        "console=tty1 isolcpus=3 root=/dev/mmcblk0p2 nohz_full=3 isolcpus=1 rootwait\n",
+    )
     [change] = plan_boot_cmdline(SysRoot(tmp_path), PLAN)
-    assert change.new == ("console=tty1 isolcpus=managed_irq,domain,2-3 root=/dev/mmcblk0p2 "
-                          "nohz_full=2-3 rootwait rcu_nocbs=2-3 irqaffinity=0-1\n")
+    assert change.new == (
+        "console=tty1 isolcpus=managed_irq,domain,2-3 root=/dev/mmcblk0p2 "
+        "nohz_full=2-3 rootwait rcu_nocbs=2-3 irqaffinity=0-1\n"
+    )
 
 
 def test_crlf_and_a_missing_final_newline_are_kept(tmp_path: Path) -> None:
@@ -355,30 +386,40 @@ def test_extlinux_every_append_line_and_nothing_else(tmp_path: Path) -> None:
     old_lines, new_lines = EXTLINUX.splitlines(), change.new.splitlines()
     differing = [(a, b) for a, b in zip(old_lines, new_lines, strict=True) if a != b]
     assert differing == [
-        ("\tappend root=UUID=0c4f5ad6-2b7c-4a5e-9d0e-3f1f8b6e2a11 ro quiet",
-         f"\tappend root=UUID=0c4f5ad6-2b7c-4a5e-9d0e-3f1f8b6e2a11 ro quiet {ISOLATION}"),
-        ("\tappend root=UUID=0c4f5ad6-2b7c-4a5e-9d0e-3f1f8b6e2a11 ro single",
-         f"\tappend root=UUID=0c4f5ad6-2b7c-4a5e-9d0e-3f1f8b6e2a11 ro single {ISOLATION}"),
+        (
+            "\tappend root=UUID=0c4f5ad6-2b7c-4a5e-9d0e-3f1f8b6e2a11 ro quiet",
+            f"\tappend root=UUID=0c4f5ad6-2b7c-4a5e-9d0e-3f1f8b6e2a11 ro quiet {ISOLATION}",
+        ),
+        (
+            "\tappend root=UUID=0c4f5ad6-2b7c-4a5e-9d0e-3f1f8b6e2a11 ro single",
+            f"\tappend root=UUID=0c4f5ad6-2b7c-4a5e-9d0e-3f1f8b6e2a11 ro single {ISOLATION}",
+        ),
     ]
     assert "U_BOOT_PARAMETERS" in change.reason  # the file says u-boot-update made it
 
 
 def test_extlinux_append_without_arguments(tmp_path: Path) -> None:
     params = isolation_params(PLAN)
-    assert edit_extlinux("label a\n  APPEND\nappendix x\n", params) == \
-        f"label a\n  APPEND {ISOLATION}\nappendix x\n"
+    assert (
+        edit_extlinux("label a\n  APPEND\nappendix x\n", params)
+        == f"label a\n  APPEND {ISOLATION}\nappendix x\n"
+    )
 
 
 def test_grub_default_line_edited_and_update_grub_named(tmp_path: Path) -> None:
     root = build_board(tmp_path, "x86")
-    write(root, "etc/default/grub",
-          GRUB.replace('"console=ttyS0,115200n8"', '"console=ttyS0,115200n8 isolcpus=1"'))
+    write(
+        root,
+        "etc/default/grub",
+        GRUB.replace('"console=ttyS0,115200n8"', '"console=ttyS0,115200n8 isolcpus=1"'),
+    )
     [change] = plan_boot_cmdline(SysRoot(root), PLAN)
     assert change.path == "/etc/default/grub"
-    assert change.new == GRUB.replace('GRUB_CMDLINE_LINUX_DEFAULT="quiet"',
-                                      f'GRUB_CMDLINE_LINUX_DEFAULT="quiet {ISOLATION}"')
+    assert change.new == GRUB.replace(
+        'GRUB_CMDLINE_LINUX_DEFAULT="quiet"', f'GRUB_CMDLINE_LINUX_DEFAULT="quiet {ISOLATION}"'
+    )
     assert "update-grub" in change.reason
-    assert "#GRUB_CMDLINE_LINUX_DEFAULT=\"quiet splash\"" in change.new  # comments untouched
+    assert '#GRUB_CMDLINE_LINUX_DEFAULT="quiet splash"' in change.new  # comments untouched
 
 
 def test_grub_without_the_variable_gets_an_assignment(tmp_path: Path) -> None:
@@ -389,9 +430,12 @@ def test_grub_without_the_variable_gets_an_assignment(tmp_path: Path) -> None:
 
 def test_grub_dropin_that_overrides_the_variable_is_named(tmp_path: Path) -> None:
     root = build_board(tmp_path, "x86")
-    write(root, "etc/default/grub.d/50-cloudimg-settings.cfg",
-          "# Cloud Image specific Grub settings\n"
-          'GRUB_CMDLINE_LINUX_DEFAULT="console=tty1 console=ttyS0"\n')
+    write(
+        root,
+        "etc/default/grub.d/50-cloudimg-settings.cfg",
+        "# Cloud Image specific Grub settings\n"
+        'GRUB_CMDLINE_LINUX_DEFAULT="console=tty1 console=ttyS0"\n',
+    )
     [change] = plan_boot_cmdline(SysRoot(root), PLAN)
     assert "/etc/default/grub.d/50-cloudimg-settings.cfg" in change.reason
 
@@ -419,6 +463,7 @@ def test_set_params_none_removes_a_key() -> None:
 
 
 # -- the live system: read only --------------------------------------------------------------
+
 
 @pytest.fixture
 def no_writes(monkeypatch):
@@ -476,8 +521,11 @@ def test_rt_throttling_planned_only_for_realtime(tmp_path: Path) -> None:
     rt = [c for c in realtime if c.path == "/" + RT_RUNTIME]
     assert [(c.kind, c.old, c.new) for c in rt] == [("sysctl", "950000\n", "-1")]
     assert "50 ms every second" in rt[0].reason
-    assert [c.path for c in plan_isolation(SysRoot(root), PLAN, realtime=True)
-            if c.path == "/" + RT_RUNTIME] == ["/" + RT_RUNTIME]
+    assert [
+        c.path
+        for c in plan_isolation(SysRoot(root), PLAN, realtime=True)
+        if c.path == "/" + RT_RUNTIME
+    ] == ["/" + RT_RUNTIME]
     journal = Journal(SysRoot(root), writer=kernel_writer)
     journal.apply(rt)
     assert read(root, "/" + RT_RUNTIME) == "-1"

@@ -33,13 +33,11 @@ def test_data_is_read_at_the_served_shape(models_dir: Path, cls_images: Path) ->
     """Images of any size are resized to the shape the model is served at; the held-out
     part is the evaluation set; data that does not fit names the file."""
     spec = CalibrationSpec(cls_images, None, CLS_PRE)
-    calibration, evaluation, warnings = load_data(models_dir / "ppocr_cls.onnx", spec,
-                                                  CLS_SHAPE)
+    calibration, evaluation, warnings = load_data(models_dir / "ppocr_cls.onnx", spec, CLS_SHAPE)
     assert (len(calibration), len(evaluation)) == (24, 6)
     assert {f["x"].shape for f in calibration.feeds + evaluation.feeds} == {(1, 3, 48, 192)}
     assert any("held out" in w for w in warnings)
-    any_size = CalibrationSpec(cls_images, None, Preprocess(mean=(0.5,), std=(0.5,),
-                                                            multiple=8))
+    any_size = CalibrationSpec(cls_images, None, Preprocess(mean=(0.5,), std=(0.5,), multiple=8))
     with pytest.raises(CalibrationError, match="a model is served at one shape"):
         load_data(models_dir / "ppocr_cls.onnx", any_size, None)  # lines of many sizes
     with pytest.raises(CalibrationError, match="calibration makes INT8 variants of ONNX"):
@@ -47,15 +45,17 @@ def test_data_is_read_at_the_served_shape(models_dir: Path, cls_images: Path) ->
 
 
 @pytest.mark.isa
-def test_variants_are_made_once_per_cpu_backend_and_cached(models_dir: Path, cls_images: Path,
-                                                           tmp_path: Path) -> None:
+def test_variants_are_made_once_per_cpu_backend_and_cached(
+    models_dir: Path, cls_images: Path, tmp_path: Path
+) -> None:
     from edged.quantize.recipes import Settings
     from sysconf.hardware import probe
 
     hw = probe()
     original = models_dir / "ppocr_cls.onnx"
-    calibration, evaluation, _ = load_data(original, CalibrationSpec(cls_images, None, CLS_PRE),
-                                           CLS_SHAPE)
+    calibration, evaluation, _ = load_data(
+        original, CalibrationSpec(cls_images, None, CLS_PRE), CLS_SHAPE
+    )
     # onnxruntime alone: the backend whose kernels saturate; OpenVINO's gate is the same
     # code on another target, and both at once are minutes under the isa-avx2 emulator.
     settings = Settings(targets=("onnxruntime",), runs=20, time_budget_s=2.0, threads=1)
@@ -76,15 +76,16 @@ def test_variants_are_made_once_per_cpu_backend_and_cached(models_dir: Path, cls
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_daemon_makes_variants_in_the_background(models_dir: Path, cls_images: Path,
-                                                 tmp_path: Path, capsys) -> None:
+def test_daemon_makes_variants_in_the_background(
+    models_dir: Path, cls_images: Path, tmp_path: Path, capsys
+) -> None:
     """Ready with the original at once; the job runs in a child at idle priority on the
     housekeeping CPUs; status shows its state, duration and peak memory; the family's
     decision is swapped in and is the cached one at the next start."""
     models = f"""
 [[models]]
 name = "cls"
-path = "{models_dir / 'ppocr_cls.onnx'}"
+path = "{models_dir / "ppocr_cls.onnx"}"
 threads = 1
 shapes = {{ x = [1, 3, 48, 192] }}
 calibration = {{ data = "{cls_images}", mean = 0.5, std = 0.5 }}
@@ -134,18 +135,18 @@ def test_bad_calibration_is_a_config_error(models_dir: Path, tmp_path: Path) -> 
     np.savez(tmp_path / "wrong.npz", image=np.zeros((4, 3, 48, 192), np.float32))
 
     for value, key, message in (
-            ('"missing"', "models[0].calibration.data", "no such file or folder"),
-            ('{ data = "." , color = "purple" }', "models[0].calibration",
-             "colour 'purple'"),
-            ('{ data = ".", mean = "x" }', "models[0].calibration.mean", "must be a number"),
-            ('{ data = ".", resize = "big" }', "models[0].calibration", "resize 'big'"),
-            ('{ data = ".", speed = 1 }', "models[0].calibration.speed", "unknown key"),
-            ("3", "models[0].calibration", "must be a path or a table"),
-            ('"wrong.npz"', "models[0].calibration", "wrong.npz: no array for input(s) x")):
+        ('"missing"', "models[0].calibration.data", "no such file or folder"),
+        ('{ data = "." , color = "purple" }', "models[0].calibration", "colour 'purple'"),
+        ('{ data = ".", mean = "x" }', "models[0].calibration.mean", "must be a number"),
+        ('{ data = ".", resize = "big" }', "models[0].calibration", "resize 'big'"),
+        ('{ data = ".", speed = 1 }', "models[0].calibration.speed", "unknown key"),
+        ("3", "models[0].calibration", "must be a path or a table"),
+        ('"wrong.npz"', "models[0].calibration", "wrong.npz: no array for input(s) x"),
+    ):
         text = f"""
 [[models]]
 name = "cls"
-path = "{models_dir / 'ppocr_cls.onnx'}"
+path = "{models_dir / "ppocr_cls.onnx"}"
 calibration = {value}
 """
         with pytest.raises(ConfigError) as err:
@@ -179,4 +180,3 @@ def _infer_ok(daemon: Daemon) -> None:
     x.set_data_from_numpy(np.zeros((1, 3, 48, 192), np.float32))
     out = client.infer("cls", [x]).as_numpy("save_infer_model/scale_0.tmp_1")
     assert out.shape == (1, 2) and np.isfinite(out).all()
-

@@ -26,29 +26,72 @@ ORDER = 80  # place in `edgectl --help`
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("audit", help="what on this system will hurt inference latency",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", type=Path, default=None,
-                   help="audit an image/fixture root instead of the live system")
-    p.add_argument("--dtb", action="append", default=[], metavar="FILE",
-                   help="a flattened device tree to check (repeatable)")
-    p.add_argument("--inference-cpus", default=None, metavar="LIST",
-                   help="the inference cores, e.g. 2-3 (default: isolated, else the last)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="edged's TOML config: [audit] trim/keep and the models' cpus (the "
-                        "inference cores, unless --inference-cpus is given)")
+    p = sub.add_parser(
+        "audit",
+        help="what on this system will hurt inference latency",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="audit an image/fixture root instead of the live system",
+    )
+    p.add_argument(
+        "--dtb",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a flattened device tree to check (repeatable)",
+    )
+    p.add_argument(
+        "--inference-cpus",
+        default=None,
+        metavar="LIST",
+        help="the inference cores, e.g. 2-3 (default: isolated, else the last)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="edged's TOML config: [audit] trim/keep and the models' cpus (the "
+        "inference cores, unless --inference-cpus is given)",
+    )
     p.add_argument("--format", choices=report.FORMATS, default="text")
-    p.add_argument("--output", type=Path, default=None, metavar="FILE",
-                   help="write the report here instead of stdout")
-    p.add_argument("--only", action="append", default=[], metavar="PREFIX",
-                   help="only findings whose id starts with PREFIX (repeatable)")
-    p.add_argument("--skip", action="append", default=[], metavar="PREFIX",
-                   help="leave out findings whose id starts with PREFIX (repeatable)")
-    p.add_argument("--fail-on", choices=("warn", "fail"), default="fail",
-                   help="exit 1 when a finding is at or above this level (default: fail)")
-    p.add_argument("--stats", action="store_true",
-                   help="how each check ran (ok, seconds, findings): a table on stderr, or "
-                        "with --format json a \"checks\" list in the report")
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the report here instead of stdout",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="only findings whose id starts with PREFIX (repeatable)",
+    )
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="leave out findings whose id starts with PREFIX (repeatable)",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=("warn", "fail"),
+        default="fail",
+        help="exit 1 when a finding is at or above this level (default: fail)",
+    )
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="how each check ran (ok, seconds, findings): a table on stderr, or "
+        'with --format json a "checks" list in the report',
+    )
     p.set_defaults(func=cmd_audit)
     return p
 
@@ -62,8 +105,9 @@ def cmd_audit(args) -> int:
     result = runner.run(ctx, args.only, args.skip)
     stats = result.checks if args.stats else None
     colour = args.output is None and args.format == "text" and sys.stdout.isatty()
-    text = report.render(result.findings, args.format, colour=colour,
-                         sections=runner.sections(), stats=stats)
+    text = report.render(
+        result.findings, args.format, colour=colour, sections=runner.sections(), stats=stats
+    )
     if args.output is not None:
         try:
             args.output.write_text(text)
@@ -80,8 +124,11 @@ def cmd_audit(args) -> int:
 def _config_options(config: Config) -> dict[str, Any]:
     """What the checks read from edged's config: [audit] trim/keep, and whether a model runs
     SCHED_FIFO (KRN-SCHED-RT-RUNTIME)."""
-    return {"trim": list(config.audit.trim), "keep": list(config.audit.keep),
-            "realtime": any(mc.rt_priority for mc in config.models)}
+    return {
+        "trim": list(config.audit.trim),
+        "keep": list(config.audit.keep),
+        "realtime": any(mc.rt_priority for mc in config.models),
+    }
 
 
 def _model_cpus(config: Config) -> list[int]:
@@ -140,8 +187,9 @@ def _context(args) -> AuditContext:
     return AuditContext(root=root, dtbs=dtbs, options=options)
 
 
-def audit_summary(config: Config, root: SysRoot | None = None,
-                  with_model_cpus: bool = True) -> dict[str, Any]:
+def audit_summary(
+    config: Config, root: SysRoot | None = None, with_model_cpus: bool = True
+) -> dict[str, Any]:
     """What `edgectl audit --config` reports, as a short summary for the retained `audit`
     topic: counts by status and by level (the lesser of status and severity, as the audit's
     exit code counts), the ids failing and warning, when it ran. Read-only on `root`.

@@ -29,32 +29,67 @@ ORDER = 10  # place in `edgectl --help`
 
 
 def register(sub) -> None:
-    backends = sub.add_parser("backends", parents=[selection_options()],
-                              help="hardware facts, candidates, and the pick for a model")
+    backends = sub.add_parser(
+        "backends",
+        parents=[selection_options()],
+        help="hardware facts, candidates, and the pick for a model",
+    )
     backends.add_argument("--model", type=Path, help="select the backend for this model")
-    backends.add_argument("--backend", default="auto",
-                          help="auto, or pin NAME[:DEVICE[:PRECISION]] (still verified)")
-    backends.add_argument("--root", type=Path, default=None,
-                          help="probe the hardware of an image/fixture root instead of /")
-    backends.add_argument("--refresh", action="store_true",
-                          help="measure again even if a cached decision exists")
-    backends.add_argument("--variant", action="append", type=Path, default=[],
-                          metavar="FILE", help="a prebuilt version of --model (INT8 QDQ "
-                                               "ONNX, full-integer TFLite; repeatable): "
-                                               "selection picks among the original and them")
-    backends.add_argument("--calibration", type=Path, default=None, metavar="DATA",
-                          help="make INT8 variants of --model here first (as edgectl "
-                               "quantize, for every CPU backend present; cached), then "
-                               "select among all; its held-out part is the evaluation set")
-    backends.add_argument("--eval", type=Path, default=None, metavar="DATA",
-                          help="evaluation data kept apart from --calibration")
-    backends.add_argument("--precision", default="auto", choices=("auto", "int8"),
-                          help="int8: choose among the INT8 variants only")
-    backends.add_argument("--max-drop", type=float, default=None, metavar="X",
-                          help="accuracy budget against the original: 1 - mean cosine, or "
-                               f"1 - top-1 agreement for classifiers (default {DEFAULT_MAX_DROP})")
-    backends.add_argument("--min-cosine", type=float, default=None,
-                          help="older spelling of 1 - --max-drop")
+    backends.add_argument(
+        "--backend", default="auto", help="auto, or pin NAME[:DEVICE[:PRECISION]] (still verified)"
+    )
+    backends.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="probe the hardware of an image/fixture root instead of /",
+    )
+    backends.add_argument(
+        "--refresh", action="store_true", help="measure again even if a cached decision exists"
+    )
+    backends.add_argument(
+        "--variant",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="a prebuilt version of --model (INT8 QDQ "
+        "ONNX, full-integer TFLite; repeatable): "
+        "selection picks among the original and them",
+    )
+    backends.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        metavar="DATA",
+        help="make INT8 variants of --model here first (as edgectl "
+        "quantize, for every CPU backend present; cached), then "
+        "select among all; its held-out part is the evaluation set",
+    )
+    backends.add_argument(
+        "--eval",
+        type=Path,
+        default=None,
+        metavar="DATA",
+        help="evaluation data kept apart from --calibration",
+    )
+    backends.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "int8"),
+        help="int8: choose among the INT8 variants only",
+    )
+    backends.add_argument(
+        "--max-drop",
+        type=float,
+        default=None,
+        metavar="X",
+        help="accuracy budget against the original: 1 - mean cosine, or "
+        f"1 - top-1 agreement for classifiers (default {DEFAULT_MAX_DROP})",
+    )
+    backends.add_argument(
+        "--min-cosine", type=float, default=None, help="older spelling of 1 - --max-drop"
+    )
     backends.add_argument("--max-abs", type=float, default=None)
 
     add_preprocess_arguments(backends)
@@ -81,8 +116,13 @@ def cmd_backends(args) -> int:
 
         model_info = inspect_model(args.model)
         state_dir = args.state_dir or default_state_dir()
-        policy = policy_of(args, backend=args.backend, max_drop=_max_drop(args),
-                           max_abs=args.max_abs, precision=args.precision)
+        policy = policy_of(
+            args,
+            backend=args.backend,
+            max_drop=_max_drop(args),
+            max_abs=args.max_abs,
+            precision=args.precision,
+        )
         progress = Progress(not args.json)
         variants, evaluation = list(args.variant), None
         try:
@@ -91,9 +131,16 @@ def cmd_backends(args) -> int:
                 variants += made.variants
             elif args.eval is not None:
                 raise UsageError("--eval goes with --calibration")
-            selection = select(args.model, hw, policy, state_dir, progress,
-                               variants=variants, evaluation=evaluation,
-                               refresh=args.refresh)
+            selection = select(
+                args.model,
+                hw,
+                policy,
+                state_dir,
+                progress,
+                variants=variants,
+                evaluation=evaluation,
+                refresh=args.refresh,
+            )
         except SelectionError as exc:
             error = str(exc)
             failed_evidence = exc.evidence
@@ -104,8 +151,14 @@ def cmd_backends(args) -> int:
         "hardware": hw.to_dict(),
         "runtimes": runtime_versions(),
         "candidates": [
-            {"backend": c.backend, "device": c.device, "precision": c.precision,
-             "available": c.available, "reason": c.reason or None, "note": c.note}
+            {
+                "backend": c.backend,
+                "device": c.device,
+                "precision": c.precision,
+                "available": c.available,
+                "reason": c.reason or None,
+                "note": c.note,
+            }
             for c in candidates
         ],
         "selected": selection.summary() if selection else None,
@@ -115,8 +168,9 @@ def cmd_backends(args) -> int:
     if model_info is not None:
         report["model"] = model_info.to_dict()
         report["variants"] = [str(v) for v in variants]
-        report["evidence"] = [e.to_dict() for e in
-                              (selection.evidence if selection else failed_evidence)]
+        report["evidence"] = [
+            e.to_dict() for e in (selection.evidence if selection else failed_evidence)
+        ]
         if error:
             report["error"] = error
     if args.json:
@@ -144,26 +198,35 @@ def _made_variants(args, hw, policy, state_dir: Path, progress):
 
     try:
         spec = CalibrationSpec(args.calibration, args.eval, preprocess_of(args))
-        calibration, evaluation, warnings = load_data(args.model, spec,
-                                                      dict(policy.shapes or {}))
+        calibration, evaluation, warnings = load_data(args.model, spec, dict(policy.shapes or {}))
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
     if not args.json:
         for warning in warnings:
             print(f"edgectl: warning: {warning}", file=sys.stderr)
     logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization's per-node noise
-    settings = Settings(targets=present_targets(hw), max_drop=policy.max_drop,
-                        threads=policy.threads, cpus=policy.cpus)
-    made = make_variants(args.model, calibration, evaluation, state_dir, hw, settings,
-                         warnings, progress)
+    settings = Settings(
+        targets=present_targets(hw),
+        max_drop=policy.max_drop,
+        threads=policy.threads,
+        cpus=policy.cpus,
+    )
+    made = make_variants(
+        args.model, calibration, evaluation, state_dir, hw, settings, warnings, progress
+    )
     return made, evaluation_of(evaluation, spec)
 
 
 def _max_drop(args) -> float:
     if args.min_cosine is not None and args.max_drop is not None:
         raise UsageError("give --max-drop or --min-cosine (1 - max drop), not both")
-    value = (1.0 - args.min_cosine if args.min_cosine is not None else
-             args.max_drop if args.max_drop is not None else DEFAULT_MAX_DROP)
+    value = (
+        1.0 - args.min_cosine
+        if args.min_cosine is not None
+        else args.max_drop
+        if args.max_drop is not None
+        else DEFAULT_MAX_DROP
+    )
     if not 0.0 <= value < 1.0:
         raise UsageError(f"--max-drop {value:g}: must be at least 0 and below 1")
     return round(value, 12)
@@ -178,11 +241,14 @@ def format_backends(report: dict[str, Any], selection) -> str:
 
     hw = report["hardware"]
     lines = ["Hardware"]
-    lines.append(f"  arch        {hw['arch']}, {hw['cpu_count']} CPUs online "
-                 f"({format_cpulist(hw['cpus_online'])})")
+    lines.append(
+        f"  arch        {hw['arch']}, {hw['cpu_count']} CPUs online "
+        f"({format_cpulist(hw['cpus_online'])})"
+    )
     lines.append(f"  cpu         {hw['cpu_model']}")
-    cores = ", ".join(f"{name} x{len(cpus)} ({format_cpulist(cpus)})"
-                      for name, cpus in hw["core_types"].items())
+    cores = ", ".join(
+        f"{name} x{len(cpus)} ({format_cpulist(cpus)})" for name, cpus in hw["core_types"].items()
+    )
     lines.append(f"  cores       {cores or '?'}")
     lines.append(f"  int8 isa    {' '.join(hw['isa_int8']) or 'none found'}")
     lines.append(f"  board       {hw['board_model'] or '?'}")
@@ -190,11 +256,20 @@ def format_backends(report: dict[str, Any], selection) -> str:
         lines.append(f"  compatible  {', '.join(hw['soc_compatible'])}")
     lines.append(f"  memory      {_gib(hw['memory_bytes'])}")
     accs = hw["accelerators"]
-    lines.append("  accel       " + ("; ".join(
-        f"{a['name']} ({a['node'] or 'no node'}, driver {a['driver'] or '?'})" for a in accs)
-        if accs else "none found"))
-    lines.append("Runtimes      " + ", ".join(f"{k} {v or 'not installed'}"
-                                             for k, v in report["runtimes"].items()))
+    lines.append(
+        "  accel       "
+        + (
+            "; ".join(
+                f"{a['name']} ({a['node'] or 'no node'}, driver {a['driver'] or '?'})" for a in accs
+            )
+            if accs
+            else "none found"
+        )
+    )
+    lines.append(
+        "Runtimes      "
+        + ", ".join(f"{k} {v or 'not installed'}" for k, v in report["runtimes"].items())
+    )
     lines.append("Candidates")
     for c in report["candidates"]:
         mark = "yes" if c["available"] else "no "
@@ -202,10 +277,15 @@ def format_backends(report: dict[str, Any], selection) -> str:
         lines.append(f"  {mark}  {key:32} {c['reason'] or c['note']}")
     model = report.get("model")
     if model:
-        flag = "" if model["int8"] or report.get("variants") else \
-            "   <- FP32 alone: give INT8 variants (--variant) or --calibration data"
-        lines.append(f"Model         {model['path']} ({model['format']}, {model['precision']}: "
-                     f"{model['precision_detail']}){flag}")
+        flag = (
+            ""
+            if model["int8"] or report.get("variants")
+            else "   <- FP32 alone: give INT8 variants (--variant) or --calibration data"
+        )
+        lines.append(
+            f"Model         {model['path']} ({model['format']}, {model['precision']}: "
+            f"{model['precision_detail']}){flag}"
+        )
         if selection is not None:
             lines.append(format_evidence(selection))
         elif report.get("evidence"):
@@ -221,11 +301,15 @@ def format_evidence(selection) -> str:
     shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in selection.shapes.items())
     original = selection.original or selection.model
     against = "the original" if selection.against_original else "its own float arithmetic"
-    lines = [f"Evidence      (inputs {shapes}; {selection.evaluation or 'generated inputs'}; "
-             f"accuracy against {against}"
-             f"{'; cached decision' if selection.from_cache else ''})"]
-    lines.append(f"  {'variant':28} {'candidate':24} {'status':9} {'ran as':10} {'score':>7} "
-                 f"{'cosine':>7} {'p50 ms':>8} {'p99 ms':>8} {'vs FP32':>7} {'mem MiB':>7}")
+    lines = [
+        f"Evidence      (inputs {shapes}; {selection.evaluation or 'generated inputs'}; "
+        f"accuracy against {against}"
+        f"{'; cached decision' if selection.from_cache else ''})"
+    ]
+    lines.append(
+        f"  {'variant':28} {'candidate':24} {'status':9} {'ran as':10} {'score':>7} "
+        f"{'cosine':>7} {'p50 ms':>8} {'p99 ms':>8} {'vs FP32':>7} {'mem MiB':>7}"
+    )
     for ev in selection.evidence:
         if ev.status == "unavailable":
             continue
@@ -246,9 +330,11 @@ def format_evidence(selection) -> str:
     for warning in selection.warnings:
         lines.append(f"  warning: {warning}")
     sel = selection.selected
-    lines.append(f"Selected      {selection.model.name} on {sel.candidate.backend}:"
-                 f"{sel.candidate.device} (requested {sel.candidate.precision}, ran as "
-                 f"{sel.precision}), p99 {sel.latency.p99_ms:.3f} ms")
+    lines.append(
+        f"Selected      {selection.model.name} on {sel.candidate.backend}:"
+        f"{sel.candidate.device} (requested {sel.candidate.precision}, ran as "
+        f"{sel.precision}), p99 {sel.latency.p99_ms:.3f} ms"
+    )
     if selection.why:
         lines.append(f"Why           {selection.why}")
     return "\n".join(lines)

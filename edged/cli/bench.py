@@ -24,11 +24,15 @@ ORDER = 20  # place in `edgectl --help`
 
 
 def register(sub) -> None:
-    bench = sub.add_parser("bench", parents=[selection_options()],
-                           help="latency of a model per candidate")
+    bench = sub.add_parser(
+        "bench", parents=[selection_options()], help="latency of a model per candidate"
+    )
     bench.add_argument("model", type=Path)
-    bench.add_argument("--backend", default="auto",
-                       help="auto (the selected one), all, or NAME[:DEVICE[:PRECISION]]")
+    bench.add_argument(
+        "--backend",
+        default="auto",
+        help="auto (the selected one), all, or NAME[:DEVICE[:PRECISION]]",
+    )
     bench.add_argument("--runs", type=int, default=200)
     bench.add_argument("--warmup", type=int, default=10)
     bench.set_defaults(func=cmd_bench)
@@ -67,10 +71,12 @@ def cmd_bench(args) -> int:
         chosen = [c for c in matching if c.available]
         if not chosen:
             why = "; ".join(f"{c.key}: {c.reason}" for c in matching) or "no such backend"
-            raise UsageError(f"--backend {args.backend}: nothing available to run "
-                             f"{model.name} ({why})")
-    options = LoadOptions(threads=args.threads, cpus=policy.cpus,
-                          cache_dir=state_dir / "openvino-cache")
+            raise UsageError(
+                f"--backend {args.backend}: nothing available to run {model.name} ({why})"
+            )
+    options = LoadOptions(
+        threads=args.threads, cpus=policy.cpus, cache_dir=state_dir / "openvino-cache"
+    )
     results: list[dict[str, Any]] = []
     sessions = {}
     with pinned_thread(policy.cpus):
@@ -80,18 +86,28 @@ def cmd_bench(args) -> int:
                 session = get_backend(candidate.backend).load(model, candidate, options)
                 if feeds is None:
                     shapes = resolve_shapes(session.inputs, policy.shapes, model.name)
-                    options = LoadOptions(threads=args.threads, cpus=policy.cpus,
-                                          shapes=shapes, cache_dir=options.cache_dir)
+                    options = LoadOptions(
+                        threads=args.threads,
+                        cpus=policy.cpus,
+                        shapes=shapes,
+                        cache_dir=options.cache_dir,
+                    )
                     feeds = make_inputs(session.inputs, shapes)
                     session.close()
                     session = get_backend(candidate.backend).load(model, candidate, options)
                 session.run(feeds)
             except BackendError as exc:
                 # Same keys as a measured result (stats null), so scripts need no special case.
-                results.append({"backend": candidate.backend, "device": candidate.device,
-                                "requested_precision": candidate.precision,
-                                "precision": None, **dict.fromkeys(_STAT_KEYS),
-                                "error": str(exc)})
+                results.append(
+                    {
+                        "backend": candidate.backend,
+                        "device": candidate.device,
+                        "requested_precision": candidate.precision,
+                        "precision": None,
+                        **dict.fromkeys(_STAT_KEYS),
+                        "error": str(exc),
+                    }
+                )
                 continue
             sessions[candidate] = session
         total = args.runs * len(sessions)
@@ -101,18 +117,31 @@ def cmd_bench(args) -> int:
             done[0] += n
             progress("bench", done[0], total)
 
-        stats = benchmark({c.key: (lambda s=s: s.run(feeds)) for c, s in sessions.items()},
-                          args.runs, args.warmup, progress=tick)
+        stats = benchmark(
+            {c.key: (lambda s=s: s.run(feeds)) for c, s in sessions.items()},
+            args.runs,
+            args.warmup,
+            progress=tick,
+        )
         progress.close()
     for candidate, session in sessions.items():
-        results.append({"backend": candidate.backend, "device": candidate.device,
-                        "requested_precision": candidate.precision,
-                        "precision": session.info().get("precision"),
-                        **stats[candidate.key].to_dict()})
+        results.append(
+            {
+                "backend": candidate.backend,
+                "device": candidate.device,
+                "requested_precision": candidate.precision,
+                "precision": session.info().get("precision"),
+                **stats[candidate.key].to_dict(),
+            }
+        )
         session.close()
-    report = {"model": str(args.model), "model_precision": model.precision,
-              "threads": args.threads, "cpus": list(policy.cpus) if policy.cpus else None,
-              "results": results}
+    report = {
+        "model": str(args.model),
+        "model_precision": model.precision,
+        "threads": args.threads,
+        "cpus": list(policy.cpus) if policy.cpus else None,
+        "results": results,
+    }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -120,21 +149,38 @@ def cmd_bench(args) -> int:
     return EXIT_OK if any("error" not in r for r in results) else EXIT_FAILED
 
 
-_STAT_KEYS = ("runs", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms",
-              "stdev_ms", "throughput_ips")
+_STAT_KEYS = (
+    "runs",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "p999_ms",
+    "max_ms",
+    "mean_ms",
+    "stdev_ms",
+    "throughput_ips",
+)
 
 
 def format_bench(report: dict[str, Any]) -> str:
     cols = ["p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms", "stdev_ms"]
-    head = f"{'candidate':26} {'ran as':10} {'runs':>5} " + " ".join(
-        f"{c.removesuffix('_ms'):>8}" for c in cols) + f" {'inf/s':>8}"
-    lines = [f"{report['model']} (model precision {report['model_precision']}); "
-             f"latency in ms", head]
+    head = (
+        f"{'candidate':26} {'ran as':10} {'runs':>5} "
+        + " ".join(f"{c.removesuffix('_ms'):>8}" for c in cols)
+        + f" {'inf/s':>8}"
+    )
+    lines = [
+        f"{report['model']} (model precision {report['model_precision']}); latency in ms",
+        head,
+    ]
     for r in report["results"]:
         name = f"{r['backend']}:{r['device']}:{r['requested_precision']}"
         if "error" in r:
             lines.append(f"{name:26} failed: {r['error']}")
             continue
-        lines.append(f"{name:26} {r['precision'] or '-':10} {r['runs']:>5} " + " ".join(
-            f"{r[c]:>8.3f}" for c in cols) + f" {r['throughput_ips']:>8.1f}")
+        lines.append(
+            f"{name:26} {r['precision'] or '-':10} {r['runs']:>5} "
+            + " ".join(f"{r[c]:>8.3f}" for c in cols)
+            + f" {r['throughput_ips']:>8.1f}"
+        )
     return "\n".join(lines)

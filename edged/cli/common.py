@@ -48,8 +48,10 @@ def parse_cpus(text: str | None) -> tuple[int, ...] | None:
     allowed = os.sched_getaffinity(0)
     outside = [c for c in cpus if c not in allowed]
     if outside:
-        raise UsageError(f"--cpus {text}: CPU {outside[0]} is not available to this process "
-                         f"(allowed: {sorted(allowed)})")
+        raise UsageError(
+            f"--cpus {text}: CPU {outside[0]} is not available to this process "
+            f"(allowed: {sorted(allowed)})"
+        )
     return tuple(cpus)
 
 
@@ -111,17 +113,26 @@ def quiet_runtime_logs() -> None:
 
 # -- options more than one subcommand takes ----------------------------------------------------
 
+
 def selection_options() -> argparse.ArgumentParser:
     """The parent parser of `backends` and `bench`: how a model is selected and run."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("--state-dir", type=Path, default=None,
-                        help="selection cache and OpenVINO model cache (default: "
-                             "/var/lib/edged if writable, else ~/.cache/edged)")
+    common.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="selection cache and OpenVINO model cache (default: "
+        "/var/lib/edged if writable, else ~/.cache/edged)",
+    )
     common.add_argument("--threads", type=int, default=None, help="inference threads")
     common.add_argument("--cpus", default=None, help="CPU list to run on, e.g. 2-3")
-    common.add_argument("--shape", action="append", metavar="NAME=DIMS",
-                        help="static input shape, e.g. x=1x3x640x640 (repeatable)")
+    common.add_argument(
+        "--shape",
+        action="append",
+        metavar="NAME=DIMS",
+        help="static input shape, e.g. x=1x3x640x640 (repeatable)",
+    )
     return common
 
 
@@ -130,25 +141,45 @@ def policy_of(args, **extra):
     from edged.selection.inputs import parse_shape_args
     from edged.selection.policy import Policy
 
-    return Policy(threads=args.threads, cpus=parse_cpus(args.cpus),
-                  shapes=parse_shape_args(args.shape) or None, **extra)
+    return Policy(
+        threads=args.threads,
+        cpus=parse_cpus(args.cpus),
+        shapes=parse_shape_args(args.shape) or None,
+        **extra,
+    )
 
 
 def add_preprocess_arguments(parser) -> None:
     """How images become model inputs, for every command that reads calibration images."""
     pre = parser.add_argument_group("image preprocessing (folders of images)")
-    pre.add_argument("--resize", default=None, metavar="HxW",
-                     help="resize every image (default: the model's fixed size, else the "
-                          "image's own size rounded down to --multiple)")
-    pre.add_argument("--multiple", type=int, default=32,
-                     help="size multiple for models with dynamic height/width (default 32)")
+    pre.add_argument(
+        "--resize",
+        default=None,
+        metavar="HxW",
+        help="resize every image (default: the model's fixed size, else the "
+        "image's own size rounded down to --multiple)",
+    )
+    pre.add_argument(
+        "--multiple",
+        type=int,
+        default=32,
+        help="size multiple for models with dynamic height/width (default 32)",
+    )
     pre.add_argument("--color", default="rgb", choices=("rgb", "bgr", "gray"))
-    pre.add_argument("--scale", type=float, default=1.0 / 255.0,
-                     help="pixel multiplier before mean/std (default 1/255)")
+    pre.add_argument(
+        "--scale",
+        type=float,
+        default=1.0 / 255.0,
+        help="pixel multiplier before mean/std (default 1/255)",
+    )
     pre.add_argument("--mean", default="0", help="per-channel mean, e.g. 0.485,0.456,0.406")
     pre.add_argument("--std", default="1", help="per-channel std, e.g. 0.229,0.224,0.225")
-    pre.add_argument("--layout", default=None, choices=("nchw", "nhwc"),
-                     help="default: from the model's input shape")
+    pre.add_argument(
+        "--layout",
+        default=None,
+        choices=("nchw", "nhwc"),
+        help="default: from the model's input shape",
+    )
 
 
 def preprocess_of(args):
@@ -156,7 +187,12 @@ def preprocess_of(args):
     from edged.quantize.calibration import parse_floats, parse_size
     from edged.quantize.calibration_spec import Preprocess
 
-    return Preprocess(size=parse_size(args.resize) if args.resize else None, color=args.color,
-                      scale=args.scale, mean=parse_floats(args.mean, "--mean"),
-                      std=parse_floats(args.std, "--std"), layout=args.layout,
-                      multiple=args.multiple)
+    return Preprocess(
+        size=parse_size(args.resize) if args.resize else None,
+        color=args.color,
+        scale=args.scale,
+        mean=parse_floats(args.mean, "--mean"),
+        std=parse_floats(args.std, "--std"),
+        layout=args.layout,
+        multiple=args.multiple,
+    )

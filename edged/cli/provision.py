@@ -14,11 +14,15 @@ ORDER = 70  # place in `edgectl --help`
 
 
 def register(sub) -> None:
-    provision = sub.add_parser("provision", parents=[placement_options()],
-                               help="write the whole tuned configuration into an image root "
-                                    "(plan --trim, sysctl.d, CPUAffinity, edged enabled)")
-    provision.add_argument("--root", type=Path, default=None,
-                           help="the image root (required: never the live system)")
+    provision = sub.add_parser(
+        "provision",
+        parents=[placement_options()],
+        help="write the whole tuned configuration into an image root "
+        "(plan --trim, sysctl.d, CPUAffinity, edged enabled)",
+    )
+    provision.add_argument(
+        "--root", type=Path, default=None, help="the image root (required: never the live system)"
+    )
     provision.add_argument("--json", action="store_true", help="machine-readable output")
     provision.set_defaults(func=cmd_provision)
 
@@ -28,12 +32,13 @@ def cmd_provision(args) -> int:
     from sysconf.provision import provision_plan
 
     if args.root is None:
-        raise UsageError("provision needs --root DIR (an image root; it never writes the live "
-                         "system: use edgectl apply there)")
+        raise UsageError(
+            "provision needs --root DIR (an image root; it never writes the live "
+            "system: use edgectl apply there)"
+        )
     root, cpus, keep, extra = placement(args)
     try:
-        provisioned = provision_plan(root, cpus, keep, extra,
-                                     realtime=uses_rt_priority(args))
+        provisioned = provision_plan(root, cpus, keep, extra, realtime=uses_rt_priority(args))
     except ValueError as exc:  # the root is the live system
         raise UsageError(str(exc)) from None
     journal = journals(root)

@@ -31,29 +31,59 @@ EXIT_INT8, EXIT_FP32_KEPT = 0, 1
 
 def register(sub) -> None:
     q = sub.add_parser(
-        "quantize", help="FP32 ONNX -> INT8 QDQ: calibrated, accuracy-gated, the fastest "
-                         "recipe on the target backend measured")
+        "quantize",
+        help="FP32 ONNX -> INT8 QDQ: calibrated, accuracy-gated, the fastest "
+        "recipe on the target backend measured",
+    )
     q.add_argument("model", type=Path, help="the FP32 ONNX model")
-    q.add_argument("--calibration", type=Path, required=True, metavar="DATA",
-                   help="an .npz (arrays named after the inputs, first axis = samples), a "
-                        "folder of .npy files, or a folder of images")
+    q.add_argument(
+        "--calibration",
+        type=Path,
+        required=True,
+        metavar="DATA",
+        help="an .npz (arrays named after the inputs, first axis = samples), a "
+        "folder of .npy files, or a folder of images",
+    )
     q.add_argument("--output", type=Path, required=True, help="where the model goes")
-    q.add_argument("--eval", type=Path, default=None, metavar="DATA",
-                   help="evaluation data, kept apart from calibration (default: "
-                        f"{int(EVAL_SPLIT * 100)} %% of --calibration held out)")
-    q.add_argument("--target", default="auto", choices=("auto", *TARGETS),
-                   help="the backend the model will run on (auto: try each, keep the fastest)")
-    q.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP, metavar="X",
-                   help="largest accuracy drop allowed: 1 - cosine, or 1 - top-1 agreement "
-                        f"for classifiers (default {DEFAULT_MAX_DROP})")
-    q.add_argument("--method", default="minmax", choices=METHODS,
-                   help="activation range calibration (default minmax)")
+    q.add_argument(
+        "--eval",
+        type=Path,
+        default=None,
+        metavar="DATA",
+        help="evaluation data, kept apart from calibration (default: "
+        f"{int(EVAL_SPLIT * 100)} %% of --calibration held out)",
+    )
+    q.add_argument(
+        "--target",
+        default="auto",
+        choices=("auto", *TARGETS),
+        help="the backend the model will run on (auto: try each, keep the fastest)",
+    )
+    q.add_argument(
+        "--max-drop",
+        type=float,
+        default=DEFAULT_MAX_DROP,
+        metavar="X",
+        help="largest accuracy drop allowed: 1 - cosine, or 1 - top-1 agreement "
+        f"for classifiers (default {DEFAULT_MAX_DROP})",
+    )
+    q.add_argument(
+        "--method",
+        default="minmax",
+        choices=METHODS,
+        help="activation range calibration (default minmax)",
+    )
     add_preprocess_arguments(q)
     q.add_argument("--threads", type=int, default=None, help="inference threads")
     q.add_argument("--cpus", default=None, help="CPU list to run on, e.g. 2-3")
     q.add_argument("--runs", type=int, default=200, help="timed runs per recipe (default 200)")
-    q.add_argument("--time-budget", type=float, default=20.0, metavar="S",
-                   help="seconds of benchmarking per target (default 20)")
+    q.add_argument(
+        "--time-budget",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="seconds of benchmarking per target (default 20)",
+    )
     q.add_argument("--json", action="store_true", help="machine-readable report")
     q.set_defaults(func=cmd_quantize)
 
@@ -73,14 +103,17 @@ def cmd_quantize(args) -> int:
     if args.output.resolve() == args.model.resolve():
         raise UsageError(f"--output {args.output} is the input model; write elsewhere")
     if args.output.is_dir():  # said now, not after minutes of quantizing
-        raise UsageError(f"--output {args.output} is a folder; give the model file's path "
-                         f"(e.g. {args.output / (args.model.stem + '_int8.onnx')})")
+        raise UsageError(
+            f"--output {args.output} is a folder; give the model file's path "
+            f"(e.g. {args.output / (args.model.stem + '_int8.onnx')})"
+        )
     if args.output.parent.exists() and not os.access(args.output.parent, os.W_OK):
         raise UsageError(f"--output {args.output}: cannot write in {args.output.parent}")
     targets = TARGETS if args.target == "auto" else (args.target,)
     try:
         calibration, evaluation, warnings = calibration_and_evaluation(
-            args.calibration, args.eval, input_specs(args.model), preprocess_of(args))
+            args.calibration, args.eval, input_specs(args.model), preprocess_of(args)
+        )
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
     if not args.json:
@@ -91,12 +124,19 @@ def cmd_quantize(args) -> int:
     # per-tensor); the report carries what matters, so only errors get through.
     logging.getLogger().setLevel(logging.ERROR)
     progress = Progress(not args.json)
-    settings = Settings(targets=targets, method=args.method, max_drop=args.max_drop,
-                        threads=args.threads, cpus=parse_cpus(args.cpus), runs=args.runs,
-                        time_budget_s=args.time_budget)
+    settings = Settings(
+        targets=targets,
+        method=args.method,
+        max_drop=args.max_drop,
+        threads=args.threads,
+        cpus=parse_cpus(args.cpus),
+        runs=args.runs,
+        time_budget_s=args.time_budget,
+    )
     try:
-        report = quantize_model(args.model, args.output, calibration, evaluation, settings,
-                                warnings, progress)
+        report = quantize_model(
+            args.model, args.output, calibration, evaluation, settings, warnings, progress
+        )
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
     except QuantizeError as exc:
@@ -112,30 +152,37 @@ def cmd_quantize(args) -> int:
 
 def format_report(report: dict[str, Any]) -> str:
     samples = report["samples"]
-    lines = [f"samples: {samples['calibration']} calibration, {samples['evaluation']} "
-             f"evaluation; ranges: {report['method']}; gate: drop <= {report['max_drop']}"]
+    lines = [
+        f"samples: {samples['calibration']} calibration, {samples['evaluation']} "
+        f"evaluation; ranges: {report['method']}; gate: drop <= {report['max_drop']}"
+    ]
     for warning in report["warnings"]:
         lines.append(f"warning: {warning}")
     fp32 = ", ".join(f"{t} {ms:.3f} ms" for t, ms in report["fp32_ms"].items())
     lines.append(f"FP32 p50: {fp32 or '-'}")
-    lines.append(f"{'target':<12} {'recipe':<24} {'cosine':>8} {'min':>8} {'max-abs':>8} "
-                 f"{'top-1':>6} {'gate':>5} {'p50 ms':>8} {'speedup':>7}")
+    lines.append(
+        f"{'target':<12} {'recipe':<24} {'cosine':>8} {'min':>8} {'max-abs':>8} "
+        f"{'top-1':>6} {'gate':>5} {'p50 ms':>8} {'speedup':>7}"
+    )
     for a in report["attempts"]:
         acc = a["accuracy"] or {}
         gate = "pass" if a["passed"] else ("error" if a["error"] else "fail")
-        lines.append(f"{a['target']:<12} {a['recipe']:<24} {or_dash(acc.get('cosine'), '.4f'):>8} "
-                     f"{or_dash(acc.get('cosine_min'), '.4f'):>8} "
-                     f"{or_dash(acc.get('max_abs'), '.3g'):>8} "
-                     f"{or_dash(acc.get('top1_agreement'), '.3f'):>6} {gate:>5} "
-                     f"{or_dash(a['p50_ms'], '.3f'):>8} {or_dash(a['speedup'], '.2f'):>7}")
+        lines.append(
+            f"{a['target']:<12} {a['recipe']:<24} {or_dash(acc.get('cosine'), '.4f'):>8} "
+            f"{or_dash(acc.get('cosine_min'), '.4f'):>8} "
+            f"{or_dash(acc.get('max_abs'), '.3g'):>8} "
+            f"{or_dash(acc.get('top1_agreement'), '.3f'):>6} {gate:>5} "
+            f"{or_dash(a['p50_ms'], '.3f'):>8} {or_dash(a['speedup'], '.2f'):>7}"
+        )
         if a["error"]:
             lines.append(f"  {a['error']}")
     if report["recipe"] == "fp32":
         lines.append(f"kept FP32: {report['reason']}")
     else:
-        lines.append(f"picked: {report['recipe']} on {report['target']}, "
-                     f"{report['speedup']:.2f}x FP32, cosine {report['accuracy']['cosine']:.4f}"
-                     + (f", FP32 nodes: {', '.join(report['fp32_nodes'])}"
-                        if report["fp32_nodes"] else ""))
+        lines.append(
+            f"picked: {report['recipe']} on {report['target']}, "
+            f"{report['speedup']:.2f}x FP32, cosine {report['accuracy']['cosine']:.4f}"
+            + (f", FP32 nodes: {', '.join(report['fp32_nodes'])}" if report["fp32_nodes"] else "")
+        )
     lines.append(f"written: {report['output']}")
     return "\n".join(lines)

@@ -12,10 +12,15 @@ ORDER = 110  # place in `edgectl --help`
 
 
 def register(sub) -> None:
-    reload = sub.add_parser("reload", help="make the running daemon re-read its config "
-                                           "(like systemctl reload; Unix socket only)")
-    reload.add_argument("--address", default="unix:/run/edged/edged.sock",
-                        help="the daemon's Unix socket (unix:PATH)")
+    reload = sub.add_parser(
+        "reload",
+        help="make the running daemon re-read its config (like systemctl reload; Unix socket only)",
+    )
+    reload.add_argument(
+        "--address",
+        default="unix:/run/edged/edged.sock",
+        help="the daemon's Unix socket (unix:PATH)",
+    )
     reload.set_defaults(func=cmd_reload)
 
 

@@ -14,11 +14,14 @@ ORDER = 30  # place in `edgectl --help`
 
 
 def register(sub) -> None:
-    status = sub.add_parser("status", help="ask the running daemon: models, backends, "
-                                           "queues, latency, threads")
-    status.add_argument("--address", default=None,
-                        help="unix:/run/edged/edged.sock (default, then http://127.0.0.1:8000)"
-                             " or HOST:PORT")
+    status = sub.add_parser(
+        "status", help="ask the running daemon: models, backends, queues, latency, threads"
+    )
+    status.add_argument(
+        "--address",
+        default=None,
+        help="unix:/run/edged/edged.sock (default, then http://127.0.0.1:8000) or HOST:PORT",
+    )
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
 
@@ -28,8 +31,7 @@ def cmd_status(args) -> int:
         check_address(args.address)
     from edged.client import Client, EdgedError  # imports numpy: after the usage checks
 
-    addresses = [args.address] if args.address else [
-        "unix:/run/edged/edged.sock", "127.0.0.1:8000"]
+    addresses = [args.address] if args.address else ["unix:/run/edged/edged.sock", "127.0.0.1:8000"]
     errors = []
     for address in addresses:
         try:
@@ -46,6 +48,7 @@ def cmd_status(args) -> int:
     print(f"edgectl: error: no edged answers ({'; '.join(errors)})", file=sys.stderr)
     return EXIT_FAILED
 
+
 def latency_from_metrics(text: str) -> dict[str, dict[str, float]]:
     """p50/p99 of total request time per model, estimated from the Prometheus histogram
     buckets (upper bound of the bucket the quantile falls in)."""
@@ -58,7 +61,8 @@ def latency_from_metrics(text: str) -> dict[str, dict[str, float]]:
         for sample in family.samples:
             if sample.name.endswith("_bucket") and sample.labels.get("phase") == "total":
                 buckets.setdefault(sample.labels["model"], []).append(
-                    (float(sample.labels["le"]), sample.value))
+                    (float(sample.labels["le"]), sample.value)
+                )
     result = {}
     for model, rows in buckets.items():
         rows.sort()
@@ -73,15 +77,20 @@ def latency_from_metrics(text: str) -> dict[str, dict[str, float]]:
 
 
 def format_status(status: dict[str, Any]) -> str:
-    lines = [f"edged {status['version']} (pid {status['pid']}) at {status['address']}, up "
-             f"{status['uptime_s']} s, config {status['config']}, reloads {status['reloads']}"]
+    lines = [
+        f"edged {status['version']} (pid {status['pid']}) at {status['address']}, up "
+        f"{status['uptime_s']} s, config {status['config']}, reloads {status['reloads']}"
+    ]
     if status.get("last_reload_error"):
         lines.append(f"  last reload: {status['last_reload_error']}")
     if status.get("restart_needed"):
-        lines.append(f"  changed by a reload, takes a restart: "
-                     f"{', '.join(status['restart_needed'])}")
-    lines.append(f"  {'model':14} {'backend':24} {'ran as':10} {'ready':6} {'queue':>5} "
-                 f"{'requests':>8} {'p50 ms<=':>9} {'p99 ms<=':>9} failovers")
+        lines.append(
+            f"  changed by a reload, takes a restart: {', '.join(status['restart_needed'])}"
+        )
+    lines.append(
+        f"  {'model':14} {'backend':24} {'ran as':10} {'ready':6} {'queue':>5} "
+        f"{'requests':>8} {'p50 ms<=':>9} {'p99 ms<=':>9} failovers"
+    )
     for m in status["models"]:
         lat = status["latency_ms"].get(m["name"], {})
         backend = f"{m['backend']}:{m['device']}"
@@ -89,30 +98,44 @@ def format_status(status: dict[str, Any]) -> str:
             f"  {m['name']:14} {backend:24} {m['precision'] or '-':10} "
             f"{'yes' if m['ready'] else 'NO':6} {m['queue_depth']:>5} "
             f"{int(lat.get('requests', 0)):>8} {or_dash(lat.get('p50_ms_le'), '.3f'):>9} "
-            f"{or_dash(lat.get('p99_ms_le'), '.3f'):>9} {m['failovers']}")
+            f"{or_dash(lat.get('p99_ms_le'), '.3f'):>9} {m['failovers']}"
+        )
     for m in status["models"]:  # which file of the family is served, why, and the job
         if m.get("variants"):
-            lines.append(f"  {m['name']:14} serves {Path(m['path']).name} (original "
-                         f"{Path(m['original']).name}, {len(m['variants'])} variant(s))")
+            lines.append(
+                f"  {m['name']:14} serves {Path(m['path']).name} (original "
+                f"{Path(m['original']).name}, {len(m['variants'])} variant(s))"
+            )
         if m.get("why"):
             lines.append(f"  {'':14} why: {m['why']}")
         job = m.get("variants_job")
         if job:
             peak = job.get("peak_rss_bytes")
-            lines.append(f"  {'':14} variants job: {job['state']}"
-                         + (f" {job['progress']}" if job["state"] == "running"
-                            and job.get("progress") else "")
-                         + (f", {job['duration_s']} s" if job.get("duration_s") else "")
-                         + (f", peak {peak / 2**20:.0f} MiB" if peak else "")
-                         + (f": {job['error']}" if job.get("error") else "")
-                         + (f": {job['result']}" if job.get("result") else ""))
+            lines.append(
+                f"  {'':14} variants job: {job['state']}"
+                + (
+                    f" {job['progress']}"
+                    if job["state"] == "running" and job.get("progress")
+                    else ""
+                )
+                + (f", {job['duration_s']} s" if job.get("duration_s") else "")
+                + (f", peak {peak / 2**20:.0f} MiB" if peak else "")
+                + (f": {job['error']}" if job.get("error") else "")
+                + (f": {job['result']}" if job.get("result") else "")
+            )
     for name, reason in status.get("failed", {}).items():
         lines.append(f"  {name:14} NOT LOADED: {reason}")
     if status.get("housekeeping_cpus"):
-        lines.append(f"  housekeeping CPUs {status['housekeeping_cpus']}; memory locked: "
-                     f"{status.get('memory_locked')}")
-    lines.append("  threads: " + ", ".join(
-        f"{t['name']}[{t['tid']}]={t['cpus']}"
-        + (f" {t['policy']}" if t.get("policy", "other") != "other" else "")
-        for t in status.get("threads", [])))
+        lines.append(
+            f"  housekeeping CPUs {status['housekeeping_cpus']}; memory locked: "
+            f"{status.get('memory_locked')}"
+        )
+    lines.append(
+        "  threads: "
+        + ", ".join(
+            f"{t['name']}[{t['tid']}]={t['cpus']}"
+            + (f" {t['policy']}" if t.get("policy", "other") != "other" else "")
+            for t in status.get("threads", [])
+        )
+    )
     return "\n".join(lines)

@@ -28,46 +28,77 @@ _DENIED = ("EPERM:", "EACCES:", "EROFS:")
 def placement_options() -> argparse.ArgumentParser:
     """The parent parser of plan, apply and provision: where inference runs."""
     placement = argparse.ArgumentParser(add_help=False)
-    placement.add_argument("--config", type=Path, default=None,
-                           help="edged.toml: the models' cpus are the inference cores")
-    placement.add_argument("--inference-cpus", default=None,
-                           help="inference cores, e.g. 2-3: overrides the rest (else: the "
-                                "kernel's isolated set, the config's model cpus, or the "
-                                "last core)")
-    placement.add_argument("--dtb", type=Path, default=None,
-                           help="the board's device tree: its CPUs, for an image root that "
-                                "has no /sys")
-    placement.add_argument("--boot", action="store_true",
-                           help="on the live system, also edit the boot command line "
-                                "(with --root it always is)")
-    placement.add_argument("--trim", action="store_true",
-                           help="also mask the services and timers that steal cores (with "
-                                "--root: the mask symlinks; live: as systemctl mask --now, "
-                                "and revert unmasks and restarts what ran); the config's "
-                                "[audit] trim/keep adjust the list")
+    placement.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="edged.toml: the models' cpus are the inference cores",
+    )
+    placement.add_argument(
+        "--inference-cpus",
+        default=None,
+        help="inference cores, e.g. 2-3: overrides the rest (else: the "
+        "kernel's isolated set, the config's model cpus, or the "
+        "last core)",
+    )
+    placement.add_argument(
+        "--dtb",
+        type=Path,
+        default=None,
+        help="the board's device tree: its CPUs, for an image root that has no /sys",
+    )
+    placement.add_argument(
+        "--boot",
+        action="store_true",
+        help="on the live system, also edit the boot command line (with --root it always is)",
+    )
+    placement.add_argument(
+        "--trim",
+        action="store_true",
+        help="also mask the services and timers that steal cores (with "
+        "--root: the mask symlinks; live: as systemctl mask --now, "
+        "and revert unmasks and restarts what ran); the config's "
+        "[audit] trim/keep adjust the list",
+    )
     return placement
 
 
 def register(sub) -> None:
     tuning = argparse.ArgumentParser(add_help=False)
-    tuning.add_argument("--root", type=Path, default=None,
-                        help="an image or fixture root instead of the live system")
+    tuning.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="an image or fixture root instead of the live system",
+    )
     tuning.add_argument("--json", action="store_true", help="machine-readable output")
     placement = placement_options()
-    plan = sub.add_parser("plan", parents=[tuning, placement],
-                          help="list every isolation change: path, old, new, reason")
-    apply = sub.add_parser("apply", parents=[tuning, placement],
-                           help="apply the plan through the journal (live: root only, else "
-                                "exit 1; journal in /var/lib/edged-tune, with --root in "
-                                "DIR/var/lib/edged)")
-    revert = sub.add_parser("revert", parents=[tuning],
-                            help="restore what apply changed, exactly: the tuning and the "
-                                 "persistent journal (live: root only, else exit 1)")
-    revert.add_argument("--runtime", action="store_true",
-                        help="revert only the runtime tuning (the tuning journal, as "
-                             "edged-tune.service does at stop); keep what is meant to "
-                             "survive reboots: the boot command line, service masks and "
-                             "provisioned files")
+    plan = sub.add_parser(
+        "plan",
+        parents=[tuning, placement],
+        help="list every isolation change: path, old, new, reason",
+    )
+    apply = sub.add_parser(
+        "apply",
+        parents=[tuning, placement],
+        help="apply the plan through the journal (live: root only, else "
+        "exit 1; journal in /var/lib/edged-tune, with --root in "
+        "DIR/var/lib/edged)",
+    )
+    revert = sub.add_parser(
+        "revert",
+        parents=[tuning],
+        help="restore what apply changed, exactly: the tuning and the "
+        "persistent journal (live: root only, else exit 1)",
+    )
+    revert.add_argument(
+        "--runtime",
+        action="store_true",
+        help="revert only the runtime tuning (the tuning journal, as "
+        "edged-tune.service does at stop); keep what is meant to "
+        "survive reboots: the boot command line, service masks and "
+        "provisioned files",
+    )
     plan.set_defaults(func=cmd_plan_apply)
     apply.set_defaults(func=cmd_plan_apply)
     revert.set_defaults(func=cmd_revert)
@@ -78,8 +109,15 @@ def _isolation_plan(args, placed=None):
     from sysconf.isolation import plan
 
     root, cpus, keep, extra = placed or placement(args)
-    return root, plan(root, cpus, boot_on_live=args.boot, trim=getattr(args, "trim", False),
-                      keep=keep, extra=extra, realtime=uses_rt_priority(args))
+    return root, plan(
+        root,
+        cpus,
+        boot_on_live=args.boot,
+        trim=getattr(args, "trim", False),
+        keep=keep,
+        extra=extra,
+        realtime=uses_rt_priority(args),
+    )
 
 
 def uses_rt_priority(args) -> bool:
@@ -122,15 +160,18 @@ def placement(args):
     if not cpusets.online and getattr(args, "dtb", None) is not None:
         cpusets = replace(cpusets, online=dtb_cpus(args.dtb))
     if not cpusets.online:
-        raise UsageError(f"{root.root}: no CPU information (no /sys/devices/system/cpu/online, "
-                         f"as in an image root); give the board's --dtb")
+        raise UsageError(
+            f"{root.root}: no CPU information (no /sys/devices/system/cpu/online, "
+            f"as in an image root); give the board's --dtb"
+        )
     try:
         cpus = decide(cpusets, configured, override=override)
     except ValueError as exc:
         msg = str(exc)
         if "override" in msg:
             msg = "--inference-cpus: " + msg.replace("the override ", "").replace(
-                "override inference CPUs", "inference CPUs").replace(" (override)", "")
+                "override inference CPUs", "inference CPUs"
+            ).replace(" (override)", "")
         elif "configured" in msg and args.config is not None:
             msg = f"{args.config}: models.cpus: {msg}"
         raise UsageError(msg) from None
@@ -148,7 +189,7 @@ def dtb_cpus(path: Path) -> list[int]:
     except FdtError as exc:
         raise UsageError(str(exc)) from None
     if not count:
-        raise UsageError(f"{path}: no /cpus/cpu@* nodes with device_type \"cpu\"")
+        raise UsageError(f'{path}: no /cpus/cpu@* nodes with device_type "cpu"')
     return list(range(count))
 
 
@@ -173,9 +214,12 @@ def _refuse_live_without_root(root, what: str) -> bool:
     which looks like success; say so up front instead (exit 1)."""
     if not root.is_live or os.geteuid() == 0:
         return False
-    print(f"edgectl: error: {what} on the live system needs root (it writes /proc, /sys, "
-          f"/etc and the journal in {_live_state_dir()}); nothing was changed. Run it as "
-          f"root, or give --root DIR for an image", file=sys.stderr)
+    print(
+        f"edgectl: error: {what} on the live system needs root (it writes /proc, /sys, "
+        f"/etc and the journal in {_live_state_dir()}); nothing was changed. Run it as "
+        f"root, or give --root DIR for an image",
+        file=sys.stderr,
+    )
     return True
 
 
@@ -199,8 +243,10 @@ def cmd_plan_apply(args) -> int:
         except ValueError as exc:  # untrusted or corrupt journal: name it, change nothing
             raise UsageError(str(exc)) from None
         if stale:
-            notes.append(f"the journal was from an older boot: its file changes were reverted "
-                         f"and its /proc and /sys values dropped ({len(stale)} records)")
+            notes.append(
+                f"the journal was from an older boot: its file changes were reverted "
+                f"and its /proc and /sys values dropped ({len(stale)} records)"
+            )
     root, isolation = _isolation_plan(args, placed)
     report: dict[str, Any] = isolation.to_dict()
     code = EXIT_OK
@@ -214,12 +260,20 @@ def cmd_plan_apply(args) -> int:
         report["journal"] = str(journal.path)
         report["persistent_journal"] = str(journal.persistent.path)
         if root.is_live and any(c.kind == "irqbalance" for c in result.applied):
-            notes.append("irqbalance reads its defaults file only at start: edged-tune.service "
-                         "restarts it; by hand: systemctl try-restart irqbalance")
-        if result.skipped and not result.applied and all(
-                any(name in why for name in _DENIED) for _, why in result.skipped):
-            print("edgectl: error: every change was refused for lack of permission "
-                  "(EPERM/EACCES/EROFS); nothing was applied", file=sys.stderr)
+            notes.append(
+                "irqbalance reads its defaults file only at start: edged-tune.service "
+                "restarts it; by hand: systemctl try-restart irqbalance"
+            )
+        if (
+            result.skipped
+            and not result.applied
+            and all(any(name in why for name in _DENIED) for _, why in result.skipped)
+        ):
+            print(
+                "edgectl: error: every change was refused for lack of permission "
+                "(EPERM/EACCES/EROFS); nothing was applied",
+                file=sys.stderr,
+            )
             code = EXIT_FAILED
     report["notes"] = notes
     if args.json:
@@ -233,13 +287,18 @@ def cmd_plan_apply(args) -> int:
 
 def format_plan(report: dict[str, Any], applied: bool) -> str:
     cpus = report["cpus"]
-    lines = [f"inference CPUs {cpus['inference_list']}, housekeeping {cpus['housekeeping_list']}"
-             f" (from {cpus['source']})"]
+    lines = [
+        f"inference CPUs {cpus['inference_list']}, housekeeping {cpus['housekeeping_list']}"
+        f" (from {cpus['source']})"
+    ]
     if applied:
-        lines.append(f"applied {len(report['applied'])}, already so {len(report['unchanged'])}, "
-                     f"refused {len(report['skipped'])} (journal {report['journal']})")
+        lines.append(
+            f"applied {len(report['applied'])}, already so {len(report['unchanged'])}, "
+            f"refused {len(report['skipped'])} (journal {report['journal']})"
+        )
         rows = [(c, "applied") for c in report["applied"]] + [
-            (c, f"REFUSED: {c['why']}") for c in report["skipped"]]
+            (c, f"REFUSED: {c['why']}") for c in report["skipped"]
+        ]
     else:
         rows = [(c, "") for c in report["changes"]]
         if not rows:
@@ -247,12 +306,16 @@ def format_plan(report: dict[str, Any], applied: bool) -> str:
     for change, outcome in rows:
         old = (change["old"] or "(absent)").strip().replace("\n", " ")[:40]
         new = change["new"].strip().replace("\n", " ")[:40]
-        lines.append(f"  {change['kind']:11} {change['path']}: {old!r} -> {new!r}"
-                     f"{'  ' + outcome if outcome else ''}")
+        lines.append(
+            f"  {change['kind']:11} {change['path']}: {old!r} -> {new!r}"
+            f"{'  ' + outcome if outcome else ''}"
+        )
         lines.append(f"              {change['reason']}")
     for item in report["unmovable"]:
-        lines.append(f"  cannot move IRQ {item['irq']} ({item['name']}): {item['why']}; "
-                     f"remedy: {item['remedy']}")
+        lines.append(
+            f"  cannot move IRQ {item['irq']} ({item['name']}): {item['why']}; "
+            f"remedy: {item['remedy']}"
+        )
     return "\n".join(lines)
 
 
@@ -273,15 +336,24 @@ def cmd_revert(args) -> int:
         raise UsageError(str(exc)) from None
     failed = [(path, what) for path, what in restored if what.startswith("failed")]
     if args.json:
-        print(json.dumps({"reverted": [{"path": p, "action": a} for p, a in restored],
-                          "kept_persistent": bool(kept)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "reverted": [{"path": p, "action": a} for p, a in restored],
+                    "kept_persistent": bool(kept),
+                },
+                indent=2,
+            )
+        )
     else:
         if not restored:
             print("nothing to revert")
         for path, action in restored:
             print(f"  {action:9} {path}")
         if kept:
-            print(f"note: kept the persistent changes (boot command line, masks) in "
-                  f"{journal.persistent.path}; `edgectl revert` without --runtime restores "
-                  f"them")
+            print(
+                f"note: kept the persistent changes (boot command line, masks) in "
+                f"{journal.persistent.path}; `edgectl revert` without --runtime restores "
+                f"them"
+            )
     return EXIT_FAILED if failed else EXIT_OK

@@ -27,6 +27,16 @@ from edged.config.schema import (
     TelemetryConfig,
 )
 
-__all__ = ["DEFAULT_CONFIG_PATH", "AuditConfig", "Config", "ConfigError", "ModelConfig",
-           "MqttSettings", "ServerConfig", "TelemetryConfig", "live_online_cpus",
-           "load_config", "parse_config"]
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "AuditConfig",
+    "Config",
+    "ConfigError",
+    "ModelConfig",
+    "MqttSettings",
+    "ServerConfig",
+    "TelemetryConfig",
+    "live_online_cpus",
+    "load_config",
+    "parse_config",
+]

@@ -55,13 +55,19 @@ class Checker:
         for key in table:
             if key in allowed:
                 continue
-            hint = "".join(f"; did you mean {m!r}?"
-                           for m in difflib.get_close_matches(key, allowed, n=1))
+            hint = "".join(
+                f"; did you mean {m!r}?" for m in difflib.get_close_matches(key, allowed, n=1)
+            )
             if not hint and prefix is None:  # a section's key written above all sections
-                hint = "".join(f"; it belongs in {'[[models]]' if s == 'models' else f'[{s}]'}"
-                               for s, keys in TOP_KEYS.items() if key in keys)
-            raise self.fail(f"{prefix}.{key}" if prefix else key,
-                            f"unknown key{hint}; allowed: {', '.join(allowed)}")
+                hint = "".join(
+                    f"; it belongs in {'[[models]]' if s == 'models' else f'[{s}]'}"
+                    for s, keys in TOP_KEYS.items()
+                    if key in keys
+                )
+            raise self.fail(
+                f"{prefix}.{key}" if prefix else key,
+                f"unknown key{hint}; allowed: {', '.join(allowed)}",
+            )
 
     def table(self, doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
         value = doc.get(key, {})
@@ -74,8 +80,12 @@ class Checker:
     def integer(self, value: Any, key: str, low: int, high: int | None = None) -> int:
         """An integer in [low, high]: every count and duration has an upper bound, so a
         value that passes cannot wedge or kill the daemon later (threads = 1000000)."""
-        if isinstance(value, bool) or not isinstance(value, int) or value < low or (
-                high is not None and value > high):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < low
+            or (high is not None and value > high)
+        ):
             rule = f">= {low}" if high is None else f"from {low} to {high}"
             raise self.fail(key, f"must be an integer {rule}, got {show(value)}")
         return value
@@ -95,14 +105,17 @@ class Checker:
             raise self.fail(key, f"must be true or false, got {show(value)}")
         return value
 
-    def int_list(self, value: Any, key: str, low: int, high: int | None = None
-                 ) -> tuple[int, ...]:
+    def int_list(self, value: Any, key: str, low: int, high: int | None = None) -> tuple[int, ...]:
         rule = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
         if not isinstance(value, list):
             raise self.fail(key, f"must be an array of integers, got {show(value)}")
         for index, item in enumerate(value):
-            if (isinstance(item, bool) or not isinstance(item, int) or item < low
-                    or (high is not None and item > high)):
+            if (
+                isinstance(item, bool)
+                or not isinstance(item, int)
+                or item < low
+                or (high is not None and item > high)
+            ):
                 raise self.fail(f"{key}[{index}]", f"must be {rule}, got {show(item)}")
         return tuple(value)
 
@@ -126,9 +139,10 @@ class Checker:
             raise self.fail(key, f"must be an array of unit names, got {show(value)}")
         for index, item in enumerate(value):
             if not isinstance(item, str) or not UNIT_NAME.fullmatch(item):
-                raise self.fail(f"{key}[{index}]",
-                                f"must be a systemd unit name like 'cups.service', "
-                                f"got {show(item)}")
+                raise self.fail(
+                    f"{key}[{index}]",
+                    f"must be a systemd unit name like 'cups.service', got {show(item)}",
+                )
         return tuple(value)
 
     def cpus(self, value: Any, key: str) -> tuple[int, ...]:
@@ -140,16 +154,22 @@ class Checker:
         elif isinstance(value, list):
             cpus = tuple(sorted(set(self.int_list(value, key, 0, MAX_CPUS - 1))))
         else:
-            raise self.fail(key, f'must be a CPU list string such as "0-1,3" or an array '
-                                 f"of integers, got {show(value)}")
+            raise self.fail(
+                key,
+                f'must be a CPU list string such as "0-1,3" or an array '
+                f"of integers, got {show(value)}",
+            )
         if not cpus:
             raise self.fail(key, "empty; leave the key out to run the model unpinned")
         missing = [c for c in cpus if self.online is not None and c not in self.online]
         if missing:
             from sysconf.cpulist import format_cpulist
 
-            raise self.fail(key, f"CPU {missing[0]} is not online on this machine (online: "
-                                 f"{format_cpulist(sorted(self.online))})")
+            raise self.fail(
+                key,
+                f"CPU {missing[0]} is not online on this machine (online: "
+                f"{format_cpulist(sorted(self.online))})",
+            )
         return cpus
 
 
@@ -158,8 +178,14 @@ class Table:
     fields first, and a key left out takes the field's default (unchecked: defaults are
     valid). `prefix` is the table's dotted name in errors."""
 
-    def __init__(self, check: Checker, data: Mapping[str, Any], prefix: str, cls: type,
-                 allowed: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        check: Checker,
+        data: Mapping[str, Any],
+        prefix: str,
+        cls: type,
+        allowed: tuple[str, ...] | None = None,
+    ):
         check.keys(data, prefix, allowed if allowed is not None else toml_keys(cls))
         self.check, self.data, self.prefix = check, data, prefix
         self.defaults = {f.name: default_of(f) for f in fields(cls)}

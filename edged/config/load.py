@@ -16,8 +16,9 @@ from sysconf.cpulist import parse_cpulist
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 
 
-def load_config(path: str | Path = DEFAULT_CONFIG_PATH,
-                online_cpus: Collection[int] | str | None = "live") -> Config:
+def load_config(
+    path: str | Path = DEFAULT_CONFIG_PATH, online_cpus: Collection[int] | str | None = "live"
+) -> Config:
     """Read and validate the file; every problem raises ConfigError naming it. CPU lists
     are checked against this machine's online CPUs ("live"), the ones given, or not."""
     try:
@@ -47,8 +48,7 @@ def live_online_cpus() -> set[int] | None:
         return None
 
 
-def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = None
-                 ) -> Config:
+def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = None) -> Config:
     """Validate TOML text; relative paths resolve against `source`'s folder. `online_cpus`:
     the CPUs the config's `cpus` lists must name (None: not checked here, e.g. a config
     for an image, whose board's CPUs the caller checks)."""

@@ -25,19 +25,20 @@ from edged.selection.policy import PRECISIONS
 
 def models(check: Checker, value: Any) -> tuple[ModelConfig, ...]:
     if isinstance(value, dict):
-        raise check.fail("models", "expected an array of tables ([[models]]), got one "
-                                   "table ([models])")
+        raise check.fail(
+            "models", "expected an array of tables ([[models]]), got one table ([models])"
+        )
     if not isinstance(value, list):
-        raise check.fail("models", f"expected an array of tables ([[models]]), "
-                                   f"got {show(value)}")
+        raise check.fail("models", f"expected an array of tables ([[models]]), got {show(value)}")
     found: list[ModelConfig] = []
     seen: dict[str, int] = {}
     for index, table in enumerate(value):
         model = _model(check, table, f"models[{index}]")
         if model.name in seen:
-            raise check.fail(f"models[{index}].name", f"duplicate model name "
-                                                      f"{model.name!r} (also "
-                                                      f"models[{seen[model.name]}])")
+            raise check.fail(
+                f"models[{index}].name",
+                f"duplicate model name {model.name!r} (also models[{seen[model.name]}])",
+            )
         seen[model.name] = index
         found.append(model)
     return tuple(found)
@@ -52,22 +53,24 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
     name = t.string("name")
     # Names are URL path segments (/v2/models/<name>): "." and ".." would be rewritten.
     if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
-        raise check.fail(f"{prefix}.name", f"must be letters, digits, '_', '.' or '-' "
-                                           f"(not only dots), got {name!r}")
+        raise check.fail(
+            f"{prefix}.name",
+            f"must be letters, digits, '_', '.' or '-' (not only dots), got {name!r}",
+        )
     path = _model_file(check, t.string("path"), f"{prefix}.path")
     _sniff(check, path, f"{prefix}.path")
     variants = _variants(check, t, path)
     precision = t.string("precision")
     if precision not in PRECISIONS:
-        raise check.fail(f"{prefix}.precision", f'must be "auto" or "int8", got '
-                                                f"{precision!r}")
+        raise check.fail(f"{prefix}.precision", f'must be "auto" or "int8", got {precision!r}')
     shapes = t.read("shapes", _shapes, check)
     threads = t.integer("threads", 1, MAX_THREADS)
     max_batch = t.integer("max_batch_size", 1, MAX_BATCH)
     preferred = t.read("preferred_batch_sizes", check.int_list, 1, max_batch)
     if len(set(preferred)) != len(preferred):
-        raise check.fail(f"{prefix}.preferred_batch_sizes",
-                         f"lists a size twice: {list(preferred)}")
+        raise check.fail(
+            f"{prefix}.preferred_batch_sizes", f"lists a size twice: {list(preferred)}"
+        )
     return ModelConfig(
         name=name,
         path=path,
@@ -85,8 +88,11 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
         timeout_ms=t.integer("timeout_ms", 1, MAX_MS),
         watchdog_ms=t.integer("watchdog_ms", 1, MAX_MS),
         rt_priority=_rt_priority(check, t),
-        period_ms=t.number("period_ms", lambda x: 0 < x <= MAX_MS,
-                           f"a number of milliseconds above 0, at most {MAX_MS}"),
+        period_ms=t.number(
+            "period_ms",
+            lambda x: 0 < x <= MAX_MS,
+            f"a number of milliseconds above 0, at most {MAX_MS}",
+        ),
     )
 
 
@@ -121,8 +127,7 @@ def _variants(check: Checker, t: Table, original: Path) -> tuple[Path, ...]:
 
     value = t.data.get("variants", [])
     if not isinstance(value, list):
-        raise check.fail(t.key("variants"), f"must be an array of model paths, got "
-                                            f"{show(value)}")
+        raise check.fail(t.key("variants"), f"must be an array of model paths, got {show(value)}")
     if not value:
         return ()
     try:
@@ -142,14 +147,14 @@ def _variants(check: Checker, t: Table, original: Path) -> tuple[Path, ...]:
             raise check.fail(key, str(exc)) from None
         problem = signature_mismatch(want, got) if want and got else None
         if problem:
-            raise check.fail(key, f"{path} does not match its original {original}: "
-                                  f"{problem}")
+            raise check.fail(key, f"{path} does not match its original {original}: {problem}")
         paths.append(path)
     return tuple(paths)
 
 
-def _calibration(value: Any, key: str, check: Checker, original: Path,
-                 shapes: dict[str, tuple[int, ...]] | None) -> CalibrationSpec:
+def _calibration(
+    value: Any, key: str, check: Checker, original: Path, shapes: dict[str, tuple[int, ...]] | None
+) -> CalibrationSpec:
     """A path (an .npz, a folder of .npy files or of images), or a table with `data`,
     `eval` and the image preprocessing of `edgectl quantize` (resize "HxW", multiple,
     color, scale, mean and std as numbers or arrays, layout). The data is read here
@@ -158,8 +163,7 @@ def _calibration(value: Any, key: str, check: Checker, original: Path,
     if isinstance(value, str):
         value = {"data": value}
     if not isinstance(value, dict):
-        raise check.fail(key, f"must be a path or a table with data = PATH, got "
-                              f"{show(value)}")
+        raise check.fail(key, f"must be a path or a table with data = PATH, got {show(value)}")
     t = Table(check, value, key, CalibrationSpec, CALIBRATION_KEYS)
     paths = {}
     for name in ("data", "eval"):
@@ -179,10 +183,12 @@ def _calibration(value: Any, key: str, check: Checker, original: Path,
             if name in t:
                 raw = value[name]
                 items = raw if isinstance(raw, list) else [raw]
-                if not items or any(isinstance(x, bool) or not isinstance(x, int | float)
-                                    for x in items):
-                    raise check.fail(t.key(name), f"must be a number or an array of "
-                                                  f"numbers, got {show(raw)}")
+                if not items or any(
+                    isinstance(x, bool) or not isinstance(x, int | float) for x in items
+                ):
+                    raise check.fail(
+                        t.key(name), f"must be a number or an array of numbers, got {show(raw)}"
+                    )
                 pre[name] = tuple(float(x) for x in items)
         if "scale" in t:
             pre["scale"] = t.number("scale", lambda x: 0 < x < math.inf, "a number > 0")
@@ -198,8 +204,13 @@ def _calibration(value: Any, key: str, check: Checker, original: Path,
     return spec
 
 
-def _calibration_fits(check: Checker, original: Path, spec: CalibrationSpec,
-                      shapes: dict[str, tuple[int, ...]] | None, key: str) -> None:
+def _calibration_fits(
+    check: Checker,
+    original: Path,
+    spec: CalibrationSpec,
+    shapes: dict[str, tuple[int, ...]] | None,
+    key: str,
+) -> None:
     """The data read as the daemon will read it, against the inputs in the file."""
     from backends.errors import ModelError
     from backends.model_info import signature
@@ -215,13 +226,14 @@ def _calibration_fits(check: Checker, original: Path, spec: CalibrationSpec,
 def _rt_priority(check: Checker, t: Table) -> int:
     value = t.integer("rt_priority", 0)
     if value > 99:
-        raise check.fail(t.key("rt_priority"), f"SCHED_FIFO priorities are 1-99 (0 = off), "
-                                               f"got {value}")
+        raise check.fail(
+            t.key("rt_priority"), f"SCHED_FIFO priorities are 1-99 (0 = off), got {value}"
+        )
     return value
 
 
 def _backend(check: Checker, spec: str, key: str) -> str:
-    """"auto" or "backend[:device[:precision]]"; the backend name made canonical (so
+    """ "auto" or "backend[:device[:precision]]"; the backend name made canonical (so
     "ov:CPU" and "openvino:CPU" share one cached selection). Devices and precisions
     depend on the machine and are checked by selection, not here."""
     from backends import REGISTRY, canonical_name  # names only; no runtime is imported
@@ -231,15 +243,17 @@ def _backend(check: Checker, spec: str, key: str) -> str:
     parts = spec.split(":")
     name = canonical_name(parts[0])
     if name not in REGISTRY or len(parts) > 3 or not all(p.strip() for p in parts):
-        raise check.fail(key, f'must be "auto" or BACKEND[:DEVICE[:PRECISION]] with '
-                              f"BACKEND one of {', '.join(REGISTRY)}; got {spec!r}")
+        raise check.fail(
+            key,
+            f'must be "auto" or BACKEND[:DEVICE[:PRECISION]] with '
+            f"BACKEND one of {', '.join(REGISTRY)}; got {spec!r}",
+        )
     return ":".join([name, *parts[1:]])
 
 
 def _shapes(value: Any, key: str, check: Checker) -> dict[str, tuple[int, ...]]:
     if not isinstance(value, dict):
-        raise check.fail(key, f"must be a table of input name = [dims], got "
-                              f"{show(value)}")
+        raise check.fail(key, f"must be a table of input name = [dims], got {show(value)}")
     shapes = {}
     for name, dims in value.items():
         shape = check.int_list(dims, f"{key}.{name}", 1)

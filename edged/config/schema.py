@@ -38,10 +38,14 @@ _NOT_A_KEY = {"toml": None}
 
 @dataclass(frozen=True)
 class ServerConfig:
-    listen_host: str | None = field(default="127.0.0.1",  # None: no TCP listener
-                                    metadata={"toml": "listen"})
-    listen_port: int | None = field(default=8000,  # 0: the kernel picks a free port
-                                    metadata={"toml": "listen"})
+    listen_host: str | None = field(
+        default="127.0.0.1",  # None: no TCP listener
+        metadata={"toml": "listen"},
+    )
+    listen_port: int | None = field(
+        default=8000,  # 0: the kernel picks a free port
+        metadata={"toml": "listen"},
+    )
     socket: Path | None = Path("/run/edged/edged.sock")  # None: no Unix socket
     socket_mode: int = 0o660
     state_dir: Path = Path("/var/lib/edged")
@@ -108,8 +112,14 @@ class ModelConfig:
     def policy(self, base: Policy) -> Policy:
         """The selection policy for this model: measurement settings from `base`, what the
         model runs with (threads, cpus, shapes, backend) from the model."""
-        return replace(base, threads=self.threads, cpus=self.cpus, shapes=self.shapes,
-                       backend=self.backend, precision=self.precision)
+        return replace(
+            base,
+            threads=self.threads,
+            cpus=self.cpus,
+            shapes=self.shapes,
+            backend=self.backend,
+            precision=self.precision,
+        )
 
 
 @dataclass(frozen=True)
@@ -177,12 +187,12 @@ class AuditConfig:
 @dataclass(frozen=True)
 class Config:
     source: Path = field(metadata=_NOT_A_KEY)  # absolute
-    server: ServerConfig = field(default_factory=ServerConfig,
-                                 metadata={"table": ServerConfig})
+    server: ServerConfig = field(default_factory=ServerConfig, metadata={"table": ServerConfig})
     selection: Policy = field(default_factory=Policy, metadata={"table": Policy})
     models: tuple[ModelConfig, ...] = field(default=(), metadata={"table": ModelConfig})
-    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig,
-                                       metadata={"table": TelemetryConfig})
+    telemetry: TelemetryConfig = field(
+        default_factory=TelemetryConfig, metadata={"table": TelemetryConfig}
+    )
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"table": AuditConfig})
 
     def model(self, name: str) -> ModelConfig | None:
@@ -215,5 +225,4 @@ MQTT_KEYS = toml_keys(MqttSettings)
 AUDIT_KEYS = toml_keys(AuditConfig)
 # `calibration = { ... }`: the data, a separate evaluation set, and how images become inputs
 CALIBRATION_KEYS = toml_keys(CalibrationSpec) + toml_keys(Preprocess)
-TOP_KEYS = {f.name: toml_keys(f.metadata["table"]) for f in fields(Config)
-            if "table" in f.metadata}
+TOP_KEYS = {f.name: toml_keys(f.metadata["table"]) for f in fields(Config) if "table" in f.metadata}

@@ -32,24 +32,34 @@ MQTT_FILES = ("ca_file", "cert_file", "key_file", "password_file")
 def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
     t = Table(check, data, "server", ServerConfig)
     d = ServerConfig()
-    host, port = (d.listen_host, d.listen_port) if "listen" not in t else listen(
-        check, t.string("listen"))
+    host, port = (
+        (d.listen_host, d.listen_port) if "listen" not in t else listen(check, t.string("listen"))
+    )
     raw_socket = t.string("socket")
     socket = check.path(raw_socket, "server.socket") if raw_socket else None
     if socket is not None and len(os.fsencode(socket)) > MAX_SOCKET_PATH:
-        raise check.fail("server.socket", f"{socket} is {len(os.fsencode(socket))} bytes; "
-                                          f"a Unix socket path takes at most "
-                                          f"{MAX_SOCKET_PATH}")
+        raise check.fail(
+            "server.socket",
+            f"{socket} is {len(os.fsencode(socket))} bytes; "
+            f"a Unix socket path takes at most "
+            f"{MAX_SOCKET_PATH}",
+        )
     if host is None and socket is None:
-        raise check.fail("server.listen", 'is "" and so is server.socket: nothing could '
-                                          "reach the daemon")
+        raise check.fail(
+            "server.listen", 'is "" and so is server.socket: nothing could reach the daemon'
+        )
     mode = d.socket_mode
     if "socket_mode" in t:
         raw_mode = t.get("socket_mode")
-        if not (isinstance(raw_mode, str) and re.fullmatch(r"(0o)?[0-7]{1,4}", raw_mode)
-                and int(raw_mode.removeprefix("0o"), 8) <= 0o777):
-            raise check.fail("server.socket_mode", f'must be an octal string such as "0660", '
-                                                   f"got {show(raw_mode)}")
+        if not (
+            isinstance(raw_mode, str)
+            and re.fullmatch(r"(0o)?[0-7]{1,4}", raw_mode)
+            and int(raw_mode.removeprefix("0o"), 8) <= 0o777
+        ):
+            raise check.fail(
+                "server.socket_mode",
+                f'must be an octal string such as "0660", got {show(raw_mode)}',
+            )
         mode = int(raw_mode.removeprefix("0o"), 8)
     raw_state = t.string("state_dir")
     if not raw_state:
@@ -60,8 +70,9 @@ def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
         return t.number(key, lambda x: 0 < x <= 3600, "a number of seconds > 0 and at most 3600")
 
     if level.lower() not in LOG_LEVELS:
-        raise check.fail("server.log_level", f"must be one of {', '.join(LOG_LEVELS)}, "
-                                             f"got {level!r}")
+        raise check.fail(
+            "server.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}"
+        )
     return ServerConfig(
         listen_host=host,
         listen_port=port,
@@ -82,23 +93,28 @@ def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
     )
 
 
-def hang_bound(check: Checker, data: Mapping[str, Any], server: ServerConfig,
-               models: tuple[ModelConfig, ...]) -> ServerConfig:
+def hang_bound(
+    check: Checker, data: Mapping[str, Any], server: ServerConfig, models: tuple[ModelConfig, ...]
+) -> ServerConfig:
     """server.hang_s, checked against the models: a hang bound at or below a model's
     watchdog_ms would restart the daemon before that model could fail over."""
     slowest = max(models, key=lambda m: m.watchdog_ms, default=None)
     longest_s = slowest.watchdog_ms / 1000.0 if slowest is not None else 0.0
     if "hang_s" not in data:
         return replace(server, hang_s=max(ServerConfig.hang_s, 2 * longest_s))
-    hang = check.number(data["hang_s"], "server.hang_s", lambda x: 0 < x < math.inf,
-                        "a number of seconds > 0")
+    hang = check.number(
+        data["hang_s"], "server.hang_s", lambda x: 0 < x < math.inf, "a number of seconds > 0"
+    )
     if slowest is not None and hang <= longest_s:
         index = models.index(slowest)
-        raise check.fail("server.hang_s", f"{hang:g} s is not longer than "
-                                          f"models[{index}].watchdog_ms "
-                                          f"({slowest.watchdog_ms} ms): the daemon would "
-                                          f"be restarted before {slowest.name!r} could fail "
-                                          f"over")
+        raise check.fail(
+            "server.hang_s",
+            f"{hang:g} s is not longer than "
+            f"models[{index}].watchdog_ms "
+            f"({slowest.watchdog_ms} ms): the daemon would "
+            f"be restarted before {slowest.name!r} could fail "
+            f"over",
+        )
     return replace(server, hang_s=hang)
 
 
@@ -113,8 +129,9 @@ def listen(check: Checker, text: str) -> tuple[str | None, int | None]:
         except ValueError:
             raise check.fail("server.listen", f"[{host}] is not an IPv6 address") from None
     elif ":" in host:
-        raise check.fail("server.listen", f"an IPv6 address needs brackets, as in "
-                                          f"[::1]:8000; got {text!r}")
+        raise check.fail(
+            "server.listen", f"an IPv6 address needs brackets, as in [::1]:8000; got {text!r}"
+        )
     if not sep or not host or any(c.isspace() for c in host):
         raise check.fail("server.listen", f"expected HOST:PORT, got {text!r}")
     if not (port.isascii() and port.isdigit() and int(port) <= 65535):
@@ -124,21 +141,24 @@ def listen(check: Checker, text: str) -> tuple[str | None, int | None]:
 
 def selection(check: Checker, data: Mapping[str, Any]) -> Policy:
     t = Table(check, data, "selection", Policy)
-    max_abs = t.number("max_abs", lambda x: math.isnan(x) or x >= 0,
-                       "a number >= 0 (nan: not gated)")
+    max_abs = t.number(
+        "max_abs", lambda x: math.isnan(x) or x >= 0, "a number >= 0 (nan: not gated)"
+    )
     if "min_cosine" in t and "max_drop" in t:
-        raise check.fail("selection.min_cosine", "give max_drop or min_cosine (its older "
-                                                 "spelling, 1 - max_drop), not both")
+        raise check.fail(
+            "selection.min_cosine",
+            "give max_drop or min_cosine (its older spelling, 1 - max_drop), not both",
+        )
     if "min_cosine" in t:  # kept from before model families: min_cosine = 1 - max_drop
-        max_drop = 1.0 - t.number("min_cosine", lambda x: 0 < x <= 1,
-                                  "a number above 0, at most 1")
+        max_drop = 1.0 - t.number("min_cosine", lambda x: 0 < x <= 1, "a number above 0, at most 1")
     else:
         max_drop = t.number("max_drop", lambda x: 0 <= x < 1, "a number from 0 to below 1")
     return Policy(
         runs=t.integer("runs", 1, 1_000_000),
         warmup=t.integer("warmup", 0, 100_000),
-        time_budget_s=t.number("time_budget_s", lambda x: 0 < x <= 3600,
-                               "a number of seconds above 0, at most 3600"),
+        time_budget_s=t.number(
+            "time_budget_s", lambda x: 0 < x <= 3600, "a number of seconds above 0, at most 3600"
+        ),
         max_drop=round(max_drop, 12),
         max_abs=None if max_abs is None or math.isnan(max_abs) else max_abs,
     )
@@ -146,8 +166,9 @@ def selection(check: Checker, data: Mapping[str, Any]) -> Policy:
 
 def telemetry(check: Checker, data: Mapping[str, Any]) -> TelemetryConfig:
     t = Table(check, data, "telemetry", TelemetryConfig)
-    interval = t.number("interval_s", lambda x: 0.1 <= x <= 86_400,
-                        "a number of seconds from 0.1 to 86400")
+    interval = t.number(
+        "interval_s", lambda x: 0.1 <= x <= 86_400, "a number of seconds from 0.1 to 86400"
+    )
     settings = mqtt(check, check.table(data, "mqtt")) if "mqtt" in t else None
     payload_file = None
     if "payload_file" in t:
@@ -155,14 +176,16 @@ def telemetry(check: Checker, data: Mapping[str, Any]) -> TelemetryConfig:
         if not raw:
             raise check.fail("telemetry.payload_file", "must not be empty")
         if settings is not None:
-            raise check.fail("telemetry.payload_file", "is for telemetry without a broker; "
-                             "with [telemetry.mqtt] the payloads go to the broker")
+            raise check.fail(
+                "telemetry.payload_file",
+                "is for telemetry without a broker; "
+                "with [telemetry.mqtt] the payloads go to the broker",
+            )
         payload_file = check.path(raw, "telemetry.payload_file")
         if payload_file.is_dir():
             raise check.fail("telemetry.payload_file", f"is a folder: {payload_file}")
         if not payload_file.parent.is_dir():
-            raise check.fail("telemetry.payload_file",
-                             f"no such folder: {payload_file.parent}")
+            raise check.fail("telemetry.payload_file", f"no such folder: {payload_file.parent}")
     return TelemetryConfig(t.boolean("enabled"), interval, settings, payload_file)
 
 
@@ -178,14 +201,17 @@ def mqtt(check: Checker, data: Mapping[str, Any]) -> MqttSettings:
     except ValueError:
         port = -1
     if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname or port == -1:
-        raise check.fail(f"{prefix}.url", f"expected mqtt://HOST:PORT or mqtts://HOST:PORT, "
-                                          f"got {url!r}")
+        raise check.fail(
+            f"{prefix}.url", f"expected mqtt://HOST:PORT or mqtts://HOST:PORT, got {url!r}"
+        )
     names = {}
     for key in ("group", "device_id"):
         value = t.get(key)
         if value is not None and not is_level(value):
-            raise check.fail(f"{prefix}.{key}", f"must be one MQTT topic level (no '/', "
-                                                f"'+', '#'), got {show(value)}")
+            raise check.fail(
+                f"{prefix}.{key}",
+                f"must be one MQTT topic level (no '/', '+', '#'), got {show(value)}",
+            )
         names[key] = value
     files = {}
     for key in MQTT_FILES:
@@ -200,14 +226,20 @@ def mqtt(check: Checker, data: Mapping[str, Any]) -> MqttSettings:
     if protocol not in MQTT_PROTOCOLS:
         raise check.fail(f"{prefix}.protocol", f'must be "5" or "3.1.1", got {protocol!r}')
     settings = MqttSettings(
-        url=url, group=names["group"], device_id=names["device_id"],
-        spool_max_mb=t.number("spool_max_mb", lambda x: 0 < x <= 1_048_576,
-                              "a number of MiB above 0, at most 1048576"),
-        spool_max_age_days=t.number("spool_max_age_days", lambda x: 0 < x <= 3650,
-                                    "a number of days above 0, at most 3650"),
+        url=url,
+        group=names["group"],
+        device_id=names["device_id"],
+        spool_max_mb=t.number(
+            "spool_max_mb", lambda x: 0 < x <= 1_048_576, "a number of MiB above 0, at most 1048576"
+        ),
+        spool_max_age_days=t.number(
+            "spool_max_age_days", lambda x: 0 < x <= 3650, "a number of days above 0, at most 3650"
+        ),
         username=t.string("username") or None,
         keepalive_s=t.integer("keepalive_s", 1, 65_535),  # MQTT's max
-        protocol=protocol, **files)
+        protocol=protocol,
+        **files,
+    )
     _connectable(check, settings)
     return settings
 
@@ -218,13 +250,15 @@ def _connectable(check: Checker, s: MqttSettings) -> None:
     parts = urllib.parse.urlsplit(s.url)
     if parts.username is not None or parts.password is not None:
         # A password in the URL would end up in configs, logs and process listings.
-        raise check.fail(f"{prefix}.url", "must not carry user:password@; use username and "
-                                          "password_file")
+        raise check.fail(
+            f"{prefix}.url", "must not carry user:password@; use username and password_file"
+        )
     if parts.port == 0:
         raise check.fail(f"{prefix}.url", f"expected mqtt[s]://HOST[:PORT], got {s.url!r}")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise check.fail(f"{prefix}.url", f"expected mqtt[s]://HOST[:PORT] and nothing after "
-                                          f"it, got {s.url!r}")
+        raise check.fail(
+            f"{prefix}.url", f"expected mqtt[s]://HOST[:PORT] and nothing after it, got {s.url!r}"
+        )
     if not s.tls and (s.ca_file or s.cert_file or s.key_file):
         raise check.fail(f"{prefix}.url", "ca_file/cert_file/key_file need an mqtts:// url")
     if s.password_file is not None and not s.username:
@@ -238,6 +272,7 @@ def audit(check: Checker, data: Mapping[str, Any]) -> AuditConfig:
     trim = t.read("trim", check.unit_list)
     for index, unit in enumerate(trim):
         if is_protected(unit):
-            raise check.fail(f"audit.trim[{index}]",
-                             f"{unit!r} is a protected unit and is never trimmed")
+            raise check.fail(
+                f"audit.trim[{index}]", f"{unit!r} is a protected unit and is never trimmed"
+            )
     return AuditConfig(trim, t.read("keep", check.unit_list))

@@ -33,28 +33,53 @@ class FleetCollector:
         fleet = self.fleet
         rows = fleet_rows(fleet, self.thresholds, stale_factor=self.stale_factor)
         gd = ["group", "device"]
-        up = GaugeMetricFamily("edged_fleet_device_up", "1 when the device is online and its "
-                               "telemetry is not stale, else 0", labels=gd)
+        up = GaugeMetricFamily(
+            "edged_fleet_device_up",
+            "1 when the device is online and its telemetry is not stale, else 0",
+            labels=gd,
+        )
         latency = GaugeMetricFamily(
-            "edged_fleet_latency_seconds", "Request latency (queue + compute) quantiles of "
-            "the device's last telemetry window", labels=[*gd, "model", "quantile"])
-        jitter = GaugeMetricFamily("edged_fleet_jitter_seconds", "p99 minus p50 of the "
-                                   "device's last telemetry window", labels=[*gd, "model"])
-        requests = GaugeMetricFamily("edged_fleet_window_requests", "Requests in the "
-                                     "device's last telemetry window", labels=[*gd, "model"])
-        temp = GaugeMetricFamily("edged_fleet_temperature_celsius", "The device's hottest "
-                                 "thermal reading", labels=[*gd, "zone"])
-        throttling = GaugeMetricFamily("edged_fleet_throttling", "1 while the device reports "
-                                       "thermal or power throttling", labels=gd)
+            "edged_fleet_latency_seconds",
+            "Request latency (queue + compute) quantiles of the device's last telemetry window",
+            labels=[*gd, "model", "quantile"],
+        )
+        jitter = GaugeMetricFamily(
+            "edged_fleet_jitter_seconds",
+            "p99 minus p50 of the device's last telemetry window",
+            labels=[*gd, "model"],
+        )
+        requests = GaugeMetricFamily(
+            "edged_fleet_window_requests",
+            "Requests in the device's last telemetry window",
+            labels=[*gd, "model"],
+        )
+        temp = GaugeMetricFamily(
+            "edged_fleet_temperature_celsius",
+            "The device's hottest thermal reading",
+            labels=[*gd, "zone"],
+        )
+        throttling = GaugeMetricFamily(
+            "edged_fleet_throttling",
+            "1 while the device reports thermal or power throttling",
+            labels=gd,
+        )
         outliers = GaugeMetricFamily(
-            "edged_fleet_outliers", "Outliers (requests above the previous window's p99) "
+            "edged_fleet_outliers",
+            "Outliers (requests above the previous window's p99) "
             "each cause touched, in the device's last telemetry window only: a per-window "
-            "count that is replaced, not a running total", labels=[*gd, "model", "cause"])
-        seen = GaugeMetricFamily("edged_fleet_last_telemetry_timestamp_seconds", "The "
-                                 "device's ts of its newest telemetry (device clock)",
-                                 labels=gd)
-        breaching = GaugeMetricFamily("edged_fleet_breaching", "Thresholds the device "
-                                      "breaches now (edgectl fleet's own)", labels=gd)
+            "count that is replaced, not a running total",
+            labels=[*gd, "model", "cause"],
+        )
+        seen = GaugeMetricFamily(
+            "edged_fleet_last_telemetry_timestamp_seconds",
+            "The device's ts of its newest telemetry (device clock)",
+            labels=gd,
+        )
+        breaching = GaugeMetricFamily(
+            "edged_fleet_breaching",
+            "Thresholds the device breaches now (edgectl fleet's own)",
+            labels=gd,
+        )
         for r in rows:
             key = [r["group"], r["device"]]
             up.add_metric(key, 1.0 if r["state"] == "online" else 0.0)
@@ -75,34 +100,53 @@ class FleetCollector:
                 requests.add_metric([*key, model], float(m["count"]))
                 for cause, n in m["outliers"].items():
                     outliers.add_metric([*key, model, cause], float(n))
-        devices = GaugeMetricFamily("edged_fleet_devices", "Devices known, by state",
-                                    labels=["state"])
+        devices = GaugeMetricFamily(
+            "edged_fleet_devices", "Devices known, by state", labels=["state"]
+        )
         states = collections.Counter(r["state"] for r in rows)
         for s in ("online", "stale", "offline", "unknown"):
             devices.add_metric([s], float(states[s]))
-        messages = CounterMetricFamily("edged_fleet_messages", "Messages received and "
-                                       "parsed, by topic kind", labels=["kind"])
+        messages = CounterMetricFamily(
+            "edged_fleet_messages", "Messages received and parsed, by topic kind", labels=["kind"]
+        )
         for kind, n in fleet.counts.items():
             messages.add_metric([kind], float(n))
-        bad = CounterMetricFamily("edged_fleet_bad_payloads", "Messages ignored: not JSON, "
-                                  "or fields of the wrong type")
+        bad = CounterMetricFamily(
+            "edged_fleet_bad_payloads", "Messages ignored: not JSON, or fields of the wrong type"
+        )
         bad.add_metric([], float(fleet.bad))
-        lag = GaugeMetricFamily("edged_fleet_telemetry_lag_seconds", "Receive time minus "
-                                "the payload's ts over the recent live telemetry (includes "
-                                "device clock offset)", labels=["quantile"])
+        lag = GaugeMetricFamily(
+            "edged_fleet_telemetry_lag_seconds",
+            "Receive time minus "
+            "the payload's ts over the recent live telemetry (includes "
+            "device clock offset)",
+            labels=["quantile"],
+        )
         lq = fleet.lag_quantiles()
         for q, k in (("0.5", "p50_s"), ("0.99", "p99_s")):
             if lq[k] is not None:
                 lag.add_metric([q], lq[k])
-        yield from (up, latency, jitter, requests, temp, throttling, outliers, seen, breaching,
-                    devices, messages, bad, lag)
+        yield from (
+            up,
+            latency,
+            jitter,
+            requests,
+            temp,
+            throttling,
+            outliers,
+            seen,
+            breaching,
+            devices,
+            messages,
+            bad,
+            lag,
+        )
 
 
 DEFAULT_PROMETHEUS_ADDR = "127.0.0.1"  # loopback: the fleet's figures are not for everyone
 
 
-def serve_prometheus(collector: FleetCollector, port: int,
-                     addr: str = DEFAULT_PROMETHEUS_ADDR):
+def serve_prometheus(collector: FleetCollector, port: int, addr: str = DEFAULT_PROMETHEUS_ADDR):
     """prometheus_client's own HTTP server on addr:port; returns the server."""
     from prometheus_client import CollectorRegistry, start_http_server
 
@@ -110,4 +154,3 @@ def serve_prometheus(collector: FleetCollector, port: int,
     registry.register(collector)
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server
-

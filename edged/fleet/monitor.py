@@ -56,8 +56,9 @@ def parse_broker(url: str) -> BrokerAddress:
     except ValueError:
         raise FleetError(f"--broker: invalid port in {url!r}") from None
     if parts.username is not None or parts.password is not None:
-        raise FleetError("--broker: must not carry user:password@; use --username and "
-                         "--password-file")
+        raise FleetError(
+            "--broker: must not carry user:password@; use --username and --password-file"
+        )
     if not parts.hostname or port == 0 or parts.path not in ("", "/") or parts.query:
         raise FleetError(f"--broker: expected mqtt[s]://HOST[:PORT], got {url!r}")
     tls = parts.scheme == "mqtts"
@@ -75,10 +76,19 @@ class Monitor:
     the monitor itself is disconnected are not recovered (a clean session), the next window
     of each device brings it up to date."""
 
-    def __init__(self, broker: BrokerAddress, fleet: Fleet, *, group: str | None = None,
-                 share: str | None = None, username: str | None = None,
-                 password_file: Path | None = None, ca_file: Path | None = None,
-                 keepalive_s: int = 30, err: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        broker: BrokerAddress,
+        fleet: Fleet,
+        *,
+        group: str | None = None,
+        share: str | None = None,
+        username: str | None = None,
+        password_file: Path | None = None,
+        ca_file: Path | None = None,
+        keepalive_s: int = 30,
+        err: TextIO | None = None,
+    ) -> None:
         import paho.mqtt.client as paho
         from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
@@ -96,9 +106,11 @@ class Monitor:
         self._said_unreachable = False
         self._sub_mid: int | None = None
         self._keepalive = keepalive_s
-        client = paho.Client(CallbackAPIVersion.VERSION2,
-                             client_id=f"edgectl-fleet-{uuid.uuid4().hex[:12]}",
-                             protocol=MQTTProtocolVersion.MQTTv5)
+        client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"edgectl-fleet-{uuid.uuid4().hex[:12]}",
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
         client.reconnect_delay_set(1, 30)
         if username:
             password = None
@@ -106,8 +118,9 @@ class Monitor:
                 try:
                     password = password_file.read_text().strip()
                 except OSError as exc:
-                    raise FleetError(f"--password-file {password_file}: "
-                                     f"{exc.strerror or exc}") from None
+                    raise FleetError(
+                        f"--password-file {password_file}: {exc.strerror or exc}"
+                    ) from None
             client.username_pw_set(username, password)
         if broker.tls:
             try:
@@ -151,8 +164,12 @@ class Monitor:
         self.ever_connected = True
         # Shared: "do not send retained messages" (MQTT 5 retain handling 2), what the
         # specification prescribes for shared subscriptions and mosquitto 2.0 does not do.
-        options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND
-                                   if self.shared else SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)
+        options = SubscribeOptions(
+            qos=1,
+            retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND
+            if self.shared
+            else SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE,
+        )
         _rc, self._sub_mid = client.subscribe([(t, options) for t in self.topics])
 
     def _on_subscribe(self, _client, _userdata, mid, reasons, _props) -> None:
@@ -188,7 +205,6 @@ class Monitor:
             self.fleet.count_bad(None, f"internal error on {msg.topic!r}: {exc!r}")
 
 
-
 class Alerts:
     """A line for each breach that appears, and one when it clears."""
 
@@ -218,10 +234,18 @@ class Alerts:
         return lines
 
 
-def run_live(monitor: Monitor, fleet: Fleet, thresholds: Thresholds, *, out: TextIO,
-             err: TextIO, refresh_s: float = 1.0, as_json: bool = False,
-             stale_factor: float = DEFAULT_STALE_FACTOR,
-             until: Callable[[], bool] | None = None) -> None:
+def run_live(
+    monitor: Monitor,
+    fleet: Fleet,
+    thresholds: Thresholds,
+    *,
+    out: TextIO,
+    err: TextIO,
+    refresh_s: float = 1.0,
+    as_json: bool = False,
+    stale_factor: float = DEFAULT_STALE_FACTOR,
+    until: Callable[[], bool] | None = None,
+) -> None:
     """Redraw every refresh_s until Ctrl-C/SIGTERM (or `until()`): the table on a cleared
     screen on a terminal (plain text with a blank line between redraws otherwise), or one
     JSON list per line; new breaches and cleared ones as lines on stderr and, on a
@@ -244,14 +268,17 @@ def run_live(monitor: Monitor, fleet: Fleet, thresholds: Thresholds, *, out: Tex
             if as_json:
                 out.write(orjson.dumps(rows).decode() + "\n")
             else:
-                title = (f"edged fleet at {monitor.broker.url} "
-                         f"{'(connected)' if monitor.connected else '(DISCONNECTED)'} "
-                         f"{time.strftime('%H:%M:%S')}: {summary(rows, fleet)}")
+                title = (
+                    f"edged fleet at {monitor.broker.url} "
+                    f"{'(connected)' if monitor.connected else '(DISCONNECTED)'} "
+                    f"{time.strftime('%H:%M:%S')}: {summary(rows, fleet)}"
+                )
                 if tty:
                     height = shutil.get_terminal_size((120, 40)).lines
                     footer = ["", "recent alerts:", *recent] if recent else []
-                    table = format_table(rows, title=title, footer=footer,
-                                         max_rows=max(1, height - 4 - len(footer)))
+                    table = format_table(
+                        rows, title=title, footer=footer, max_rows=max(1, height - 4 - len(footer))
+                    )
                     out.write("\x1b[H\x1b[2J" + table + "\n")
                 else:
                     out.write(format_table(rows, title=title) + "\n\n")

@@ -19,7 +19,6 @@ class BadPayload(ValueError):
     """A device's message the monitor cannot use; counted and ignored."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class ModelFigures:
     """One model's latest window (total time: queue + compute), ms."""
@@ -35,10 +34,17 @@ class ModelFigures:
     backend: str | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"count": self.count, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms,
-                "p999_ms": self.p999_ms, "max_ms": self.max_ms, "jitter_ms": self.jitter_ms,
-                "outlier_count": self.outlier_count, "outliers": dict(self.outliers),
-                "backend": self.backend}
+        return {
+            "count": self.count,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "p999_ms": self.p999_ms,
+            "max_ms": self.max_ms,
+            "jitter_ms": self.jitter_ms,
+            "outlier_count": self.outlier_count,
+            "outliers": dict(self.outliers),
+            "backend": self.backend,
+        }
 
 
 def _tail_key(m: ModelFigures) -> tuple[float, float]:
@@ -102,9 +108,15 @@ def _count(value: Any, what: str) -> int:
 
 
 def _json_type(value: Any) -> str:
-    return {list: "an array", str: "a string", int: "a number", float: "a number",
-            bool: "a boolean", dict: "an object",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        list: "an array",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _envelope(p: Any) -> tuple[float, int | None, int | None]:
@@ -145,7 +157,9 @@ def parse_telemetry(p: Any, received: float) -> Telemetry:
             _number(m.get("max_ms"), f"models.{name}.max_ms"),
             _number(m.get("jitter_ms"), f"models.{name}.jitter_ms"),
             _count(m.get("outlier_count", 0), f"models.{name}.outlier_count"),
-            outliers, backend if type(backend) is str else None)
+            outliers,
+            backend if type(backend) is str else None,
+        )
     worst = max(models, key=lambda n: _tail_key(models[n])) if models else None
     top = None
     if causes:  # the most frequent cause; ties go to the name that sorts first
@@ -155,8 +169,7 @@ def parse_telemetry(p: Any, received: float) -> Telemetry:
     hottest, throttling = _thermal(p.get("thermal"))
     interval = p.get("interval_s")
     interval = _number(interval, "interval_s") or None
-    return Telemetry(ts, seq, bdseq, received, interval, models, worst, top, hottest,
-                     throttling)
+    return Telemetry(ts, seq, bdseq, received, interval, models, worst, top, hottest, throttling)
 
 
 def _thermal(thermal: Any) -> tuple[tuple[str, float] | None, bool | None]:

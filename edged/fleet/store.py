@@ -52,8 +52,9 @@ class Fleet:
     """Every device's latest state, telemetry and event. `handle` is called from paho's
     thread; `devices`/`rows` from any other. The lock covers assignments only."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+    ) -> None:
         self.clock = clock
         self.wall = wall
         self.started = clock()  # staleness of devices never heard counts from here
@@ -104,8 +105,11 @@ class Fleet:
             else:
                 device.event = record
                 throttling = record.get("throttling")
-                if (record["kind"] == "throttling" and type(throttling) is bool
-                        and record["ts"] >= device.thermal_ts):
+                if (
+                    record["kind"] == "throttling"
+                    and type(throttling) is bool
+                    and record["ts"] >= device.thermal_ts
+                ):
                     device.throttling, device.thermal_ts = throttling, record["ts"]
         if kind == "telemetry" and not historical:
             self.lag.append(self.wall() - record.ts)
@@ -124,8 +128,14 @@ class Fleet:
 
     def _state(self, device: Device, s: State) -> None:
         old = device.state
-        if (not s.online and old is not None and old.online and old.bdseq is not None
-                and s.bdseq is not None and s.bdseq < old.bdseq):
+        if (
+            not s.online
+            and old is not None
+            and old.online
+            and old.bdseq is not None
+            and s.bdseq is not None
+            and s.bdseq < old.bdseq
+        ):
             self.ignored_deaths += 1  # the Will of an older connection, delivered late
             return
         device.state = s
@@ -144,22 +154,44 @@ class Fleet:
     def devices(self) -> list[Device]:
         """Copies, consistent per device."""
         with self._lock:
-            return [Device(d.group, d.device, d.state, d.telemetry, d.event, d.throttling,
-                           d.hottest, d.thermal_ts, d.messages, d.bad, d.last_bad)
-                    for d in self._devices.values()]
+            return [
+                Device(
+                    d.group,
+                    d.device,
+                    d.state,
+                    d.telemetry,
+                    d.event,
+                    d.throttling,
+                    d.hottest,
+                    d.thermal_ts,
+                    d.messages,
+                    d.bad,
+                    d.last_bad,
+                )
+                for d in self._devices.values()
+            ]
 
     def lag_quantiles(self) -> dict[str, float | None]:
         lags = sorted(list(self.lag))  # list(deque): one C call, safe against appends
         if not lags:
             return {"p50_s": None, "p99_s": None, "max_s": None, "samples": 0}
-        return {"p50_s": _quantile(lags, 0.5), "p99_s": _quantile(lags, 0.99),
-                "max_s": lags[-1], "samples": len(lags)}
+        return {
+            "p50_s": _quantile(lags, 0.5),
+            "p99_s": _quantile(lags, 0.99),
+            "max_s": lags[-1],
+            "samples": len(lags),
+        }
 
     def stats(self) -> dict[str, Any]:
-        return {"messages": dict(self.counts), "bad_payloads": self.bad,
-                "late": self.late, "historical": self.historical,
-                "ignored_deaths": self.ignored_deaths, "last_bad": self.last_bad,
-                "lag": self.lag_quantiles()}
+        return {
+            "messages": dict(self.counts),
+            "bad_payloads": self.bad,
+            "late": self.late,
+            "historical": self.historical,
+            "ignored_deaths": self.ignored_deaths,
+            "last_bad": self.last_bad,
+            "lag": self.lag_quantiles(),
+        }
 
 
 def _quantile(ordered: Sequence[float], q: float) -> float:

@@ -15,8 +15,6 @@ class FleetError(ValueError):
     """Bad input to `edgectl fleet` (a flag, the broker URL, the thresholds file): exit 2."""
 
 
-
-
 @dataclass(frozen=True)
 class Thresholds:
     """Limits a device must stay within; None: not checked. Offline and stale devices breach
@@ -32,19 +30,25 @@ class Thresholds:
     def from_mapping(cls, data: Any, where: str) -> Thresholds:
         """From a parsed TOML/JSON object; every error names the key."""
         if not isinstance(data, dict):
-            raise FleetError(f"{where}: expected a table/object of thresholds, got "
-                             f"{type(data).__name__}")
+            raise FleetError(
+                f"{where}: expected a table/object of thresholds, got {type(data).__name__}"
+            )
         known = {f.name for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, value in data.items():
             if key not in known:
-                raise FleetError(f"{where}: unknown key {key!r} (known: "
-                                 f"{', '.join(sorted(known))})")
+                raise FleetError(
+                    f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})"
+                )
             if key == "allow_offline":
                 if not isinstance(value, bool):
                     raise FleetError(f"{where}: {key}: expected true or false, got {value!r}")
-            elif (isinstance(value, bool) or not isinstance(value, int | float)
-                  or not math.isfinite(value) or value < 0):
+            elif (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0
+            ):
                 raise FleetError(f"{where}: {key}: expected a number >= 0, got {value!r}")
             values[key] = float(value) if key != "allow_offline" else value
         return cls(**values)
@@ -54,8 +58,7 @@ class Thresholds:
         given = {k: v for k, v in flags.items() if v is not None and v is not False}
         for key, value in given.items():
             if key != "allow_offline" and (not math.isfinite(value) or value < 0):
-                raise FleetError(f"--{key.replace('_', '-')}: expected a number >= 0, got "
-                                 f"{value}")
+                raise FleetError(f"--{key.replace('_', '-')}: expected a number >= 0, got {value}")
         return Thresholds(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **given})
 
 

@@ -58,28 +58,39 @@ class Samples:
         order = np.random.default_rng(seed).permutation(len(self))
         cut = len(self) - max(1, round(len(self) * fraction))
         if cut < 1:
-            raise CalibrationError(f"{len(self)} sample(s) cannot be split into calibration "
-                                   "and evaluation sets; give --eval DATA or more samples")
+            raise CalibrationError(
+                f"{len(self)} sample(s) cannot be split into calibration "
+                "and evaluation sets; give --eval DATA or more samples"
+            )
         return self._subset(order[:cut]), self._subset(order[cut:])
 
     def _subset(self, index: Sequence[int]) -> Samples:
         def pick(values: list) -> list:
             return [values[i] for i in index] if values else []
 
-        return Samples(pick(self.feeds), pick(self.sources), self.kind, self.resized,
-                       pick(self.sizes), pick(self.brightness), pick(self.contrast))
+        return Samples(
+            pick(self.feeds),
+            pick(self.sources),
+            self.kind,
+            self.resized,
+            pick(self.sizes),
+            pick(self.brightness),
+            pick(self.contrast),
+        )
 
 
-def load_samples(path: str | Path, inputs: Sequence[TensorSpec],
-                 preprocess: Preprocess | None = None) -> Samples:
+def load_samples(
+    path: str | Path, inputs: Sequence[TensorSpec], preprocess: Preprocess | None = None
+) -> Samples:
     """Read `path` (.npz, folder of .npy, or folder of images) as feeds for `inputs`."""
     path = Path(path)
     if not path.exists():
         raise CalibrationError(f"{path}: no such file or folder")
     if path.is_file():
         if path.suffix.lower() != ".npz":
-            raise CalibrationError(f"{path}: expected an .npz file or a folder of images or "
-                                   ".npy files")
+            raise CalibrationError(
+                f"{path}: expected an .npz file or a folder of images or .npy files"
+            )
         samples = _load_npz(path, inputs)
     else:
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
@@ -87,8 +98,10 @@ def load_samples(path: str | Path, inputs: Sequence[TensorSpec],
         images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
         others = [p.name for p in files if p not in npy and p not in images]
         if others:
-            raise CalibrationError(f"{path}: files that are neither images nor .npy: "
-                                   f"{', '.join(others[:5])}{' …' if len(others) > 5 else ''}")
+            raise CalibrationError(
+                f"{path}: files that are neither images nor .npy: "
+                f"{', '.join(others[:5])}{' …' if len(others) > 5 else ''}"
+            )
         if npy and images:
             raise CalibrationError(f"{path}: mixes .npy files and images; use one kind")
         if not npy and not images:
@@ -107,32 +120,47 @@ def narrowness_warnings(samples: Samples, inputs: Sequence[TensorSpec]) -> list[
     warnings = []
     count = len(samples)
     if count < RECOMMENDED_SAMPLES:
-        warnings.append(f"only {count} calibration sample(s) ({RECOMMENDED_SAMPLES} or more "
-                        "recommended): ranges taken from few samples miss rare large "
-                        "activations")
+        warnings.append(
+            f"only {count} calibration sample(s) ({RECOMMENDED_SAMPLES} or more "
+            "recommended): ranges taken from few samples miss rare large "
+            "activations"
+        )
     dynamic_spatial = any(len(s.shape) == 4 and (None in s.shape[1:]) for s in inputs)
-    if samples.sizes and dynamic_spatial and not samples.resized and count > 1 \
-            and len(set(samples.sizes)) == 1:
+    if (
+        samples.sizes
+        and dynamic_spatial
+        and not samples.resized
+        and count > 1
+        and len(set(samples.sizes)) == 1
+    ):
         h, w = samples.sizes[0]
-        warnings.append(f"every sample is {h}x{w} while the model takes any size: add the "
-                        "sizes production sends (small and large, wide and tall)")
+        warnings.append(
+            f"every sample is {h}x{w} while the model takes any size: add the "
+            "sizes production sends (small and large, wide and tall)"
+        )
     if count > 1 and samples.brightness:
         low, high = min(samples.brightness), max(samples.brightness)
         if high - low < MIN_BRIGHTNESS_SPREAD:
-            warnings.append(f"mean brightness of every sample lies within {low:.2f}–{high:.2f} "
-                            "(on 0–1): add darker and brighter samples (lighting, exposure)")
+            warnings.append(
+                f"mean brightness of every sample lies within {low:.2f}–{high:.2f} "
+                "(on 0–1): add darker and brighter samples (lighting, exposure)"
+            )
     if count > 1 and samples.contrast:
         low, high = min(samples.contrast), max(samples.contrast)
         if low > 0 and high / low < MIN_CONTRAST_RATIO:
-            warnings.append(f"contrast of every sample is alike (standard deviation "
-                            f"{low:.3f}–{high:.3f}): add low- and high-contrast samples")
+            warnings.append(
+                f"contrast of every sample is alike (standard deviation "
+                f"{low:.3f}–{high:.3f}): add low- and high-contrast samples"
+            )
     return warnings
 
 
-def calibration_and_evaluation(path: str | Path, eval_path: str | Path | None,
-                               inputs: Sequence[TensorSpec],
-                               preprocess: Preprocess | None = None
-                               ) -> tuple[Samples, Samples, list[str]]:
+def calibration_and_evaluation(
+    path: str | Path,
+    eval_path: str | Path | None,
+    inputs: Sequence[TensorSpec],
+    preprocess: Preprocess | None = None,
+) -> tuple[Samples, Samples, list[str]]:
     """Calibration samples, evaluation samples (`eval_path`, else EVAL_SPLIT of the
     calibration held out) and the warnings that say what the calibration set lacks."""
     calibration = load_samples(path, inputs, preprocess)
@@ -141,8 +169,10 @@ def calibration_and_evaluation(path: str | Path, eval_path: str | Path | None,
         evaluation = load_samples(eval_path, inputs, preprocess)
     else:
         calibration, evaluation = calibration.split(EVAL_SPLIT)
-        warnings.append(f"no evaluation set: {len(evaluation)} of the calibration samples "
-                        "were held out for the accuracy gate; give a separate one")
+        warnings.append(
+            f"no evaluation set: {len(evaluation)} of the calibration samples "
+            "were held out for the accuracy gate; give a separate one"
+        )
     return calibration, evaluation, narrowness_warnings(calibration, inputs) + warnings
 
 
@@ -160,21 +190,27 @@ def digest(feeds: Sequence[dict[str, np.ndarray]]) -> str:
 
 # -- loaders ------------------------------------------------------------------------------
 
+
 def _check_array(where: str, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
     """One sample (with its batch axis of one) for `spec`, or an error naming `where`."""
     dtype = np.dtype(spec.dtype)
     if array.dtype.kind not in "biuf" or (dtype.kind in "iu" and array.dtype.kind == "f"):
-        raise CalibrationError(f"{where}: dtype {array.dtype} cannot feed input {spec.name!r} "
-                               f"({spec.dtype})")
+        raise CalibrationError(
+            f"{where}: dtype {array.dtype} cannot feed input {spec.name!r} ({spec.dtype})"
+        )
     if len(array.shape) != len(spec.shape):
-        raise CalibrationError(f"{where}: shape {format_shape(array.shape)} has "
-                               f"{len(array.shape)} axes; input {spec.name!r} wants "
-                               f"{format_shape(spec.shape)}")
+        raise CalibrationError(
+            f"{where}: shape {format_shape(array.shape)} has "
+            f"{len(array.shape)} axes; input {spec.name!r} wants "
+            f"{format_shape(spec.shape)}"
+        )
     for axis, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)):
         if axis > 0 and want is not None and want != got:
-            raise CalibrationError(f"{where}: shape {format_shape(array.shape)} does not fit "
-                                   f"input {spec.name!r} {format_shape(spec.shape)} "
-                                   f"(axis {axis})")
+            raise CalibrationError(
+                f"{where}: shape {format_shape(array.shape)} does not fit "
+                f"input {spec.name!r} {format_shape(spec.shape)} "
+                f"(axis {axis})"
+            )
     if dtype.kind == "f" and not np.all(np.isfinite(array)):
         raise CalibrationError(f"{where}: holds NaN or infinite values")
     return np.ascontiguousarray(array.astype(dtype, copy=False))
@@ -199,36 +235,49 @@ def _load_npz(path: Path, inputs: Sequence[TensorSpec]) -> Samples:
     names = [spec.name for spec in inputs]
     missing = [n for n in names if n not in arrays]
     if missing:
-        raise CalibrationError(f"{path}: no array for input(s) {', '.join(missing)}; it holds "
-                               f"{', '.join(arrays) or 'nothing'} (name each array after a "
-                               f"model input: {', '.join(names)})")
+        raise CalibrationError(
+            f"{path}: no array for input(s) {', '.join(missing)}; it holds "
+            f"{', '.join(arrays) or 'nothing'} (name each array after a "
+            f"model input: {', '.join(names)})"
+        )
     extra = sorted(set(arrays) - set(names))
     if extra:
-        raise CalibrationError(f"{path}: arrays {', '.join(extra)} match no model input "
-                               f"({', '.join(names)})")
+        raise CalibrationError(
+            f"{path}: arrays {', '.join(extra)} match no model input ({', '.join(names)})"
+        )
     counts = {n: arrays[n].shape[0] if arrays[n].ndim else 0 for n in names}
     if len(set(counts.values())) != 1:
-        raise CalibrationError(f"{path}: inputs have different sample counts "
-                               f"({', '.join(f'{k}={v}' for k, v in counts.items())}); the "
-                               "first axis is the sample axis")
+        raise CalibrationError(
+            f"{path}: inputs have different sample counts "
+            f"({', '.join(f'{k}={v}' for k, v in counts.items())}); the "
+            "first axis is the sample axis"
+        )
     count = counts[names[0]]
     feeds = []
     for i in range(count):
-        feeds.append({spec.name: _check_array(f"{path}: array {spec.name!r} sample {i}", spec,
-                                              arrays[spec.name][i : i + 1])
-                      for spec in inputs})
+        feeds.append(
+            {
+                spec.name: _check_array(
+                    f"{path}: array {spec.name!r} sample {i}", spec, arrays[spec.name][i : i + 1]
+                )
+                for spec in inputs
+            }
+        )
     first = [f[names[0]] for f in feeds]
     means, stds = _range_stats(first) if first and first[0].dtype.kind == "f" else ([], [])
-    return Samples(feeds, [f"{path.name}[{i}]" for i in range(count)], "npz", False, [], means,
-                   stds)
+    return Samples(
+        feeds, [f"{path.name}[{i}]" for i in range(count)], "npz", False, [], means, stds
+    )
 
 
 def _single_input(where: Path, inputs: Sequence[TensorSpec], kind: str) -> TensorSpec:
     if len(inputs) != 1:
-        raise CalibrationError(f"{where}: a folder of {kind} feeds single-input models; this "
-                               f"model has {len(inputs)} inputs "
-                               f"({', '.join(s.name for s in inputs)}): use an .npz named "
-                               "after them")
+        raise CalibrationError(
+            f"{where}: a folder of {kind} feeds single-input models; this "
+            f"model has {len(inputs)} inputs "
+            f"({', '.join(s.name for s in inputs)}): use an .npz named "
+            "after them"
+        )
     return inputs[0]
 
 
@@ -243,8 +292,10 @@ def _load_npy_folder(files: Sequence[Path], inputs: Sequence[TensorSpec]) -> Sam
         if array.ndim == len(spec.shape) - 1:
             array = array[None]
         if array.ndim and array.shape[0] != 1:
-            raise CalibrationError(f"{file}: holds {array.shape[0]} samples on its first "
-                                   "axis; one .npy file is one sample (or use an .npz)")
+            raise CalibrationError(
+                f"{file}: holds {array.shape[0]} samples on its first "
+                "axis; one .npy file is one sample (or use an .npz)"
+            )
         feeds.append({spec.name: _check_array(str(file), spec, array)})
     arrays = [f[spec.name] for f in feeds]
     means, stds = _range_stats(arrays) if arrays[0].dtype.kind == "f" else ([], [])
@@ -256,24 +307,32 @@ def image_layout(spec: TensorSpec, preprocess: Preprocess) -> str:
         return preprocess.layout
     shape = spec.shape
     if len(shape) != 4:
-        raise CalibrationError(f"input {spec.name!r} {format_shape(shape)} is not an image "
-                               "batch (4 axes); feed it from an .npz instead")
+        raise CalibrationError(
+            f"input {spec.name!r} {format_shape(shape)} is not an image "
+            "batch (4 axes); feed it from an .npz instead"
+        )
     if shape[1] in (1, 3):
         return "nchw"
     if shape[3] in (1, 3):
         return "nhwc"
-    raise CalibrationError(f"input {spec.name!r} {format_shape(shape)}: cannot tell the "
-                           "channel axis; give --layout nchw or nhwc")
+    raise CalibrationError(
+        f"input {spec.name!r} {format_shape(shape)}: cannot tell the "
+        "channel axis; give --layout nchw or nhwc"
+    )
 
 
-def _target_size(spec: TensorSpec, layout: str, preprocess: Preprocess,
-                 image_size: tuple[int, int], where: Path) -> tuple[int, int]:
+def _target_size(
+    spec: TensorSpec, layout: str, preprocess: Preprocess, image_size: tuple[int, int], where: Path
+) -> tuple[int, int]:
     h, w = (spec.shape[2], spec.shape[3]) if layout == "nchw" else (spec.shape[1], spec.shape[2])
     if preprocess.size:
-        if (h is not None and h != preprocess.size[0]) or \
-                (w is not None and w != preprocess.size[1]):
-            raise CalibrationError(f"resize {preprocess.size[0]}x{preprocess.size[1]} does not "
-                                   f"fit input {spec.name!r} {format_shape(spec.shape)}")
+        if (h is not None and h != preprocess.size[0]) or (
+            w is not None and w != preprocess.size[1]
+        ):
+            raise CalibrationError(
+                f"resize {preprocess.size[0]}x{preprocess.size[1]} does not "
+                f"fit input {spec.name!r} {format_shape(spec.shape)}"
+            )
         return preprocess.size
     if h is not None and w is not None:
         return h, w
@@ -281,18 +340,22 @@ def _target_size(spec: TensorSpec, layout: str, preprocess: Preprocess,
     th = h if h is not None else image_size[0] // m * m
     tw = w if w is not None else image_size[1] // m * m
     if th < 1 or tw < 1:
-        raise CalibrationError(f"{where}: {image_size[0]}x{image_size[1]} is smaller than the "
-                               f"size multiple {m}; give --resize HxW")
+        raise CalibrationError(
+            f"{where}: {image_size[0]}x{image_size[1]} is smaller than the "
+            f"size multiple {m}; give --resize HxW"
+        )
     return th, tw
 
 
-def _load_images(files: Sequence[Path], inputs: Sequence[TensorSpec],
-                 preprocess: Preprocess) -> Samples:
+def _load_images(
+    files: Sequence[Path], inputs: Sequence[TensorSpec], preprocess: Preprocess
+) -> Samples:
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
-        raise CalibrationError("reading images needs Pillow: pip install 'edged[quantize]'"
-                               ) from None
+        raise CalibrationError(
+            "reading images needs Pillow: pip install 'edged[quantize]'"
+        ) from None
     spec = _single_input(files[0].parent, inputs, "images")
     layout = image_layout(spec, preprocess)
     channels = spec.shape[1] if layout == "nchw" else spec.shape[3]
@@ -333,8 +396,10 @@ def _per_channel(name: str, values: tuple[float, ...], channels: int) -> np.ndar
     if len(values) == 1:
         values = values * channels
     if len(values) != channels:
-        raise CalibrationError(f"{name} has {len(values)} values; the input has {channels} "
-                               "channels (give one value, or one per channel)")
+        raise CalibrationError(
+            f"{name} has {len(values)} values; the input has {channels} "
+            "channels (give one value, or one per channel)"
+        )
     return np.asarray(values, dtype=np.float32)
 
 
@@ -342,8 +407,7 @@ def parse_floats(text: str, what: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
-        raise CalibrationError(f"{what} {text!r}: expected numbers separated by commas"
-                               ) from None
+        raise CalibrationError(f"{what} {text!r}: expected numbers separated by commas") from None
     return values
 
 
@@ -351,8 +415,7 @@ def parse_size(text: str) -> tuple[int, int]:
     try:
         h, w = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise CalibrationError(f"resize {text!r}: expected HEIGHTxWIDTH, e.g. 48x192"
-                               ) from None
+        raise CalibrationError(f"resize {text!r}: expected HEIGHTxWIDTH, e.g. 48x192") from None
     if h < 1 or w < 1:
         raise CalibrationError(f"resize {text!r}: height and width must be positive")
     return h, w

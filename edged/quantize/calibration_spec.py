@@ -54,12 +54,18 @@ class CalibrationSpec:
     preprocess: Preprocess = field(default_factory=Preprocess, metadata={"toml": None})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"data": str(self.data), "eval": str(self.eval) if self.eval else None,
-                "preprocess": asdict(self.preprocess)}
+        return {
+            "data": str(self.data),
+            "eval": str(self.eval) if self.eval else None,
+            "preprocess": asdict(self.preprocess),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CalibrationSpec:
-        pre = {k: tuple(v) if isinstance(v, list) else v
-               for k, v in (data.get("preprocess") or {}).items()}
-        return cls(Path(data["data"]), Path(data["eval"]) if data.get("eval") else None,
-                   Preprocess(**pre))
+        pre = {
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in (data.get("preprocess") or {}).items()
+        }
+        return cls(
+            Path(data["data"]), Path(data["eval"]) if data.get("eval") else None, Preprocess(**pre)
+        )

@@ -28,8 +28,9 @@ log = logging.getLogger("edged.quantize.variants")
 
 
 class VariantJob:
-    def __init__(self, model: str, command: Sequence[str],
-                 on_done: Callable[[dict[str, Any]], str]) -> None:
+    def __init__(
+        self, model: str, command: Sequence[str], on_done: Callable[[dict[str, Any]], str]
+    ) -> None:
         self.model = model
         self.command = list(command)
         self.on_done = on_done  # returns what was done with the result, for status
@@ -42,8 +43,7 @@ class VariantJob:
         self.progress = ""
         self._proc: subprocess.Popen | None = None
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"variants-{model}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"variants-{model}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -66,23 +66,35 @@ class VariantJob:
         return not self._thread.is_alive()
 
     def status(self) -> dict[str, Any]:
-        return {"state": self.state, "started": self.started, "duration_s": self.duration_s,
-                "peak_rss_bytes": self.report.get("peak_rss_bytes"),
-                "made": (self.report.get("made") or {}).get("variants"),
-                "pick": self.report.get("pick"), "result": self.result or None,
-                "scheduling": self.report.get("scheduling"), "cpus": self.report.get("cpus"),
-                "progress": self.progress or None, "error": self.error}
+        return {
+            "state": self.state,
+            "started": self.started,
+            "duration_s": self.duration_s,
+            "peak_rss_bytes": self.report.get("peak_rss_bytes"),
+            "made": (self.report.get("made") or {}).get("variants"),
+            "pick": self.report.get("pick"),
+            "result": self.result or None,
+            "scheduling": self.report.get("scheduling"),
+            "cpus": self.report.get("cpus"),
+            "progress": self.progress or None,
+            "error": self.error,
+        }
 
     def _run(self) -> None:
         self.started = time.time()
         self.state = "running"
         start = time.perf_counter()
-        log.info("model %s: making INT8 variants from its calibration data in the "
-                 "background", self.model)
+        log.info(
+            "model %s: making INT8 variants from its calibration data in the background", self.model
+        )
         try:
-            self._proc = subprocess.Popen(self.command, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True,
-                                          stdin=subprocess.DEVNULL)
+            self._proc = subprocess.Popen(
+                self.command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            )
             tail = []
             assert self._proc.stderr is not None
             for line in self._proc.stderr:  # progress lines, and whatever a runtime prints
@@ -122,12 +134,21 @@ class VariantJob:
             log.error("model %s: making variants failed: %s", self.model, error)
         elif state == "done":
             peak = self.report.get("peak_rss_bytes") or 0
-            log.info("model %s: variants done in %.1f s (peak %.0f MiB): %s", self.model,
-                     self.duration_s, peak / 2**20, self.result)
+            log.info(
+                "model %s: variants done in %.1f s (peak %.0f MiB): %s",
+                self.model,
+                self.duration_s,
+                peak / 2**20,
+                self.result,
+            )
 
 
-def start_variant_jobs(models: Mapping[str, ServedModel], config: Config, cpus: Sequence[int],
-                       on_made: Callable[[ServedModel, dict[str, Any]], str]) -> None:
+def start_variant_jobs(
+    models: Mapping[str, ServedModel],
+    config: Config,
+    cpus: Sequence[int],
+    on_made: Callable[[ServedModel, dict[str, Any]], str],
+) -> None:
     """One background job per served model whose calibration data has no variants made
     yet, its child on `cpus` (the housekeeping CPUs); `on_made(served, report)` swaps the
     result in. Called after READY: readiness never waits for them."""
@@ -137,15 +158,21 @@ def start_variant_jobs(models: Mapping[str, ServedModel], config: Config, cpus: 
         if not served.variants_pending or served.job is not None:
             continue
         given = config.model(name).variants if config.model(name) else ()
-        command = background_command(served.original.path, given, served.calibration,
-                                     config.server.state_dir, served.policy, cpus)
-        served.job = VariantJob(name, command,
-                                lambda report, s=served: on_made(s, report))
+        command = background_command(
+            served.original.path,
+            given,
+            served.calibration,
+            config.server.state_dir,
+            served.policy,
+            cpus,
+        )
+        served.job = VariantJob(name, command, lambda report, s=served: on_made(s, report))
         served.job.start()  # this thread is on the housekeeping CPUs; the child too
 
 
-def stored_decision(served: ServedModel, report: dict[str, Any], state_dir: Path
-                    ) -> tuple[Selection, tuple[Path, ...]]:
+def stored_decision(
+    served: ServedModel, report: dict[str, Any], state_dir: Path
+) -> tuple[Selection, tuple[Path, ...]]:
     """The decision a finished job stored under the served policy's key, and the variants
     it made."""
     from edged.selection.decision import load_cached

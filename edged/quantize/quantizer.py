@@ -55,8 +55,10 @@ SENSITIVITY_SAMPLES = 8
 
 # -- measuring --------------------------------------------------------------------------------
 
-def load_session(model_path: Path, target: str, precision: str, threads: int | None,
-                 cpus: Sequence[int] | None):
+
+def load_session(
+    model_path: Path, target: str, precision: str, threads: int | None, cpus: Sequence[int] | None
+):
     model = inspect_model(model_path)
     candidate = Candidate(target, "CPU", precision)
     return get_backend(target).load(model, candidate, LoadOptions(threads=threads, cpus=cpus))
@@ -66,8 +68,7 @@ def input_specs(model_path: Path) -> list:
     """The model's inputs (names, dtypes, dynamic dims) as onnxruntime sees them."""
     model = inspect_model(model_path)
     if model.format != "onnx":
-        raise ModelError(f"{model_path}: edgectl quantize takes an ONNX model, not "
-                         f"{model.format}")
+        raise ModelError(f"{model_path}: edgectl quantize takes an ONNX model, not {model.format}")
     try:
         session = load_session(model_path, "onnxruntime", "fp32", None, None)
     except BackendError as exc:
@@ -82,8 +83,14 @@ def run_all(session, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str
     return [session.run(f) for f in feeds]
 
 
-def sensitive_nodes(quantizer: Quantizer, evaluation: Samples, reference, settings: Settings,
-                    progress: Progress | None = None, scheme: str = "u8s8") -> list[str]:
+def sensitive_nodes(
+    quantizer: Quantizer,
+    evaluation: Samples,
+    reference,
+    settings: Settings,
+    progress: Progress | None = None,
+    scheme: str = "u8s8",
+) -> list[str]:
     """The compute nodes (Conv, MatMul, Gemm...) of the float graph, most sensitive first.
 
     A node's sensitivity is the error at the model's outputs when that node alone is
@@ -104,10 +111,10 @@ def sensitive_nodes(quantizer: Quantizer, evaluation: Samples, reference, settin
     for index, name in enumerate(nodes):
         if progress:
             progress("sensitivity", index, len(nodes))
-        path = quantizer.quantize(Recipe(f"only-{index}", COMPUTE_OPS, only=(name,),
-                                         scheme=scheme), keep=False)
-        acc, _ = _check(path, "onnxruntime", subset, reference[:SENSITIVITY_SAMPLES],
-                        settings)
+        path = quantizer.quantize(
+            Recipe(f"only-{index}", COMPUTE_OPS, only=(name,), scheme=scheme), keep=False
+        )
+        acc, _ = _check(path, "onnxruntime", subset, reference[:SENSITIVITY_SAMPLES], settings)
         path.unlink(missing_ok=True)
         # Ties on the gated figure (top-1 agreement over a few samples often is 1.0 for most
         # nodes) are broken by the cosine, then by graph order.
@@ -136,6 +143,7 @@ def data_producers(prepared: Path, nodes: Sequence[str]) -> list[str]:
 
 # -- the whole run ------------------------------------------------------------------------------
 
+
 @dataclass
 class Measurement:
     """Every recipe's attempts on every target and the FP32 p50 per target; the attempts'
@@ -148,13 +156,19 @@ class Measurement:
 
 
 @contextlib.contextmanager
-def measure(model_path: Path, calibration: Samples, evaluation: Samples, settings: Settings,
-            progress: Progress | None = None) -> Iterator[Measurement]:
+def measure(
+    model_path: Path,
+    calibration: Samples,
+    evaluation: Samples,
+    settings: Settings,
+    progress: Progress | None = None,
+) -> Iterator[Measurement]:
     """Quantize with every recipe, gate each on every target (mixed precision where a
     recipe fails) and time the passing ones against FP32; the files live until exit."""
     if settings.method not in METHODS:
-        raise QuantizeError(f"calibration method {settings.method!r}: use one of "
-                            f"{', '.join(METHODS)}")
+        raise QuantizeError(
+            f"calibration method {settings.method!r}: use one of {', '.join(METHODS)}"
+        )
     model_path = Path(model_path)
     if inspect_model(model_path).format != "onnx":
         raise ModelError(f"{model_path}: edgectl quantize takes an ONNX model")
@@ -174,15 +188,33 @@ def measure(model_path: Path, calibration: Samples, evaluation: Samples, setting
         try:
             for target in settings.targets:
                 try:
-                    fp32_sessions[target] = load_session(model_path, target, "fp32",
-                                                         settings.threads, settings.cpus)
+                    fp32_sessions[target] = load_session(
+                        model_path, target, "fp32", settings.threads, settings.cpus
+                    )
                 except (BackendError, ImportError) as exc:
-                    attempts.append(Attempt(target, Recipe("fp32", ()), model_path,
-                                            error=f"FP32 model does not load: {exc}"))
+                    attempts.append(
+                        Attempt(
+                            target,
+                            Recipe("fp32", ()),
+                            model_path,
+                            error=f"FP32 model does not load: {exc}",
+                        )
+                    )
                     continue
                 for recipe in settings.recipes or ():
-                    attempts.extend(_gate(quantizer, prepared, target, recipe, evaluation,
-                                          reference, settings, ranking, progress))
+                    attempts.extend(
+                        _gate(
+                            quantizer,
+                            prepared,
+                            target,
+                            recipe,
+                            evaluation,
+                            reference,
+                            settings,
+                            ranking,
+                            progress,
+                        )
+                    )
             fp32_ms = _time(attempts, fp32_sessions, evaluation, settings, progress)
         finally:
             for session in fp32_sessions.values():
@@ -190,24 +222,40 @@ def measure(model_path: Path, calibration: Samples, evaluation: Samples, setting
         yield Measurement(attempts, fp32_ms, settings, hw.isa_summary())
 
 
-def quantize_model(model_path: Path, output: Path, calibration: Samples, evaluation: Samples,
-                   settings: Settings, warnings: Sequence[str] = (),
-                   progress: Progress | None = None) -> Report:
+def quantize_model(
+    model_path: Path,
+    output: Path,
+    calibration: Samples,
+    evaluation: Samples,
+    settings: Settings,
+    warnings: Sequence[str] = (),
+    progress: Progress | None = None,
+) -> Report:
     """Quantize, gate, time and write `output`; the report says what was written and why."""
     with measure(model_path, calibration, evaluation, settings, progress) as m:
-        return decide(Path(model_path), output, m.attempts, m.fp32_ms, calibration,
-                      evaluation, m.settings, list(warnings), m.cpu)
+        return decide(
+            Path(model_path),
+            output,
+            m.attempts,
+            m.fp32_ms,
+            calibration,
+            evaluation,
+            m.settings,
+            list(warnings),
+            m.cpu,
+        )
 
 
-def _reference(model_path: Path, evaluation: Samples, settings: Settings
-               ) -> list[dict[str, np.ndarray]]:
+def _reference(
+    model_path: Path, evaluation: Samples, settings: Settings
+) -> list[dict[str, np.ndarray]]:
     """FP32 outputs on onnxruntime's CPU EP, the reference every INT8 run is held to."""
     try:
-        session = load_session(model_path, "onnxruntime", "fp32", settings.threads,
-                               settings.cpus)
+        session = load_session(model_path, "onnxruntime", "fp32", settings.threads, settings.cpus)
     except BackendError as exc:
-        raise QuantizeError(f"{model_path}: the FP32 model does not load on onnxruntime "
-                            f"({exc})") from None
+        raise QuantizeError(
+            f"{model_path}: the FP32 model does not load on onnxruntime ({exc})"
+        ) from None
     try:
         with pinned_thread(settings.cpus):
             return run_all(session, evaluation.feeds)
@@ -217,8 +265,9 @@ def _reference(model_path: Path, evaluation: Samples, settings: Settings
         session.close()
 
 
-def _check(path: Path, target: str, evaluation: Samples, reference, settings: Settings
-           ) -> tuple[Accuracy | None, str]:
+def _check(
+    path: Path, target: str, evaluation: Samples, reference, settings: Settings
+) -> tuple[Accuracy | None, str]:
     try:
         session = load_session(path, target, "model", settings.threads, settings.cpus)
     except (BackendError, ModelError, ImportError) as exc:
@@ -236,9 +285,17 @@ def _check(path: Path, target: str, evaluation: Samples, reference, settings: Se
         return None, f"outputs differ in form on {target}: {exc}"
 
 
-def _gate(quantizer: Quantizer, prepared: Path, target: str, recipe: Recipe,
-          evaluation: Samples, reference, settings: Settings, ranking: list[str],
-          progress: Progress | None) -> list[Attempt]:
+def _gate(
+    quantizer: Quantizer,
+    prepared: Path,
+    target: str,
+    recipe: Recipe,
+    evaluation: Samples,
+    reference,
+    settings: Settings,
+    ranking: list[str],
+    progress: Progress | None,
+) -> list[Attempt]:
     """Quantize with `recipe`, check it on `target`; on a failed gate keep the most
     sensitive compute nodes in FP32, doubling their number until it passes or half of them
     are FP32. Every try is returned (the report shows them all); at most the last passes."""
@@ -246,14 +303,14 @@ def _gate(quantizer: Quantizer, prepared: Path, target: str, recipe: Recipe,
         progress(f"gate {target} {recipe.name}", 0, 1)
     path = quantizer.quantize(recipe)
     acc, error = _check(path, target, evaluation, reference, settings)
-    attempt = Attempt(target, recipe, path, acc, bool(acc and acc.passes(settings.max_drop)),
-                      error)
+    attempt = Attempt(target, recipe, path, acc, bool(acc and acc.passes(settings.max_drop)), error)
     tries = [attempt]
     if attempt.passed or acc is None:
         return tries
     if not ranking:  # measured once, shared by every recipe and target
-        ranking.extend(sensitive_nodes(quantizer, evaluation, reference, settings, progress,
-                                       recipe.scheme))
+        ranking.extend(
+            sensitive_nodes(quantizer, evaluation, reference, settings, progress, recipe.scheme)
+        )
     limit = max(1, int(len(ranking) * MAX_FP32_SHARE))
     count = 1
     while count <= limit:
@@ -265,8 +322,14 @@ def _gate(quantizer: Quantizer, prepared: Path, target: str, recipe: Recipe,
         trial_recipe = replace(recipe, fp32_nodes=tuple(dict.fromkeys(fp32)))
         trial_path = quantizer.quantize(trial_recipe)
         trial_acc, trial_error = _check(trial_path, target, evaluation, reference, settings)
-        trial = Attempt(target, trial_recipe, trial_path, trial_acc,
-                        bool(trial_acc and trial_acc.passes(settings.max_drop)), trial_error)
+        trial = Attempt(
+            target,
+            trial_recipe,
+            trial_path,
+            trial_acc,
+            bool(trial_acc and trial_acc.passes(settings.max_drop)),
+            trial_error,
+        )
         tries.append(trial)
         if trial.passed:
             break
@@ -274,8 +337,13 @@ def _gate(quantizer: Quantizer, prepared: Path, target: str, recipe: Recipe,
     return tries
 
 
-def _time(attempts: list[Attempt], fp32_sessions: Mapping[str, Any], evaluation: Samples,
-          settings: Settings, progress: Progress | None) -> dict[str, float]:
+def _time(
+    attempts: list[Attempt],
+    fp32_sessions: Mapping[str, Any],
+    evaluation: Samples,
+    settings: Settings,
+    progress: Progress | None,
+) -> dict[str, float]:
     """Median latency of FP32 and of every passing recipe, per target, interleaved; sets
     each passing attempt's p50 and speedup, returns FP32's p50 per target."""
     feeds = evaluation.feeds[0]
@@ -287,20 +355,27 @@ def _time(attempts: list[Attempt], fp32_sessions: Mapping[str, Any], evaluation:
         try:
             for attempt in passing:
                 sessions[attempt.recipe.label] = session = load_session(
-                    attempt.path, target, "model", settings.threads, settings.cpus)
+                    attempt.path, target, "model", settings.threads, settings.cpus
+                )
                 runners[attempt.recipe.label] = lambda s=session: s.run(feeds)
             total = settings.runs * len(runners)
             done = [0]
 
-            def tick(n: int, target: str = target, total: int = total,
-                     done: list[int] = done) -> None:
+            def tick(
+                n: int, target: str = target, total: int = total, done: list[int] = done
+            ) -> None:
                 done[0] += n
                 if progress:
                     progress(f"benchmark {target}", done[0], total)
 
             with pinned_thread(settings.cpus):
-                stats = benchmark(runners, settings.runs, warmup=5,
-                                  time_budget_s=settings.time_budget_s, progress=tick)
+                stats = benchmark(
+                    runners,
+                    settings.runs,
+                    warmup=5,
+                    time_budget_s=settings.time_budget_s,
+                    progress=tick,
+                )
         finally:
             for session in sessions.values():
                 session.close()

@@ -36,8 +36,11 @@ class QuantizeError(RuntimeError):
 # INT8 schemes (activations, weights): U8S8 is what VNNI/AMX/Arm dotprod kernels want; on
 # x86 without VNNI, onnxruntime's U8S8 kernels multiply pairs with vpmaddubsw, whose int16
 # sums saturate (its quantization guide: reduce_range, i.e. 7-bit weights, or U8U8 there).
-SCHEMES = {"u8s8": ("QUInt8", "QInt8", False), "u8s8-rr": ("QUInt8", "QInt8", True),
-           "u8u8": ("QUInt8", "QUInt8", False)}
+SCHEMES = {
+    "u8s8": ("QUInt8", "QInt8", False),
+    "u8s8-rr": ("QUInt8", "QInt8", True),
+    "u8u8": ("QUInt8", "QUInt8", False),
+}
 NO_DOT_PRODUCT_SCHEMES = ("u8s8-rr", "u8u8")
 
 
@@ -84,8 +87,9 @@ def prepare(model_path: Path, workdir: Path) -> Path:
         try:
             model = version_converter.convert_version(model, 13)
         except Exception as exc:
-            raise QuantizeError(f"{model_path}: cannot upgrade opset {opset} to 13 ({exc})"
-                                ) from None
+            raise QuantizeError(
+                f"{model_path}: cannot upgrade opset {opset} to 13 ({exc})"
+            ) from None
     staged = workdir / "opset13.onnx"
     onnx.save(model, str(staged))
     prepared = workdir / "prepared.onnx"
@@ -96,8 +100,9 @@ def prepare(model_path: Path, workdir: Path) -> Path:
         try:
             quant_pre_process(str(staged), str(prepared), skip_symbolic_shape=True)
         except Exception as exc:
-            raise QuantizeError(f"{model_path}: shape inference / pre-processing failed "
-                                f"({exc})") from None
+            raise QuantizeError(
+                f"{model_path}: shape inference / pre-processing failed ({exc})"
+            ) from None
     return prepared
 
 
@@ -106,8 +111,11 @@ class _Reader:
     onnxruntime.quantization costs ~1 s and the CLI's other commands never need it)."""
 
     @staticmethod
-    def make(feeds: Sequence[Mapping[str, np.ndarray]], progress: Progress | None = None,
-             phase: str = "calibrate"):
+    def make(
+        feeds: Sequence[Mapping[str, np.ndarray]],
+        progress: Progress | None = None,
+        phase: str = "calibrate",
+    ):
         from onnxruntime.quantization import CalibrationDataReader
 
         class Reader(CalibrationDataReader):
@@ -131,16 +139,25 @@ class _Reader:
 def _method(name: str):
     from onnxruntime.quantization import CalibrationMethod
 
-    return {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-            "percentile": CalibrationMethod.Percentile}[name]
+    return {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[name]
 
 
 class Quantizer:
     """Quantizes the prepared model with any recipe, calibrating only once when the
     installed onnxruntime can cache ranges (`calibration_cache_path`, 1.2x+)."""
 
-    def __init__(self, prepared: Path, workdir: Path, calibration: Samples, method: str,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        prepared: Path,
+        workdir: Path,
+        calibration: Samples,
+        method: str,
+        progress: Progress | None = None,
+    ) -> None:
         self.prepared = prepared
         self.workdir = workdir
         self.calibration = calibration
@@ -149,8 +166,7 @@ class Quantizer:
         self.cache = workdir / f"ranges-{method}.json"
         from onnxruntime.quantization import quantize_static
 
-        self._can_cache = "calibration_cache_path" in inspect.signature(quantize_static
-                                                                        ).parameters
+        self._can_cache = "calibration_cache_path" in inspect.signature(quantize_static).parameters
 
     def quantize(self, recipe: Recipe, keep: bool = True) -> Path:
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
@@ -173,18 +189,25 @@ class Quantizer:
         with contextlib.chdir(self.workdir), contextlib.redirect_stdout(sys.stderr):
             try:
                 quantize_static(
-                    str(self.prepared), str(out), reader,
-                    quant_format=QuantFormat.QDQ, per_channel=True,
+                    str(self.prepared),
+                    str(out),
+                    reader,
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=True,
                     activation_type=getattr(QuantType, activation),
-                    weight_type=getattr(QuantType, weight), reduce_range=reduce_range,
+                    weight_type=getattr(QuantType, weight),
+                    reduce_range=reduce_range,
                     op_types_to_quantize=list(recipe.op_types) if recipe.op_types else None,
                     nodes_to_quantize=list(recipe.only) or None,
                     nodes_to_exclude=list(recipe.fp32_nodes),
-                    calibrate_method=_method(self.method), **kwargs)
+                    calibrate_method=_method(self.method),
+                    **kwargs,
+                )
             except Exception as exc:
                 out.unlink(missing_ok=True)
-                raise QuantizeError(f"quantizing with recipe {recipe.label} failed: {exc}"
-                                    ) from None
+                raise QuantizeError(
+                    f"quantizing with recipe {recipe.label} failed: {exc}"
+                ) from None
         return out
 
 

@@ -36,12 +36,17 @@ class Attempt:
     speedup: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "recipe": self.recipe.label,
-                "scheme": self.recipe.scheme,
-                "fp32_nodes": list(self.recipe.fp32_nodes),
-                "accuracy": self.accuracy.to_dict() if self.accuracy else None,
-                "passed": self.passed, "error": self.error or None,
-                "p50_ms": self.p50_ms, "speedup": self.speedup}
+        return {
+            "target": self.target,
+            "recipe": self.recipe.label,
+            "scheme": self.recipe.scheme,
+            "fp32_nodes": list(self.recipe.fp32_nodes),
+            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
+            "passed": self.passed,
+            "error": self.error or None,
+            "p50_ms": self.p50_ms,
+            "speedup": self.speedup,
+        }
 
 
 @dataclass
@@ -69,33 +74,61 @@ class Report:
         return asdict(self)
 
 
-def decide(model_path: Path, output: Path, attempts: list[Attempt], fp32_ms: dict[str, float],
-           calibration: Samples, evaluation: Samples, settings: Settings,
-           warnings: list[str], cpu: str = "") -> Report:
+def decide(
+    model_path: Path,
+    output: Path,
+    attempts: list[Attempt],
+    fp32_ms: dict[str, float],
+    calibration: Samples,
+    evaluation: Samples,
+    settings: Settings,
+    warnings: list[str],
+    cpu: str = "",
+) -> Report:
     """The report of a measured run, with `output` written: the pick, or the FP32 model and
     why no INT8 recipe was."""
     passing = [a for a in attempts if a.passed and a.speedup is not None]
     winners = [a for a in passing if a.speedup >= MIN_SPEEDUP]
-    common = {"warnings": warnings, "method": settings.method, "max_drop": settings.max_drop,
-              "samples": {"calibration": len(calibration), "evaluation": len(evaluation)},
-              "fp32_ms": fp32_ms, "attempts": [a.to_dict() for a in attempts], "cpu": cpu}
+    common = {
+        "warnings": warnings,
+        "method": settings.method,
+        "max_drop": settings.max_drop,
+        "samples": {"calibration": len(calibration), "evaluation": len(evaluation)},
+        "fp32_ms": fp32_ms,
+        "attempts": [a.to_dict() for a in attempts],
+        "cpu": cpu,
+    }
     if winners:
         # Across targets: the lowest latency wins (auto); within one, the fastest recipe.
         pick = min(winners, key=lambda a: a.p50_ms)
         _write(pick.path, output)
-        return Report(str(output), pick.target, pick.recipe.label, list(pick.recipe.fp32_nodes),
-                      pick.accuracy.to_dict() if pick.accuracy else None, pick.speedup,
-                      **common)
+        return Report(
+            str(output),
+            pick.target,
+            pick.recipe.label,
+            list(pick.recipe.fp32_nodes),
+            pick.accuracy.to_dict() if pick.accuracy else None,
+            pick.speedup,
+            **common,
+        )
     if passing:
         best = max(passing, key=lambda a: a.speedup)
-        reason = (f"no INT8 recipe beats FP32 (best: {best.recipe.label} on {best.target}, "
-                  f"{best.speedup:.2f}x); FP32 kept")
+        reason = (
+            f"no INT8 recipe beats FP32 (best: {best.recipe.label} on {best.target}, "
+            f"{best.speedup:.2f}x); FP32 kept"
+        )
     elif any(a.accuracy for a in attempts):
         best = max((a for a in attempts if a.accuracy), key=lambda a: a.accuracy.score)
-        reason = (f"no INT8 recipe passes the accuracy gate (max drop {settings.max_drop}; best: "
-                  f"{best.recipe.label} on {best.target}, cosine {best.accuracy.cosine:.4f}"
-                  + (f", top-1 agreement {best.accuracy.top1_agreement:.3f}"
-                     if best.accuracy.top1_agreement is not None else "") + "); FP32 kept")
+        reason = (
+            f"no INT8 recipe passes the accuracy gate (max drop {settings.max_drop}; best: "
+            f"{best.recipe.label} on {best.target}, cosine {best.accuracy.cosine:.4f}"
+            + (
+                f", top-1 agreement {best.accuracy.top1_agreement:.3f}"
+                if best.accuracy.top1_agreement is not None
+                else ""
+            )
+            + "); FP32 kept"
+        )
     else:
         errors = "; ".join(f"{a.target} {a.recipe.label}: {a.error}" for a in attempts if a.error)
         reason = f"no INT8 recipe ran ({errors}); FP32 kept"

@@ -66,16 +66,25 @@ class Made:
     duration_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "folder": str(self.folder),
-                "variants": [str(v) for v in self.variants], "attempts": self.attempts,
-                "fp32_ms": self.fp32_ms, "cpu": self.cpu, "warnings": self.warnings,
-                "cached": self.cached, "duration_s": self.duration_s}
+        return {
+            "key": self.key,
+            "folder": str(self.folder),
+            "variants": [str(v) for v in self.variants],
+            "attempts": self.attempts,
+            "fp32_ms": self.fp32_ms,
+            "cpu": self.cpu,
+            "warnings": self.warnings,
+            "cached": self.cached,
+            "duration_s": self.duration_s,
+        }
 
 
-def load_data(original: Path, spec: CalibrationSpec,
-              shapes: dict[str, tuple[int, ...]] | None,
-              inputs: Sequence[TensorSpec] | None = None
-              ) -> tuple[Samples, Samples, list[str]]:
+def load_data(
+    original: Path,
+    spec: CalibrationSpec,
+    shapes: dict[str, tuple[int, ...]] | None,
+    inputs: Sequence[TensorSpec] | None = None,
+) -> tuple[Samples, Samples, list[str]]:
     """Calibration and evaluation samples for `original`, at the shapes it is served with.
 
     Images are resized to the served size (`shapes`) when the model's size is dynamic, so
@@ -88,8 +97,10 @@ def load_data(original: Path, spec: CalibrationSpec,
     with open(original, "rb") as f:  # the format is told by the first bytes and the name
         fmt = detect_format(original, f.read(64))
     if fmt != "onnx":
-        raise CalibrationError(f"{original}: calibration makes INT8 variants of ONNX models; "
-                               f"give a {fmt} model's variants as files instead")
+        raise CalibrationError(
+            f"{original}: calibration makes INT8 variants of ONNX models; "
+            f"give a {fmt} model's variants as files instead"
+        )
     if inputs is None:
         from edged.quantize.quantizer import input_specs
 
@@ -108,7 +119,8 @@ def load_data(original: Path, spec: CalibrationSpec,
                 size = (shape[2], shape[3]) if layout == "nchw" else (shape[1], shape[2])
                 preprocess = replace(preprocess, size=size)
     calibration, evaluation, warnings = calibration_and_evaluation(
-        spec.data, spec.eval, inputs, preprocess)
+        spec.data, spec.eval, inputs, preprocess
+    )
     first = {k: v.shape for k, v in evaluation.feeds[0].items()}
     for feed, source in zip(evaluation.feeds, evaluation.sources, strict=True):
         got = {k: v.shape for k, v in feed.items()}
@@ -117,7 +129,8 @@ def load_data(original: Path, spec: CalibrationSpec,
                 f"{spec.eval or spec.data}: evaluation sample {source} has shape "
                 f"{_shapes(got)}, the first has {_shapes(first)}; a model is served at one "
                 f"shape: give its shapes (--shape, or `shapes` in the config) or data of one "
-                f"size")
+                f"size"
+            )
         if shapes:
             for name, want in shapes.items():
                 key = name or next(iter(got))
@@ -125,7 +138,8 @@ def load_data(original: Path, spec: CalibrationSpec,
                     raise CalibrationError(
                         f"{spec.eval or spec.data}: sample {source} has input {key!r} of "
                         f"shape {'x'.join(map(str, got[key]))}, the model is served at "
-                        f"{'x'.join(map(str, want))}")
+                        f"{'x'.join(map(str, want))}"
+                    )
     return calibration, evaluation, warnings
 
 
@@ -133,15 +147,22 @@ def _shapes(shapes: dict[str, tuple[int, ...]]) -> str:
     return ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
 
 
-def variants_key(original: Path, calibration: Samples, evaluation: Samples, hw,
-                 settings) -> str:
+def variants_key(original: Path, calibration: Samples, evaluation: Samples, hw, settings) -> str:
     from edged.selection.candidates import runtime_versions
 
-    parts = {"v": VARIANTS_VERSION, "model": inspect_model(original).sha256,
-             "hardware": hw.fingerprint(), "runtimes": runtime_versions(),
-             "calibration": digest(calibration.feeds), "evaluation": digest(evaluation.feeds),
-             "settings": {"targets": list(settings.targets), "method": settings.method,
-                          "max_drop": settings.max_drop}}
+    parts = {
+        "v": VARIANTS_VERSION,
+        "model": inspect_model(original).sha256,
+        "hardware": hw.fingerprint(),
+        "runtimes": runtime_versions(),
+        "calibration": digest(calibration.feeds),
+        "evaluation": digest(evaluation.feeds),
+        "settings": {
+            "targets": list(settings.targets),
+            "method": settings.method,
+            "max_drop": settings.max_drop,
+        },
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -151,19 +172,33 @@ def cached_variants(state_dir: Path, key: str) -> Made | None:
     try:
         data = json.loads((folder / "manifest.json").read_text())
         files = [folder / name for name in data["files"]]
-        if any(hashlib.sha256(f.read_bytes()).hexdigest() != data["sha256"][f.name]
-               for f in files):
+        if any(hashlib.sha256(f.read_bytes()).hexdigest() != data["sha256"][f.name] for f in files):
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Made(key, folder, files, data.get("attempts", []), data.get("fp32_ms", {}),
-                data.get("cpu", ""), data.get("warnings", []), True,
-                data.get("duration_s", 0.0))
+    return Made(
+        key,
+        folder,
+        files,
+        data.get("attempts", []),
+        data.get("fp32_ms", {}),
+        data.get("cpu", ""),
+        data.get("warnings", []),
+        True,
+        data.get("duration_s", 0.0),
+    )
 
 
-def make_variants(original: Path, calibration: Samples, evaluation: Samples, state_dir: Path,
-                  hw, settings=None, warnings: Sequence[str] = (),
-                  progress: Progress | None = None) -> Made:
+def make_variants(
+    original: Path,
+    calibration: Samples,
+    evaluation: Samples,
+    state_dir: Path,
+    hw,
+    settings=None,
+    warnings: Sequence[str] = (),
+    progress: Progress | None = None,
+) -> Made:
     """The best passing INT8 recipe per CPU backend, as files (cached; see the module)."""
     from edged.quantize.quantizer import measure
     from edged.quantize.recipes import Settings
@@ -182,8 +217,11 @@ def make_variants(original: Path, calibration: Samples, evaluation: Samples, sta
     try:
         with measure(original, calibration, evaluation, settings, progress) as m:
             for target in settings.targets:
-                passing = [a for a in m.attempts if a.target == target and a.passed
-                           and a.speedup is not None]
+                passing = [
+                    a
+                    for a in m.attempts
+                    if a.target == target and a.passed and a.speedup is not None
+                ]
                 if not passing:
                     continue
                 best = max(passing, key=lambda a: a.speedup)
@@ -192,11 +230,21 @@ def make_variants(original: Path, calibration: Samples, evaluation: Samples, sta
                     shutil.copyfile(best.path, partial / name)
                     files[name] = folder / name
             attempts = [a.to_dict() for a in m.attempts]
-            made = Made(key, folder, list(files.values()), attempts, m.fp32_ms, m.cpu,
-                        list(warnings), duration_s=round(time.perf_counter() - start, 2))
-        manifest = {**made.to_dict(), "files": list(files),
-                    "sha256": {n: hashlib.sha256((partial / n).read_bytes()).hexdigest()
-                               for n in files}}
+            made = Made(
+                key,
+                folder,
+                list(files.values()),
+                attempts,
+                m.fp32_ms,
+                m.cpu,
+                list(warnings),
+                duration_s=round(time.perf_counter() - start, 2),
+            )
+        manifest = {
+            **made.to_dict(),
+            "files": list(files),
+            "sha256": {n: hashlib.sha256((partial / n).read_bytes()).hexdigest() for n in files},
+        }
         (partial / "manifest.json").write_text(json.dumps(manifest, indent=2))
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)  # whole or not at all
@@ -209,8 +257,7 @@ def present_targets(hw) -> tuple[str, ...]:
     """The CPU backends installed here that can gate a quantized model."""
     from backends import get_backend
 
-    return tuple(t for t in CPU_TARGETS if get_backend(t).version() is not None) or \
-        CPU_TARGETS[:1]
+    return tuple(t for t in CPU_TARGETS if get_backend(t).version() is not None) or CPU_TARGETS[:1]
 
 
 def evaluation_of(samples: Samples, spec: CalibrationSpec):
@@ -222,13 +269,25 @@ def evaluation_of(samples: Samples, spec: CalibrationSpec):
 
 # -- the daemon's background job ------------------------------------------------------------
 
-def background_command(original: Path, variants: Sequence[Path], spec: CalibrationSpec,
-                       state_dir: Path, policy, housekeeping: Sequence[int]) -> list[str]:
+
+def background_command(
+    original: Path,
+    variants: Sequence[Path],
+    spec: CalibrationSpec,
+    state_dir: Path,
+    policy,
+    housekeeping: Sequence[int],
+) -> list[str]:
     """argv of the child process that makes the variants and stores the family's decision
     (see the module docstring); `policy` is the served model's selection policy."""
-    request = {"original": str(original), "variants": [str(v) for v in variants],
-               "calibration": spec.to_dict(), "state_dir": str(state_dir),
-               "policy": _policy_dict(policy), "housekeeping": list(housekeeping)}
+    request = {
+        "original": str(original),
+        "variants": [str(v) for v in variants],
+        "calibration": spec.to_dict(),
+        "state_dir": str(state_dir),
+        "policy": _policy_dict(policy),
+        "housekeeping": list(housekeeping),
+    }
     return [sys.executable, "-m", "edged.quantize.variants", "--request", json.dumps(request)]
 
 
@@ -284,31 +343,53 @@ def run_request(request: dict[str, Any], progress: Progress | None = None) -> di
     calibration, evaluation, warnings = load_data(original, spec, dict(policy.shapes or {}))
     from edged.quantize.recipes import Settings
 
-    settings = Settings(targets=present_targets(hw), max_drop=policy.max_drop,
-                        threads=policy.threads, cpus=housekeeping)
+    settings = Settings(
+        targets=present_targets(hw),
+        max_drop=policy.max_drop,
+        threads=policy.threads,
+        cpus=housekeeping,
+    )
     with pinned_thread(housekeeping):
-        made = make_variants(original, calibration, evaluation, state_dir, hw, settings,
-                             warnings, progress)
+        made = make_variants(
+            original, calibration, evaluation, state_dir, hw, settings, warnings, progress
+        )
         variants = [Path(v) for v in request.get("variants", [])] + made.variants
         evaluation_set = evaluation_of(evaluation, spec)
-        measured = select(original, hw, replace(policy, cpus=housekeeping), state_dir,
-                          progress, variants=variants, evaluation=evaluation_set)
+        measured = select(
+            original,
+            hw,
+            replace(policy, cpus=housekeeping),
+            state_dir,
+            progress,
+            variants=variants,
+            evaluation=evaluation_set,
+        )
     family = family_of(original, variants)
     served_key = cache_key(family[0], hw, policy, family[1:], evaluation_set)
     if measured.cache_key != served_key:
-        note = (f"measured in the background on CPUs {list(housekeeping or ())} at idle "
-                f"priority while the model served (the inference cores stay the model's)")
-        store(state_dir, replace(measured, cache_key=served_key,
-                                 warnings=[*measured.warnings, note]))
-    return {"ok": True, "made": made.to_dict(), "variants": [str(v) for v in variants],
-            "selection_key": served_key, "pick": str(measured.model.path),
-            "why": measured.why, "duration_s": round(time.perf_counter() - start, 2),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        note = (
+            f"measured in the background on CPUs {list(housekeeping or ())} at idle "
+            f"priority while the model served (the inference cores stay the model's)"
+        )
+        store(
+            state_dir, replace(measured, cache_key=served_key, warnings=[*measured.warnings, note])
+        )
+    return {
+        "ok": True,
+        "made": made.to_dict(),
+        "variants": [str(v) for v in variants],
+        "selection_key": served_key,
+        "pick": str(measured.model.path),
+        "why": measured.why,
+        "duration_s": round(time.perf_counter() - start, 2),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edged.quantize.variants",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m edged.quantize.variants", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--request", required=True, help="the job as JSON")
     args = parser.parse_args(argv)
     become_background()
@@ -333,12 +414,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         report, code = {"ok": False, "error": str(exc)}, 2
     except Exception as exc:  # the daemon shows it in status; the model keeps serving
         report, code = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}, 1
-    report.setdefault("peak_rss_bytes",
-                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    report.setdefault("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     # Where and how it ran, for status (and the test that it kept off the inference cores).
     idle = getattr(os, "SCHED_IDLE", None)
-    report["scheduling"] = "idle" if idle is not None and os.sched_getscheduler(0) == idle \
+    report["scheduling"] = (
+        "idle"
+        if idle is not None and os.sched_getscheduler(0) == idle
         else f"nice {os.getpriority(os.PRIO_PROCESS, 0)}"
+    )
     report["cpus"] = sorted(os.sched_getaffinity(0))
     print(json.dumps(report), flush=True)
     return code

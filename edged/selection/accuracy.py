@@ -42,21 +42,27 @@ class Accuracy:
         return self.score >= 1.0 - max_drop  # NaN fails
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
-                for k, v in asdict(self).items()}
+        return {
+            k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
+            for k, v in asdict(self).items()
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Accuracy:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
-def _pairs(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]
-           ) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def _pairs(
+    reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """Outputs matched by name, else by position (runtimes may rename outputs of converted
     graphs), as float64 vectors."""
     ref_items = list(reference.items())
-    got_items = [(name, got[name]) for name, _ in ref_items] if set(reference) <= set(got) \
+    got_items = (
+        [(name, got[name]) for name, _ in ref_items]
+        if set(reference) <= set(got)
         else list(got.items())
+    )
     if len(got_items) != len(ref_items):
         raise BackendError(f"{len(got_items)} outputs, the reference has {len(ref_items)}")
     pairs = []
@@ -78,8 +84,9 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sum(a * b)) / denom
 
 
-def compare(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]
-            ) -> tuple[float, float]:
+def compare(
+    reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]
+) -> tuple[float, float]:
     """(lowest cosine over outputs, highest max-abs difference) for one sample."""
     cosines, diffs = [], []
     for _, a, b in _pairs(reference, got):
@@ -98,15 +105,21 @@ def classifier_output(outputs: Mapping[str, np.ndarray]) -> str | None:
     return None
 
 
-def accuracy(references: Sequence[Mapping[str, np.ndarray]],
-             outputs: Sequence[Mapping[str, np.ndarray]]) -> Accuracy:
+def accuracy(
+    references: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Mapping[str, np.ndarray]]
+) -> Accuracy:
     """The module's rule over evaluation samples (see the docstring)."""
     per_sample = [_pairs(ref, got) for ref, got in zip(references, outputs, strict=True)]
     if not per_sample:
         raise BackendError("no evaluation samples")
     names = [name for name, _, _ in per_sample[0]]
-    ranges = {name: max((float(np.max(np.abs(pairs[i][1]))) if pairs[i][1].size else 0.0)
-                        for pairs in per_sample) for i, name in enumerate(names)}
+    ranges = {
+        name: max(
+            (float(np.max(np.abs(pairs[i][1]))) if pairs[i][1].size else 0.0)
+            for pairs in per_sample
+        )
+        for i, name in enumerate(names)
+    }
     figures, cosines, diffs = [], [], []
     flat = 0
     for pairs in per_sample:
@@ -132,26 +145,30 @@ def accuracy(references: Sequence[Mapping[str, np.ndarray]],
         figures.append(min(sample_figures))
         cosines.append(min(sample_cosines))
     worst = int(np.argmin(figures))
-    rule = "cosine" if not flat else \
-        f"cosine; max-abs/range on {flat} of {len(figures)} nearly constant sample(s)"
+    rule = (
+        "cosine"
+        if not flat
+        else f"cosine; max-abs/range on {flat} of {len(figures)} nearly constant sample(s)"
+    )
     top1 = _top1(references, outputs)
     if top1 is not None:
         score, rule = top1, "top-1 agreement"
     else:
         score = float(np.mean(figures))
-    return Accuracy(score, float(np.mean(cosines)), min(cosines), max(diffs), top1, rule,
-                    worst)
+    return Accuracy(score, float(np.mean(cosines)), min(cosines), max(diffs), top1, rule, worst)
 
 
-def _top1(references: Sequence[Mapping[str, np.ndarray]],
-          outputs: Sequence[Mapping[str, np.ndarray]]) -> float | None:
+def _top1(
+    references: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Mapping[str, np.ndarray]]
+) -> float | None:
     name = classifier_output(references[0])
     if name is None:
         return None
     index = list(references[0]).index(name)
     ref = np.concatenate([np.asarray(r[name]) for r in references])
-    got = np.concatenate([np.asarray(o[name] if name in o else list(o.values())[index])
-                          for o in outputs])
+    got = np.concatenate(
+        [np.asarray(o[name] if name in o else list(o.values())[index]) for o in outputs]
+    )
     return float(np.mean(ref.argmax(axis=1) == got.argmax(axis=1)))
 
 
@@ -159,5 +176,8 @@ def constant_outputs(references: Sequence[Mapping[str, np.ndarray]]) -> list[str
     """Outputs that are constant for every reference input: comparing them proves nothing
     (a detector that sees no text answers all zeros, on any runtime)."""
     names = list(references[0])
-    return [name for name in names
-            if all(np.ptp(np.asarray(ref[name], dtype=np.float64)) == 0 for ref in references)]
+    return [
+        name
+        for name in names
+        if all(np.ptp(np.asarray(ref[name], dtype=np.float64)) == 0 for ref in references)
+    ]

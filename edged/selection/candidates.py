@@ -26,8 +26,9 @@ def all_candidates(hw: HardwareFacts | None, model: ModelInfo | None) -> list[Ca
     return result
 
 
-def backend_candidates(hw: HardwareFacts | None, model: ModelInfo | None,
-                       spec: str = "auto") -> list[Candidate]:
+def backend_candidates(
+    hw: HardwareFacts | None, model: ModelInfo | None, spec: str = "auto"
+) -> list[Candidate]:
     """The candidates matching `spec`. A named backend is asked alone, so pinning one (or
     loading a cached decision) imports only its runtime; "auto"/"all" ask every backend."""
     if spec in ("auto", "all"):
@@ -42,8 +43,9 @@ def backend_candidates(hw: HardwareFacts | None, model: ModelInfo | None,
     return [c for c in get_backend(name).candidates(hw, model) if matches(c, spec)]
 
 
-def find_candidate(hw: HardwareFacts | None, model: ModelInfo | None,
-                   wanted: Candidate) -> Candidate:
+def find_candidate(
+    hw: HardwareFacts | None, model: ModelInfo | None, wanted: Candidate
+) -> Candidate:
     """`wanted` as its backend lists it now (with its options), else `wanted` itself."""
     for candidate in backend_candidates(hw, model, wanted.backend):
         if candidate.key == wanted.key:
@@ -69,9 +71,15 @@ def reference_candidates(model: ModelInfo) -> list[Candidate]:
     if model.format == "onnx":
         # Optimisations off: an FP32 graph runs as written; in a QDQ graph the pairs stay
         # unfused, i.e. the quantized arithmetic in float32 (the lone-INT8 reference).
-        return [Candidate("onnxruntime", "CPU", "model",
-                          options={"provider": "CPUExecutionProvider",
-                                   "optimization": "disable_all"}), ov_cpu]
+        return [
+            Candidate(
+                "onnxruntime",
+                "CPU",
+                "model",
+                options={"provider": "CPUExecutionProvider", "optimization": "disable_all"},
+            ),
+            ov_cpu,
+        ]
     if model.format == "tflite":
         return [Candidate("litert", "CPU", "model"), ov_cpu]
     return [ov_cpu]

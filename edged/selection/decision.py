@@ -158,8 +158,13 @@ class Evaluation:
         return digest(self.feeds)
 
 
-def cache_key(model: ModelInfo, hw: HardwareFacts, policy: Policy,
-              variants: Sequence[ModelInfo] = (), evaluation: Evaluation | None = None) -> str:
+def cache_key(
+    model: ModelInfo,
+    hw: HardwareFacts,
+    policy: Policy,
+    variants: Sequence[ModelInfo] = (),
+    evaluation: Evaluation | None = None,
+) -> str:
     parts = {
         "v": CACHE_VERSION,
         "model": model.sha256,
@@ -176,8 +181,7 @@ def _cache_path(state_dir: Path, key: str) -> Path:
     return state_dir / "selection" / f"{key}.json"
 
 
-def load_cached(state_dir: Path | None, family: Sequence[ModelInfo], key: str
-                ) -> Selection | None:
+def load_cached(state_dir: Path | None, family: Sequence[ModelInfo], key: str) -> Selection | None:
     if state_dir is None:
         return None
     path = _cache_path(state_dir, key)
@@ -190,10 +194,21 @@ def load_cached(state_dir: Path | None, family: Sequence[ModelInfo], key: str
     except (OSError, ValueError, KeyError, StopIteration, TypeError):
         return None  # missing, unreadable or from another layout: measure again
     shapes = {k: tuple(v) for k, v in data.get("shapes", {}).items()}
-    return Selection(model, selected, evidence, shapes, key, True, data.get("created", 0.0),
-                     list(data.get("warnings", [])), family[0], models,
-                     bool(data.get("against_original", True)), data.get("why", ""),
-                     data.get("evaluation", ""))
+    return Selection(
+        model,
+        selected,
+        evidence,
+        shapes,
+        key,
+        True,
+        data.get("created", 0.0),
+        list(data.get("warnings", [])),
+        family[0],
+        models,
+        bool(data.get("against_original", True)),
+        data.get("why", ""),
+        data.get("evaluation", ""),
+    )
 
 
 def store(state_dir: Path, selection: Selection) -> None:

@@ -41,8 +41,9 @@ def precision_rank(precision: str | None) -> int:
 def choose(passed: list[Evidence]) -> Evidence:
     best_p99 = min(e.latency.p99_ms for e in passed if e.latency)
     tied = [e for e in passed if e.latency and e.latency.p99_ms <= best_p99 * (1 + TIE_FRACTION)]
-    return min(tied, key=lambda e: (precision_rank(e.precision), e.rss_growth_bytes or 0,
-                                    e.latency.p99_ms))
+    return min(
+        tied, key=lambda e: (precision_rank(e.precision), e.rss_growth_bytes or 0, e.latency.p99_ms)
+    )
 
 
 def variant_label(ev: Evidence, original: ModelInfo) -> str:
@@ -54,28 +55,42 @@ def explain(selection: Selection, hw: HardwareFacts) -> str:
     sel = selection.selected
     assert sel is not None and sel.latency is not None
     original = selection.original or selection.model
-    cpu = f"on this CPU ({hw.isa_summary()})" if sel.candidate.device.startswith("CPU") \
+    cpu = (
+        f"on this CPU ({hw.isa_summary()})"
+        if sel.candidate.device.startswith("CPU")
         else f"on {sel.candidate.device}"
-    head = (f"{variant_label(sel, original)} on {sel.candidate.backend}:{sel.candidate.device} "
-            f"({sel.precision}) has the lowest p99 within the accuracy budget, "
-            f"{sel.latency.p99_ms:.3f} ms")
-    int8 = [e for e in selection.evidence if selection.model_of(e).is_int8
-            and e.variant != str(original.path)]
+    )
+    head = (
+        f"{variant_label(sel, original)} on {sel.candidate.backend}:{sel.candidate.device} "
+        f"({sel.precision}) has the lowest p99 within the accuracy budget, "
+        f"{sel.latency.p99_ms:.3f} ms"
+    )
+    int8 = [
+        e
+        for e in selection.evidence
+        if selection.model_of(e).is_int8 and e.variant != str(original.path)
+    ]
     if not selection.against_original or not int8:
         return head
     if selection.model.is_int8 and sel.speedup_vs_original:
-        return (f"{head}; INT8 on {sel.candidate.backend}:{sel.candidate.device} is "
-                f"{sel.speedup_vs_original:.2f}x its FP32 model {cpu}")
+        return (
+            f"{head}; INT8 on {sel.candidate.backend}:{sel.candidate.device} is "
+            f"{sel.speedup_vs_original:.2f}x its FP32 model {cpu}"
+        )
     timed = [e for e in int8 if e.status == "passed" and e.speedup_vs_original]
     if timed:
         best = max(timed, key=lambda e: e.speedup_vs_original)
-        return (f"{head}; INT8 lost: on {best.candidate.backend}:{best.candidate.device} it "
-                f"is {best.speedup_vs_original:.2f}x its FP32 model {cpu}, p99 "
-                f"{best.latency.p99_ms:.3f} ms")
+        return (
+            f"{head}; INT8 lost: on {best.candidate.backend}:{best.candidate.device} it "
+            f"is {best.speedup_vs_original:.2f}x its FP32 model {cpu}, p99 "
+            f"{best.latency.p99_ms:.3f} ms"
+        )
     rejected = [e for e in int8 if e.status == "rejected" and e.accuracy]
     if rejected:
         best = max(rejected, key=lambda e: e.accuracy.score)
-        return (f"{head}; INT8 lost on accuracy: at best {best.accuracy.rule} "
-                f"{best.accuracy.score:.4f} against the original "
-                f"({best.candidate.backend}:{best.candidate.device})")
+        return (
+            f"{head}; INT8 lost on accuracy: at best {best.accuracy.rule} "
+            f"{best.accuracy.score:.4f} against the original "
+            f"({best.candidate.backend}:{best.candidate.device})"
+        )
     return f"{head}; no INT8 variant ran here"

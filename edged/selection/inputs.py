@@ -23,8 +23,10 @@ def parse_shape_args(args: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
             if not shape or any(d <= 0 for d in shape):
                 raise ValueError
         except ValueError:
-            raise InputError(f"--shape {arg!r}: expected NAME=DxDx... with positive integers "
-                             f"(e.g. x=1x3x320x320)") from None
+            raise InputError(
+                f"--shape {arg!r}: expected NAME=DxDx... with positive integers "
+                f"(e.g. x=1x3x320x320)"
+            ) from None
         shapes[name] = shape
     return shapes
 
@@ -37,21 +39,27 @@ def resolve_shapes(
     overrides = dict(overrides or {})
     if "" in overrides:
         if len(specs) != 1:
-            raise InputError(f"{model}: has {len(specs)} inputs; name the input in --shape "
-                             f"(inputs: {', '.join(s.name for s in specs)})")
+            raise InputError(
+                f"{model}: has {len(specs)} inputs; name the input in --shape "
+                f"(inputs: {', '.join(s.name for s in specs)})"
+            )
         overrides[specs[0].name] = overrides.pop("")
     unknown = sorted(set(overrides) - {s.name for s in specs})
     if unknown:
-        raise InputError(f"{model}: --shape names unknown input {unknown[0]!r}; inputs: "
-                         f"{', '.join(s.name for s in specs)}")
+        raise InputError(
+            f"{model}: --shape names unknown input {unknown[0]!r}; inputs: "
+            f"{', '.join(s.name for s in specs)}"
+        )
     shapes = {}
     for spec in specs:
         if spec.name in overrides:
             shape = tuple(overrides[spec.name])
             if not shape_fits(spec.shape, shape):
-                raise InputError(f"{model}: --shape for {spec.name!r} is "
-                                 f"{format_shape(shape)}, the model takes "
-                                 f"{format_shape(spec.shape)}")
+                raise InputError(
+                    f"{model}: --shape for {spec.name!r} is "
+                    f"{format_shape(shape)}, the model takes "
+                    f"{format_shape(spec.shape)}"
+                )
             shapes[spec.name] = shape
         else:
             shapes[spec.name] = tuple(
@@ -94,7 +102,7 @@ def text_like_images(height: int, width: int, count: int, seed: int):
 
 
 def _image_layout(shape: tuple[int, ...]) -> str | None:
-    """"nchw"/"nhwc" when `shape` looks like a batch of 1- or 3-channel images."""
+    """ "nchw"/"nhwc" when `shape` looks like a batch of 1- or 3-channel images."""
     if len(shape) != 4:
         return None
     if shape[1] in (1, 3) and shape[2] >= 8 and shape[3] >= 8:
@@ -126,8 +134,9 @@ def make_inputs(
             feeds[spec.name] = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
         elif dtype.kind in "iu":
             info = np.iinfo(dtype)
-            feeds[spec.name] = rng.integers(info.min, info.max, size=shape, endpoint=True,
-                                            dtype=dtype)
+            feeds[spec.name] = rng.integers(
+                info.min, info.max, size=shape, endpoint=True, dtype=dtype
+            )
         elif dtype.kind == "b":
             feeds[spec.name] = rng.random(shape) < 0.5
         else:
@@ -135,14 +144,46 @@ def make_inputs(
     return feeds
 
 
-WORDS = ("edge", "inference", "board", "latency", "INT8", "2026", "NPU", "delegate", "core",
-         "isolated", "thermal", "fleet", "jitter", "kernel", "model", "OCR", "text", "line",
-         "invoice", "total", "12.50", "EUR", "serial", "No.", "A-113", "Raspberry", "Pi")
+WORDS = (
+    "edge",
+    "inference",
+    "board",
+    "latency",
+    "INT8",
+    "2026",
+    "NPU",
+    "delegate",
+    "core",
+    "isolated",
+    "thermal",
+    "fleet",
+    "jitter",
+    "kernel",
+    "model",
+    "OCR",
+    "text",
+    "line",
+    "invoice",
+    "total",
+    "12.50",
+    "EUR",
+    "serial",
+    "No.",
+    "A-113",
+    "Raspberry",
+    "Pi",
+)
 
 
-def rendered_text_lines(count: int, seed: int, height: int | None = None,
-                        width: int | None = None, font_px: tuple[int, int] = (14, 40),
-                        paper: tuple[int, int] = (150, 255), ink: tuple[int, int] = (0, 110)):
+def rendered_text_lines(
+    count: int,
+    seed: int,
+    height: int | None = None,
+    width: int | None = None,
+    font_px: tuple[int, int] = (14, 40),
+    paper: tuple[int, int] = (150, 255),
+    ink: tuple[int, int] = (0, 110),
+):
     """PIL images of real rendered text: a line of words of random length, font size,
     paper and ink brightness (contrast), and image size (`height`/`width` fix them). The
     OCR models were trained on such crops; calibration and evaluation sets for
@@ -168,9 +209,12 @@ def rendered_text_lines(count: int, seed: int, height: int | None = None,
         yield Image.fromarray(pixels).convert("RGB")
 
 
-def rendered_text_pages(count: int, seed: int,
-                        sizes: Sequence[tuple[int, int]] = ((128, 256), (160, 320), (96, 384)),
-                        **line_options):
+def rendered_text_pages(
+    count: int,
+    seed: int,
+    sizes: Sequence[tuple[int, int]] = ((128, 256), (160, 320), (96, 384)),
+    **line_options,
+):
     """PIL images for a text detector: one to four rendered text lines (see
     `rendered_text_lines`; its keyword options pass through) placed on paper of one of
     `sizes` (height, width), cycling through them."""

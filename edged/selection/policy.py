@@ -33,8 +33,7 @@ class Policy:
     warmup: int = 5
     time_budget_s: float = 6.0  # for the whole benchmark phase
     # The accuracy budget against the original; `min_cosine` is its older spelling.
-    max_drop: float = field(default=DEFAULT_MAX_DROP,
-                            metadata={"toml": ("max_drop", "min_cosine")})
+    max_drop: float = field(default=DEFAULT_MAX_DROP, metadata={"toml": ("max_drop", "min_cosine")})
     max_abs: float | None = None  # None: reported, not gated
     threads: int | None = field(default=None, metadata=_PER_MODEL)
     cpus: tuple[int, ...] | None = field(default=None, metadata=_PER_MODEL)

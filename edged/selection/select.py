@@ -57,8 +57,7 @@ class SelectionError(RuntimeError):
         self.evidence = list(evidence)
 
 
-def family_of(model_path: str | Path, variants: Sequence[str | Path] = ()
-              ) -> list[ModelInfo]:
+def family_of(model_path: str | Path, variants: Sequence[str | Path] = ()) -> list[ModelInfo]:
     """The original first, then each variant (duplicates dropped); ModelError names the
     file that cannot be read, and a variant whose inputs/outputs differ from the original's
     is a ModelError naming both files."""
@@ -84,8 +83,7 @@ def check_variant(original: Path, variant: Path) -> None:
         return
     problem = signature_mismatch(want, got)
     if problem:
-        raise ModelError(f"variant {variant} does not match its original {original}: "
-                         f"{problem}")
+        raise ModelError(f"variant {variant} does not match its original {original}: {problem}")
 
 
 def select(
@@ -145,28 +143,46 @@ def _forget_new_files(state_dir: Path | None, before: tuple[bool, set[Path]] | N
             state_dir.rmdir()
 
 
-def _measure(family: list[ModelInfo], key: str, hw: HardwareFacts, policy: Policy,
-             state_dir: Path | None, progress: Callable[[str, int, int], None] | None,
-             evaluation: Evaluation | None) -> Selection:
+def _measure(
+    family: list[ModelInfo],
+    key: str,
+    hw: HardwareFacts,
+    policy: Policy,
+    state_dir: Path | None,
+    progress: Callable[[str, int, int], None] | None,
+    evaluation: Evaluation | None,
+) -> Selection:
     original = family[0]
     against_original = not original.is_int8
     members = [m for m in family if policy.precision != "int8" or m.is_int8]
     if not members:
-        raise SelectionError(f"{original.path}: precision = \"int8\" but the family has no "
-                             f"INT8 variant (give variants, or calibration data to make "
-                             f"them)")
-    per_member = [(m, [c for c in backend_candidates(hw, m, policy.backend)
-                       if matches(c, policy.backend)]) for m in members]
+        raise SelectionError(
+            f'{original.path}: precision = "int8" but the family has no '
+            f"INT8 variant (give variants, or calibration data to make "
+            f"them)"
+        )
+    per_member = [
+        (m, [c for c in backend_candidates(hw, m, policy.backend) if matches(c, policy.backend)])
+        for m in members
+    ]
     if not any(cands for _, cands in per_member):
         raise SelectionError(f"{original.path}: no backend matches {policy.backend!r}")
-    evidence = [Evidence(c, "unavailable", c.reason, variant=str(m.path))
-                for m, cands in per_member for c in cands if not c.available]
+    evidence = [
+        Evidence(c, "unavailable", c.reason, variant=str(m.path))
+        for m, cands in per_member
+        for c in cands
+        if not c.available
+    ]
     if not any(c.available for _, cands in per_member for c in cands):
         reasons = "; ".join(f"{e.candidate.key}: {e.reason}" for e in evidence)
-        raise SelectionError(f"{original.path}: no available backend for {policy.backend!r} "
-                             f"({reasons})", evidence)
-    options = LoadOptions(threads=policy.threads, cpus=policy.cpus,
-                          cache_dir=state_dir / "openvino-cache" if state_dir else None)
+        raise SelectionError(
+            f"{original.path}: no available backend for {policy.backend!r} ({reasons})", evidence
+        )
+    options = LoadOptions(
+        threads=policy.threads,
+        cpus=policy.cpus,
+        cache_dir=state_dir / "openvino-cache" if state_dir else None,
+    )
     models = {str(m.path): m for m in family}
     with pinned_thread(policy.cpus):
         shapes, samples, reference, specs = _reference(original, policy, options, evaluation)
@@ -177,8 +193,9 @@ def _measure(family: list[ModelInfo], key: str, hw: HardwareFacts, policy: Polic
         for index, (member, candidate) in enumerate(work):
             if progress:
                 progress(f"verify {member.name} {candidate.key}", index, len(work))
-            ev, session = _verify(member, candidate, options, samples, reference, specs,
-                                  policy, hw, against_original)
+            ev, session = _verify(
+                member, candidate, options, samples, reference, specs, policy, hw, against_original
+            )
             evidence.append(ev)
             if session is not None:
                 sessions[ev.key] = session
@@ -191,8 +208,13 @@ def _measure(family: list[ModelInfo], key: str, hw: HardwareFacts, policy: Polic
                 if progress:
                     progress("benchmark", done[0], total)
 
-            stats = benchmark({k: (lambda s=s: s.run(feeds)) for k, s in sessions.items()},
-                              policy.runs, policy.warmup, policy.time_budget_s, progress=tick)
+            stats = benchmark(
+                {k: (lambda s=s: s.run(feeds)) for k, s in sessions.items()},
+                policy.runs,
+                policy.warmup,
+                policy.time_budget_s,
+                progress=tick,
+            )
             for ev in evidence:
                 if ev.key in stats:
                     ev.latency = stats[ev.key]
@@ -201,34 +223,47 @@ def _measure(family: list[ModelInfo], key: str, hw: HardwareFacts, policy: Polic
     record_speedups(evidence, str(original.path))
     passed = [e for e in evidence if e.status == "passed"]
     if not passed:
-        why = "; ".join(f"{variant_label(e, original)} {e.candidate.key}: {e.reason}"
-                        for e in evidence if e.reason)
+        why = "; ".join(
+            f"{variant_label(e, original)} {e.candidate.key}: {e.reason}"
+            for e in evidence
+            if e.reason
+        )
         raise SelectionError(f"{original.path}: no candidate ran it correctly ({why})", evidence)
     best = choose(passed)
     best.status = "selected"
-    source = evaluation.source if evaluation else (
-        f"{len(samples)} generated text-like inputs")
-    selection = Selection(models[best.variant], best, evidence, shapes, key,
-                          original=original, models=models,
-                          against_original=against_original, evaluation=source)
+    source = evaluation.source if evaluation else (f"{len(samples)} generated text-like inputs")
+    selection = Selection(
+        models[best.variant],
+        best,
+        evidence,
+        shapes,
+        key,
+        original=original,
+        models=models,
+        against_original=against_original,
+        evaluation=source,
+    )
     selection.why = explain(selection, hw)
     constant = constant_outputs(reference)
     if constant:
         selection.warnings.append(
             f"output(s) {', '.join(constant)} are constant for every evaluation input, so "
-            f"the accuracy check could not tell the candidates apart for them")
+            f"the accuracy check could not tell the candidates apart for them"
+        )
     if not against_original:
         selection.warnings.append(
             f"{original.name} is INT8 and no FP32 original was given: its runtimes were "
             f"checked against its own arithmetic in float, not against an original (give "
-            f"the original as the model and this file as a variant)")
+            f"the original as the model and this file as a variant)"
+        )
     if state_dir is not None:
         store(state_dir, selection)
     return selection
 
 
-def _reference(model: ModelInfo, policy: Policy, options: LoadOptions,
-               evaluation: Evaluation | None):
+def _reference(
+    model: ModelInfo, policy: Policy, options: LoadOptions, evaluation: Evaluation | None
+):
     """Shapes, evaluation inputs, the original's float32 CPU outputs on them (first
     reference runtime that loads), and its input/output specs."""
     errors = []
@@ -246,28 +281,40 @@ def _reference(model: ModelInfo, policy: Policy, options: LoadOptions,
                 shapes = {k: tuple(v.shape) for k, v in samples[0].items()}
             else:
                 shapes = resolve_shapes(session.inputs, policy.shapes, model.name)
-                samples = [make_inputs(session.inputs, shapes, seed) for seed in
-                           range(VERIFY_SAMPLES)]
+                samples = [
+                    make_inputs(session.inputs, shapes, seed) for seed in range(VERIFY_SAMPLES)
+                ]
             try:
                 outputs = [session.run(feeds) for feeds in samples]
             except (BackendError, InputError) as exc:
-                raise InputError(f"{model.path}: the reference run failed with input shapes "
-                                 f"{_fmt_shapes(shapes)}: {exc}; give the shapes the model "
-                                 f"expects with --shape NAME=DxDx...") from None
+                raise InputError(
+                    f"{model.path}: the reference run failed with input shapes "
+                    f"{_fmt_shapes(shapes)}: {exc}; give the shapes the model "
+                    f"expects with --shape NAME=DxDx..."
+                ) from None
             return shapes, samples, outputs, (list(session.inputs), list(session.outputs))
         finally:
             session.close()
-    raise SelectionError(f"{model.path}: no float32 reference runtime could load it "
-                         f"({'; '.join(errors)})")
+    raise SelectionError(
+        f"{model.path}: no float32 reference runtime could load it ({'; '.join(errors)})"
+    )
 
 
 def _fmt_shapes(shapes: Mapping[str, Sequence[int]]) -> str:
     return ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
 
 
-def _verify(model: ModelInfo, candidate: Candidate, options: LoadOptions, samples, reference,
-            specs, policy: Policy, hw: HardwareFacts, against_original: bool
-            ) -> tuple[Evidence, Session | None]:
+def _verify(
+    model: ModelInfo,
+    candidate: Candidate,
+    options: LoadOptions,
+    samples,
+    reference,
+    specs,
+    policy: Policy,
+    hw: HardwareFacts,
+    against_original: bool,
+) -> tuple[Evidence, Session | None]:
     variant = str(model.path)
     rss_before = psutil.Process().memory_info().rss
     start = time.perf_counter()
@@ -278,8 +325,9 @@ def _verify(model: ModelInfo, candidate: Candidate, options: LoadOptions, sample
     problem = _session_mismatch(specs, session)
     if problem:
         session.close()
-        return Evidence(candidate, "failed", f"does not match the original: {problem}",
-                        variant=variant), None
+        return Evidence(
+            candidate, "failed", f"does not match the original: {problem}", variant=variant
+        ), None
     try:
         outputs = [session.run(feeds) for feeds in samples]
     except (BackendError, InputError) as exc:
@@ -291,22 +339,39 @@ def _verify(model: ModelInfo, candidate: Candidate, options: LoadOptions, sample
         acc = accuracy(reference, outputs)
     except BackendError as exc:
         session.close()
-        return Evidence(candidate, "failed", f"outputs differ in form: {exc}",
-                        variant=variant), None
-    ev = Evidence(candidate, "passed", "", info.get("precision"), round(acc.cosine, 6),
-                  round(acc.max_abs, 6), None, load_s,
-                  psutil.Process().memory_info().rss - rss_before, info, variant, acc)
+        return Evidence(
+            candidate, "failed", f"outputs differ in form: {exc}", variant=variant
+        ), None
+    ev = Evidence(
+        candidate,
+        "passed",
+        "",
+        info.get("precision"),
+        round(acc.cosine, 6),
+        round(acc.max_abs, 6),
+        None,
+        load_s,
+        psutil.Process().memory_info().rss - rss_before,
+        info,
+        variant,
+        acc,
+    )
     problems = []
     if not acc.passes(policy.max_drop):
-        problems.append(f"{acc.rule} {acc.score:.4f} < {1 - policy.max_drop:g} "
-                        f"(worst sample {acc.worst_sample}: cosine {acc.cosine_min:.4f})")
+        problems.append(
+            f"{acc.rule} {acc.score:.4f} < {1 - policy.max_drop:g} "
+            f"(worst sample {acc.worst_sample}: cosine {acc.cosine_min:.4f})"
+        )
     if policy.max_abs is not None and not acc.max_abs <= policy.max_abs:
         problems.append(f"max-abs {acc.max_abs:.4g} > {policy.max_abs}")
     if problems:
         against = "the original" if against_original else "its own float arithmetic"
         ev.status = "rejected"
-        ev.reason = f"outputs differ from {against}: " + ", ".join(problems) + \
-            _int8_cause(model, candidate, hw)
+        ev.reason = (
+            f"outputs differ from {against}: "
+            + ", ".join(problems)
+            + _int8_cause(model, candidate, hw)
+        )
         session.close()
         return ev, None
     return ev, session
@@ -317,8 +382,10 @@ def _session_mismatch(specs, session: Session) -> str | None:
     formats `check_variant` cannot read from the file, and for what a runtime presents)."""
     want_in, want_out = specs
     if [s.name for s in session.inputs] != [s.name for s in want_in]:
-        return (f"inputs are {[s.name for s in session.inputs]}, the original's are "
-                f"{[s.name for s in want_in]}")
+        return (
+            f"inputs are {[s.name for s in session.inputs]}, the original's are "
+            f"{[s.name for s in want_in]}"
+        )
     for a, b in zip(want_in, session.inputs, strict=True):
         if a.dtype != b.dtype:
             return f"input {a.name!r} is {b.dtype}, the original's is {a.dtype}"
@@ -329,10 +396,17 @@ def _session_mismatch(specs, session: Session) -> str | None:
 
 def _int8_cause(model: ModelInfo, candidate: Candidate, hw: HardwareFacts) -> str:
     """The known cause of an INT8 model's failure on this CPU, and the fix, where known."""
-    if not (model.is_int8 and model.int8_scheme == "u8s8" and not hw.int8_dot_product
-            and candidate.device.upper().startswith("CPU") and hw.arch == "x86_64"):
+    if not (
+        model.is_int8
+        and model.int8_scheme == "u8s8"
+        and not hw.int8_dot_product
+        and candidate.device.upper().startswith("CPU")
+        and hw.arch == "x86_64"
+    ):
         return ""
-    return (f"; likely cause: a U8S8 model on a CPU without VNNI ({hw.isa_summary()}), where "
-            f"the x86 int8 kernels saturate their int16 pair sums (vpmaddubsw); fix: "
-            f"quantize with reduce_range (7-bit weights) or U8U8, as `edgectl quantize` "
-            f"does on such a CPU")
+    return (
+        f"; likely cause: a U8S8 model on a CPU without VNNI ({hw.isa_summary()}), where "
+        f"the x86 int8 kernels saturate their int16 pair sums (vpmaddubsw); fix: "
+        f"quantize with reduce_range (7-bit weights) or U8U8, as `edgectl quantize` "
+        f"does on such a CPU"
+    )

@@ -20,19 +20,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from backends.errors import BackendError, InputError
 from backends.tensors import TensorSpec
 from edged import __version__
-from edged.serving.engine import EngineError
 from edged.serving.http_limits import BODY_TIMED_OUT
 from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel
-from edged.serving.protocol import (
-    InferRequest,
-    ProtocolError,
-    decode_request,
-    encode_response,
-    json_decode_bytes,
-    json_output_values,
-    tensor_metadata,
-)
+from edged.serving.protocol import InferRequest, ProtocolError, decode_request, json_decode_bytes
+from edged.serving.requests import EngineError
+from edged.serving.responses import encode_response, json_output_values, tensor_metadata
 
 log = logging.getLogger("edged.serving.api")
 
@@ -55,12 +48,16 @@ class HttpError(Exception):
 
 
 class Api:
-    def __init__(self, models: Callable[[], Mapping[str, ServedModel]],
-                 metrics: ServingMetrics, max_body_bytes: int,
-                 status: Callable[[], dict[str, Any]] | None = None,
-                 failed: Callable[[], Mapping[str, str]] | None = None,
-                 reload: Callable[[], None] | None = None,
-                 max_decode_bytes: int = 256 * MiB) -> None:
+    def __init__(
+        self,
+        models: Callable[[], Mapping[str, ServedModel]],
+        metrics: ServingMetrics,
+        max_body_bytes: int,
+        status: Callable[[], dict[str, Any]] | None = None,
+        failed: Callable[[], Mapping[str, str]] | None = None,
+        reload: Callable[[], None] | None = None,
+        max_decode_bytes: int = 256 * MiB,
+    ) -> None:
         self._models = models  # a callable: reload swaps the mapping atomically
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -102,12 +99,17 @@ class Api:
             ready = self._ready()
             await _send_json(send, 200 if ready else 503, {"ready": ready})
         elif parts == ["v2"]:
-            await _send_json(send, 200, {"name": "edged", "version": __version__,
-                                         "extensions": EXTENSIONS})
+            await _send_json(
+                send, 200, {"name": "edged", "version": __version__, "extensions": EXTENSIONS}
+            )
         elif parts == ["metrics"]:
             self._update_gauges()
-            await _send(send, 200, generate_latest(self.metrics.registry),
-                        [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+            await _send(
+                send,
+                200,
+                generate_latest(self.metrics.registry),
+                [(b"content-type", CONTENT_TYPE_LATEST.encode())],
+            )
         elif parts == ["edged", "status"]:
             await _send_json(send, 200, self._status() if self._status else {})
         elif len(parts) >= 3 and parts[:2] == ["v2", "models"]:
@@ -139,8 +141,9 @@ class Api:
         """Every configured model serves a version. A model whose reload failed but whose old
         version still serves counts as serving; one that never loaded does not."""
         models = self._models()
-        return (all(name in models for name in self._failed())
-                and all(m.worker.alive() for m in models.values()))
+        return all(name in models for name in self._failed()) and all(
+            m.worker.alive() for m in models.values()
+        )
 
     def _model(self, parts: list[str]) -> tuple[ServedModel, list[str]]:
         name, rest = parts[0], parts[1:]
@@ -163,10 +166,13 @@ class Api:
             worker = served.worker
             self.metrics.queue_depth.labels(name).set(worker.queue_depth)
             candidate = worker.session.candidate
-            self.metrics.backend.labels(name).info({
-                "backend": candidate.backend, "device": candidate.device,
-                "precision": str(worker.session.info().get("precision"))})
-
+            self.metrics.backend.labels(name).info(
+                {
+                    "backend": candidate.backend,
+                    "device": candidate.device,
+                    "precision": str(worker.session.info().get("precision")),
+                }
+            )
 
     # -- infer -------------------------------------------------------------------------------
     async def _infer(self, scope, receive, send, path: str) -> None:
@@ -196,8 +202,7 @@ class Api:
                 if body is None:  # the client went away, or its body timed out (answered)
                     code = 408 if scope.get(BODY_TIMED_OUT) else 0
                     return
-                request = await self._decode(body, _header_length(headers),
-                                             served.session.inputs)
+                request = await self._decode(body, _header_length(headers), served.session.inputs)
                 served.check_shapes(request.inputs)
             finally:
                 worker.admitting -= 1  # no await before submit: the slot passes to the queue
@@ -221,16 +226,23 @@ class Api:
                 # metric without bound. Configured-but-failed models keep their own name.
                 label = name if code != 404 or name in self._models() else UNKNOWN_MODEL
                 self.metrics.count(label, str(code))
-        extra = [] if json_length is None else [
-            (b"inference-header-content-length", str(json_length).encode()),
-            (b"content-type", b"application/octet-stream")]
+        extra = (
+            []
+            if json_length is None
+            else [
+                (b"inference-header-content-length", str(json_length).encode()),
+                (b"content-type", b"application/octet-stream"),
+            ]
+        )
         await _send(send, 200, payload, extra or JSON)
         self.metrics.count(name, "200")
-        self.metrics.observe(name, timing.queue_s, timing.compute_s,
-                             time.perf_counter() - start, timing.batch_size)
+        self.metrics.observe(
+            name, timing.queue_s, timing.compute_s, time.perf_counter() - start, timing.batch_size
+        )
 
-    async def _decode(self, body: bytes, header_length: int | None,
-                      specs: Sequence[TensorSpec]) -> InferRequest:
+    async def _decode(
+        self, body: bytes, header_length: int | None, specs: Sequence[TensorSpec]
+    ) -> InferRequest:
         """Small JSON on the event loop; large JSON in a thread, one at a time, within
         max_decode_bytes. Binary tensor data is sliced, not decoded, and stays here whatever
         its size. The request keeps its queue slot (and shows in queue_depth) meanwhile."""
@@ -240,24 +252,29 @@ class Api:
         async with self._decoding:
             return await asyncio.to_thread(self._decode_large, body, header_length, specs)
 
-    async def _encode(self, name: str, request: InferRequest,
-                      outputs: Mapping[str, Any]) -> tuple[bytes, int | None]:
+    async def _encode(
+        self, name: str, request: InferRequest, outputs: Mapping[str, Any]
+    ) -> tuple[bytes, int | None]:
         """Large JSON-data responses in a thread too (binary outputs are one copy)."""
         if json_output_values(request, outputs) < OFFLOAD_JSON_VALUES:
             return encode_response(name, request, outputs)
         return await asyncio.to_thread(encode_response, name, request, outputs)
 
-    def _decode_large(self, body: bytes, header_length: int | None,
-                      specs: Sequence[TensorSpec]) -> InferRequest:
+    def _decode_large(
+        self, body: bytes, header_length: int | None, specs: Sequence[TensorSpec]
+    ) -> InferRequest:
         """Estimated first, so a request that would take too much memory is refused before
         it takes any."""
         need = json_decode_bytes(body, header_length)
         if need > self.max_decode_bytes:
-            raise HttpError(413, f"JSON tensor data of this request takes about "
-                                 f"{need / MiB:.0f} MiB to decode, over the limit of "
-                                 f"{self.max_decode_bytes / MiB:.0f} MiB ([server] "
-                                 f"max_decode_bytes); send the tensors as binary data "
-                                 f"(binary_data_size)")
+            raise HttpError(
+                413,
+                f"JSON tensor data of this request takes about "
+                f"{need / MiB:.0f} MiB to decode, over the limit of "
+                f"{self.max_decode_bytes / MiB:.0f} MiB ([server] "
+                f"max_decode_bytes); send the tensors as binary data "
+                f"(binary_data_size)",
+            )
         return decode_request(body, header_length, specs)
 
     async def _read_body(self, headers: dict[bytes, bytes], receive) -> bytes | None:
@@ -272,16 +289,18 @@ class Api:
             except ValueError:
                 raise HttpError(400, "Content-Length is not a number") from None
             if size > self.max_body_bytes:
-                raise HttpError(413, f"request body of {size} bytes is over the limit of "
-                                     f"{self.max_body_bytes}")
+                raise HttpError(
+                    413, f"request body of {size} bytes is over the limit of {self.max_body_bytes}"
+                )
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
         first = message.get("body", b"")
         if not message.get("more_body", False):
             if len(first) > self.max_body_bytes:
-                raise HttpError(413, f"request body is over the limit of "
-                                     f"{self.max_body_bytes} bytes")
+                raise HttpError(
+                    413, f"request body is over the limit of {self.max_body_bytes} bytes"
+                )
             return first
         if size is not None:  # the HTTP parser holds the body to the declared length
             buffer = bytearray(size)
@@ -290,15 +309,17 @@ class Api:
             while True:
                 end = total + len(first)
                 if end > size:
-                    raise HttpError(400, f"request body is longer than its Content-Length "
-                                         f"({size})")
+                    raise HttpError(400, f"request body is longer than its Content-Length ({size})")
                 view[total:end] = first
                 total = end
                 if not message.get("more_body", False):
                     view.release()
                     if total != size:
-                        raise HttpError(400, f"request body of {total} bytes is shorter than "
-                                             f"its Content-Length ({size})")
+                        raise HttpError(
+                            400,
+                            f"request body of {total} bytes is shorter than "
+                            f"its Content-Length ({size})",
+                        )
                     return buffer
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -308,8 +329,9 @@ class Api:
         total = len(first)
         while True:
             if total > self.max_body_bytes:
-                raise HttpError(413, f"request body is over the limit of "
-                                     f"{self.max_body_bytes} bytes")
+                raise HttpError(
+                    413, f"request body is over the limit of {self.max_body_bytes} bytes"
+                )
             if not message.get("more_body", False):
                 return b"".join(chunks)
             message = await receive()
@@ -327,30 +349,45 @@ def _header_length(headers: dict[bytes, bytes]) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ProtocolError(f"Inference-Header-Content-Length {raw.decode(errors='replace')!r}"
-                            f" is not a number") from None
+        raise ProtocolError(
+            f"Inference-Header-Content-Length {raw.decode(errors='replace')!r} is not a number"
+        ) from None
 
 
 def _metadata(served: ServedModel) -> dict[str, Any]:
     session = served.session
-    return {"name": served.name, "versions": ["1"], "platform": served.platform,
-            "inputs": tensor_metadata(session.inputs),
-            "outputs": tensor_metadata(session.outputs)}
+    return {
+        "name": served.name,
+        "versions": ["1"],
+        "platform": served.platform,
+        "inputs": tensor_metadata(session.inputs),
+        "outputs": tensor_metadata(session.outputs),
+    }
 
 
 def _model_config(served: ServedModel) -> dict[str, Any]:
     batching = served.worker.batching
-    return {"name": served.name, "platform": served.platform,
-            "max_batch_size": batching.max_batch_size if served.worker.batchable else 0,
-            "dynamic_batching": {"preferred_batch_size": list(batching.preferred_batch_sizes),
-                                 "max_queue_delay_microseconds": batching.max_queue_delay_us},
-            "input": tensor_metadata(served.session.inputs),
-            "output": tensor_metadata(served.session.outputs)}
+    return {
+        "name": served.name,
+        "platform": served.platform,
+        "max_batch_size": batching.max_batch_size if served.worker.batchable else 0,
+        "dynamic_batching": {
+            "preferred_batch_size": list(batching.preferred_batch_sizes),
+            "max_queue_delay_microseconds": batching.max_queue_delay_us,
+        },
+        "input": tensor_metadata(served.session.inputs),
+        "output": tensor_metadata(served.session.outputs),
+    }
 
 
 async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

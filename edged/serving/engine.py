@@ -14,78 +14,42 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from backends.base import Candidate, Session, check_feeds
 from backends.errors import BackendError, InputError
+from edged.serving.requests import (
+    BatchingConfig,
+    DeadlineExceeded,
+    Done,
+    Fallbacks,
+    NotServing,
+    Pending,
+    QueueFull,
+    Timing,
+)
 from edged.telemetry.batches import batch_begin, batch_end
 from edged.telemetry.latency import LatencyRecorder
+from edged.telemetry.sampler import name_thread
 
 log = logging.getLogger("edged.serving.engine")
-
-
-class EngineError(Exception):
-    status = 500
-
-
-class QueueFull(EngineError):
-    status = 503
-
-
-class DeadlineExceeded(EngineError):
-    status = 504
-
-
-class NotServing(EngineError):
-    status = 503
-
-
-@dataclass(frozen=True)
-class BatchingConfig:
-    max_batch_size: int = 1
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_us: int = 0
-    max_queue_size: int = 64
-    timeout_ms: int = 1000
-    watchdog_ms: int = 5000  # one batch running longer than this: the backend has stalled
-    rt_priority: int = 0  # SCHED_FIFO priority of the worker thread (1-99); 0: normal
-
-
-@dataclass(frozen=True)
-class Timing:
-    queue_s: float
-    compute_s: float
-    batch_size: int
-
-
-# Picks the next verified backend's session; the argument, when given, says which candidates
-# are still usable (an accelerator may have gone away).
-Fallbacks = Callable[[Callable[[Candidate], bool] | None], "Session | None"]
-Done = Callable[[dict[str, np.ndarray] | None, BaseException | None, Timing | None], None]
-
-
-@dataclass
-class _Pending:
-    feeds: Mapping[str, np.ndarray]
-    deadline: float  # time.monotonic()
-    enqueued: float  # time.perf_counter()
-    done: Done
-    retried: bool = False  # re-run once on another backend after a stall
-
-    def batch_key(self) -> tuple:
-        return tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(self.feeds.items()))
 
 
 class ModelWorker:
     """Serves one model from one thread. `submit` never blocks: a full queue is an error."""
 
-    def __init__(self, name: str, session: Session, batching: BatchingConfig,
-                 cpus: Sequence[int] | None = None, fallbacks: Fallbacks | None = None,
-                 on_failover: Callable[[str], None] | None = None,
-                 recorder: LatencyRecorder | None = None,
-                 reference: Callable[[], Session] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        session: Session,
+        batching: BatchingConfig,
+        cpus: Sequence[int] | None = None,
+        fallbacks: Fallbacks | None = None,
+        on_failover: Callable[[str], None] | None = None,
+        recorder: LatencyRecorder | None = None,
+        reference: Callable[[], Session] | None = None,
+    ) -> None:
         self.name = name
         # Loads the model on its float32 reference runtime (selection's), to tell whether an
         # input that made the backend fail is the input's fault: only on that rare path.
@@ -96,17 +60,18 @@ class ModelWorker:
         self._next_session = fallbacks
         self._on_failover = on_failover
         self.recorder = recorder  # per-request latency for telemetry (HDR histograms)
-        self._queue: collections.deque[_Pending] = collections.deque()
+        self._queue: collections.deque[Pending] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.batchable = batching.max_batch_size > 1 and all(
-            spec.shape and spec.shape[0] is None for spec in session.inputs)
+            spec.shape and spec.shape[0] is None for spec in session.inputs
+        )
         self.failovers = 0
         self.last_error: str | None = None
         self.batches_run = 0
         self._busy_since: float | None = None  # monotonic start of the batch being run
-        self._inflight: list[_Pending] | None = None  # that batch
+        self._inflight: list[Pending] | None = None  # that batch
         # A thread serves one generation; after a stall take-over its results are dropped.
         self._generation = 0
         self._switch_lock = threading.Lock()  # one fail-over at a time
@@ -121,8 +86,12 @@ class ModelWorker:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, args=(self._generation,),
-                                        name=f"edged-infer-{self.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop,
+            args=(self._generation,),
+            name=f"edged-infer-{self.name}",
+            daemon=True,
+        )
         self._thread.start()
 
     def alive(self) -> bool:
@@ -157,18 +126,21 @@ class ModelWorker:
         return len(self._queue) + self.admitting
 
     # -- switching backends ------------------------------------------------------------------
-    def fail_over(self, reason: str, usable: Callable[[Candidate], bool] | None = None
-                  ) -> bool:
+    def fail_over(self, reason: str, usable: Callable[[Candidate], bool] | None = None) -> bool:
         """Switch to the next verified backend (that `usable` accepts). False if none loads;
         then the current session stays."""
         with self._switch_lock:
             replacement = self._next_session(usable) if self._next_session else None
             if replacement is None:
-                log.error("%s: %s; no other verified backend to fail over to", self.name,
-                          reason)
+                log.error("%s: %s; no other verified backend to fail over to", self.name, reason)
                 return False
-            log.warning("%s: %s; failing over from %s to %s", self.name, reason,
-                        self.session.candidate.key, replacement.candidate.key)
+            log.warning(
+                "%s: %s; failing over from %s to %s",
+                self.name,
+                reason,
+                self.session.candidate.key,
+                replacement.candidate.key,
+            )
             self.last_error = reason
             self.failovers += 1
             self.session = replacement  # the worker reads it per batch: the next batch uses it
@@ -196,8 +168,10 @@ class ModelWorker:
                 return False
             stuck = self._inflight
             stuck_session = self.session
-        if not self.fail_over(f"backend stalled: one batch ran for more than {bound:g} s",
-                              lambda c: c.key != stuck_session.candidate.key):
+        if not self.fail_over(
+            f"backend stalled: one batch ran for more than {bound:g} s",
+            lambda c: c.key != stuck_session.candidate.key,
+        ):
             return False  # keep waiting; the systemd watchdog is the last resort
         with self._cond:
             self._generation += 1
@@ -232,15 +206,17 @@ class ModelWorker:
         return self.batching.max_batch_size if self.batchable else 1
 
     def _queue_full(self) -> QueueFull:
-        return QueueFull(f"{self.name}: queue full ({self.batching.max_queue_size} "
-                         f"requests waiting)")
+        return QueueFull(
+            f"{self.name}: queue full ({self.batching.max_queue_size} requests waiting)"
+        )
 
-    def submit(self, feeds: Mapping[str, np.ndarray], done: Done,
-               timeout_ms: float | None = None) -> float:
+    def submit(
+        self, feeds: Mapping[str, np.ndarray], done: Done, timeout_ms: float | None = None
+    ) -> float:
         """Queue one request; returns its deadline (time.monotonic())."""
         self._check_feeds(feeds)
         deadline = time.monotonic() + self._timeout_ms(timeout_ms) / 1000.0
-        item = _Pending(feeds, deadline, time.perf_counter(), done)
+        item = Pending(feeds, deadline, time.perf_counter(), done)
         with self._cond:
             if self._stopping:
                 raise NotServing(f"{self.name}: shutting down")
@@ -276,8 +252,9 @@ class ModelWorker:
         if key is not None and len(checked[1]) < 64:
             checked[1].add(key)
 
-    async def infer(self, feeds: Mapping[str, np.ndarray], timeout_ms: float | None = None
-                    ) -> tuple[dict[str, np.ndarray], Timing]:
+    async def infer(
+        self, feeds: Mapping[str, np.ndarray], timeout_ms: float | None = None
+    ) -> tuple[dict[str, np.ndarray], Timing]:
         """Submit and wait, at most until the request's deadline: a worker hung inside the
         runtime must not hold the caller forever (the stall take-over may come later, or
         never). A result arriving after that is dropped by `_settle`."""
@@ -295,8 +272,13 @@ class ModelWorker:
         # One timer handle rather than asyncio.wait_for (which wraps the future in a task-like
         # waiter): this runs on every request.
         # The message names the request's timeout itself, not the (later) time it was measured.
-        timer = loop.call_later(max(0.0, deadline - submitted), _expire, future, self.name,
-                                self._timeout_ms(timeout_ms) / 1000.0)
+        timer = loop.call_later(
+            max(0.0, deadline - submitted),
+            _expire,
+            future,
+            self.name,
+            self._timeout_ms(timeout_ms) / 1000.0,
+        )
         try:
             return await future
         finally:
@@ -305,7 +287,7 @@ class ModelWorker:
     # -- the worker thread -----------------------------------------------------------------
     def _loop(self, generation: int) -> None:
         self.native_id = threading.get_native_id()
-        _name_thread(f"infer-{self.name}")
+        name_thread(f"infer-{self.name}")
         if self.cpus:
             os.sched_setaffinity(0, set(self.cpus))  # this thread only (Linux semantics)
         if self.batching.rt_priority:
@@ -320,16 +302,19 @@ class ModelWorker:
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
         except PermissionError:
-            log.warning("%s: SCHED_FIFO %d refused (needs CAP_SYS_NICE or an RLIMIT_RTPRIO); "
-                        "the worker runs with normal scheduling", self.name, priority)
+            log.warning(
+                "%s: SCHED_FIFO %d refused (needs CAP_SYS_NICE or an RLIMIT_RTPRIO); "
+                "the worker runs with normal scheduling",
+                self.name,
+                priority,
+            )
             return
         except OSError as exc:
-            log.warning("%s: SCHED_FIFO %d failed: %s; normal scheduling", self.name,
-                        priority, exc)
+            log.warning("%s: SCHED_FIFO %d failed: %s; normal scheduling", self.name, priority, exc)
             return
         self.scheduling = f"fifo:{priority}"
 
-    def _take(self, generation: int) -> list[_Pending] | None:
+    def _take(self, generation: int) -> list[Pending] | None:
         with self._cond:
             while not self._queue:
                 if self._stopping or generation != self._generation:
@@ -361,20 +346,30 @@ class ModelWorker:
                 self._cond.wait(remaining)
             return batch
 
-    def _run(self, batch: list[_Pending], generation: int) -> None:
+    def _run(self, batch: list[Pending], generation: int) -> None:
         now = time.monotonic()
         live = []
         for item in batch:
             if item.deadline < now:
                 waited_ms = (time.perf_counter() - item.enqueued) * 1e3
-                item.done(None, DeadlineExceeded(f"{self.name}: deadline passed after "
-                                                 f"{waited_ms:.1f} ms in the queue"), None)
+                item.done(
+                    None,
+                    DeadlineExceeded(
+                        f"{self.name}: deadline passed after {waited_ms:.1f} ms in the queue"
+                    ),
+                    None,
+                )
             else:
                 live.append(item)
         if not live:
             return
-        feeds = live[0].feeds if len(live) == 1 else {
-            name: np.concatenate([item.feeds[name] for item in live]) for name in live[0].feeds}
+        feeds = (
+            live[0].feeds
+            if len(live) == 1
+            else {
+                name: np.concatenate([item.feeds[name] for item in live]) for name in live[0].feeds
+            }
+        )
         start = time.perf_counter()
         with self._cond:
             self._inflight = live
@@ -400,14 +395,25 @@ class ModelWorker:
         offset = 0
         for item in live:
             n = next(iter(item.feeds.values())).shape[0] if len(live) > 1 else 0
-            result = outputs if len(live) == 1 else {
-                k: v[offset : offset + n] for k, v in outputs.items()}
+            result = (
+                outputs
+                if len(live) == 1
+                else {k: v[offset : offset + n] for k, v in outputs.items()}
+            )
             offset += n
             item.done(result, None, Timing(start - item.enqueued, end - start, len(live)))
         if self.recorder is not None:  # after the replies: they do not wait for bookkeeping
             for item in live:
-                self.recorder.record(end - item.enqueued, start - item.enqueued, end - start,
-                                     start, end, switches, off_cpu, waking)
+                self.recorder.record(
+                    end - item.enqueued,
+                    start - item.enqueued,
+                    end - start,
+                    start,
+                    end,
+                    switches,
+                    off_cpu,
+                    waking,
+                )
 
     def _run_with_failover(self, feeds) -> dict[str, np.ndarray]:
         session = self.session
@@ -434,36 +440,32 @@ class ModelWorker:
         try:
             reference = self._reference()
         except Exception as load_error:  # cannot tell: treat as the backend's fault
-            log.warning("%s: reference runtime did not load to check an input: %s",
-                        self.name, load_error)
+            log.warning(
+                "%s: reference runtime did not load to check an input: %s", self.name, load_error
+            )
             return None
         try:
             reference.run(feeds)
         except (BackendError, InputError) as ref_exc:
-            shapes = ", ".join(f"{k}={'x'.join(map(str, np.shape(v)))}"
-                               for k, v in feeds.items())
-            return InputError(f"{self.name}: the model cannot compute inputs of shape "
-                              f"{shapes}: its reference runtime fails on them too "
-                              f"({str(ref_exc)[:200]}); the backend said: {str(exc)[:200]}")
+            shapes = ", ".join(f"{k}={'x'.join(map(str, np.shape(v)))}" for k, v in feeds.items())
+            return InputError(
+                f"{self.name}: the model cannot compute inputs of shape "
+                f"{shapes}: its reference runtime fails on them too "
+                f"({str(ref_exc)[:200]}); the backend said: {str(exc)[:200]}"
+            )
         finally:
             reference.close()
         return None
 
 
-def _name_thread(name: str) -> None:
-    """Name the OS thread (comm, 15 chars) so ps, top and `edgectl status` show what it is."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
-            comm.write(name[:15])
-    except OSError:
-        pass  # cosmetic only
-
-
 def _expire(future: asyncio.Future, name: str, timeout_s: float) -> None:
     if not future.done():
-        future.set_exception(DeadlineExceeded(
-            f"{name}: deadline passed after {timeout_s * 1e3:.1f} ms without an answer from "
-            f"the backend"))
+        future.set_exception(
+            DeadlineExceeded(
+                f"{name}: deadline passed after {timeout_s * 1e3:.1f} ms without an answer from "
+                f"the backend"
+            )
+        )
 
 
 def _settle(future: asyncio.Future, outputs, error, timing) -> None:

@@ -85,8 +85,11 @@ class _Throttled:
 def protocol_class(limits: HttpLimits) -> type[HttpToolsProtocol]:
     """A protocol class for `uvicorn.Config(http=...)` enforcing `limits`. Each class keeps
     its own connection counts: one class per server."""
-    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,),
-                {"limits": limits, "open": {}, "warn": _Throttled()})
+    return type(
+        "LimitedHttpToolsProtocol",
+        (LimitedHttpToolsProtocol,),
+        {"limits": limits, "open": {}, "warn": _Throttled()},
+    )
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -117,17 +120,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             key = LISTENER_KEYS[listener]
             where = "on the Unix socket" if listener == "unix" else "over TCP"
             # The phrase uvicorn logged for its own limit: operators may grep for it.
-            self.warn.warning(f"refused-{listener}", "Exceeded concurrency limit: %d "
-                              "connections open %s ([server] %s); refusing more", budget,
-                              where, key)
-            self._answer(503, f"too many connections: {budget} open {where} (the limit, "
-                              f"[server] {key}); retry later")
+            self.warn.warning(
+                f"refused-{listener}",
+                "Exceeded concurrency limit: %d connections open %s ([server] %s); refusing more",
+                budget,
+                where,
+                key,
+            )
+            self._answer(
+                503,
+                f"too many connections: {budget} open {where} (the limit, "
+                f"[server] {key}); retry later",
+            )
             return
         self.open[listener] = self.open.get(listener, 0) + 1
         self._listener = listener
         super().connection_made(transport)
-        self._head_timer = self.loop.call_later(self.limits.header_timeout_s,
-                                                self._head_timed_out)
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
@@ -187,8 +196,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._head_timer is None:  # a later request on a kept-alive connection
-            self._head_timer = self.loop.call_later(self.limits.header_timeout_s,
-                                                    self._head_timed_out)
+            self._head_timer = self.loop.call_later(
+                self.limits.header_timeout_s, self._head_timed_out
+            )
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -210,10 +220,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # -- limits ------------------------------------------------------------------------------
     def _header_too_large(self) -> None:
         limit = self.limits.max_header_bytes
-        self.warn.warning("header-size", "request headers over %d bytes (%s); answered 431",
-                          limit, self._peer())
-        self._answer(431, f"request line and headers are over the limit of {limit} bytes "
-                          f"([server] max_header_bytes)")
+        self.warn.warning(
+            "header-size", "request headers over %d bytes (%s); answered 431", limit, self._peer()
+        )
+        self._answer(
+            431,
+            f"request line and headers are over the limit of {limit} bytes "
+            f"([server] max_header_bytes)",
+        )
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
@@ -224,10 +238,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()  # nothing asked (or a response is being written): no answer
             return
         timeout = self.limits.header_timeout_s
-        self.warn.warning("header-timeout", "request headers not complete within %g s (%s); "
-                          "answered 408", timeout, self._peer())
-        self._answer(408, f"request headers not received within {timeout:g} s "
-                          f"([server] header_timeout_s)")
+        self.warn.warning(
+            "header-timeout",
+            "request headers not complete within %g s (%s); answered 408",
+            timeout,
+            self._peer(),
+        )
+        self._answer(
+            408, f"request headers not received within {timeout:g} s ([server] header_timeout_s)"
+        )
 
     def _arm_body_timer(self) -> None:
         if self._body_timer is not None:
@@ -245,8 +264,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._stop_deadline is not None and self.loop.time() < self._body_deadline:
             message = "the daemon is stopping and the request body stalled"
         else:
-            message = (f"request body not received within {self.limits.body_timeout_s:g} s "
-                       f"([server] body_timeout_s)")
+            message = (
+                f"request body not received within {self.limits.body_timeout_s:g} s "
+                f"([server] body_timeout_s)"
+            )
         self.warn.warning("body-timeout", "%s (%s); answered 408", message, self._peer())
         if cycle.response_started:
             self.transport.close()  # already answered (a refusal before the body): just close
@@ -268,8 +289,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
-        content.extend([b"content-type: application/json\r\ncontent-length: ",
-                        str(len(body)).encode(), b"\r\nconnection: close\r\n\r\n", body])
+        content.extend(
+            [
+                b"content-type: application/json\r\ncontent-length: ",
+                str(len(body)).encode(),
+                b"\r\nconnection: close\r\n\r\n",
+                body,
+            ]
+        )
         transport = self.transport
         transport.write(b"".join(content))
         if self._stop_deadline is not None or not transport.can_write_eof():

@@ -25,17 +25,24 @@ def http_server(app: Any, srv: ServerConfig, drain_s: float):
 
     from edged.serving.http_limits import HttpLimits, protocol_class
 
-    limits = HttpLimits(header_timeout_s=srv.header_timeout_s,
-                        body_timeout_s=srv.body_timeout_s,
-                        max_header_bytes=srv.max_header_bytes,
-                        connections={"tcp": srv.max_connections,
-                                     "unix": srv.socket_max_connections},
-                        drain_s=drain_s)
-    uv_config = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
-                               timeout_graceful_shutdown=int(drain_s),
-                               http=protocol_class(limits), ws="none",
-                               timeout_keep_alive=srv.idle_timeout_s,  # type: ignore
-                               limit_concurrency=None)
+    limits = HttpLimits(
+        header_timeout_s=srv.header_timeout_s,
+        body_timeout_s=srv.body_timeout_s,
+        max_header_bytes=srv.max_header_bytes,
+        connections={"tcp": srv.max_connections, "unix": srv.socket_max_connections},
+        drain_s=drain_s,
+    )
+    uv_config = uvicorn.Config(
+        app,
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=int(drain_s),
+        http=protocol_class(limits),
+        ws="none",
+        timeout_keep_alive=srv.idle_timeout_s,  # type: ignore
+        limit_concurrency=None,
+    )
     return _Server(uv_config)
 
 
@@ -105,3 +112,14 @@ def remove_socket_file(config: Config, identity: tuple[int, int] | None) -> None
 def describe(sock: socket.socket) -> str:
     name = sock.getsockname()
     return f"unix:{name}" if sock.family == socket.AF_UNIX else f"http://{name[0]}:{name[1]}"
+
+
+def server_changes(running, new) -> list[str]:
+    """The [server] fields that differ between two configs (they take a restart)."""
+    import dataclasses
+
+    return [
+        f.name
+        for f in dataclasses.fields(running)
+        if f.name != "hang_s" and getattr(running, f.name) != getattr(new, f.name)
+    ]

@@ -11,8 +11,23 @@ from prometheus_client.core import CounterMetricFamily
 # Log-spaced buckets from 50 µs to 10 s: edge models answer in well under a millisecond up to
 # seconds, and the tail is what matters.
 LATENCY_BUCKETS = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 
@@ -20,22 +35,40 @@ class ServingMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.duration = Histogram(
-            "edged_request_duration_seconds", "Inference request time by phase",
-            ["model", "phase"], buckets=LATENCY_BUCKETS, registry=self.registry)
+            "edged_request_duration_seconds",
+            "Inference request time by phase",
+            ["model", "phase"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.requests = Counter(
-            "edged_requests", "Inference requests by HTTP status code", ["model", "code"],
-            registry=self.registry)
+            "edged_requests",
+            "Inference requests by HTTP status code",
+            ["model", "code"],
+            registry=self.registry,
+        )
         self.queue_depth = Gauge(
-            "edged_queue_depth", "Requests waiting in the model's queue", ["model"],
-            registry=self.registry)
+            "edged_queue_depth",
+            "Requests waiting in the model's queue",
+            ["model"],
+            registry=self.registry,
+        )
         self.batch_size = Histogram(
-            "edged_batch_size", "Requests per executed batch", ["model"],
-            buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
+            "edged_batch_size",
+            "Requests per executed batch",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=self.registry,
+        )
         self.backend = Info(
-            "edged_backend", "Active backend per model", ["model"], registry=self.registry)
+            "edged_backend", "Active backend per model", ["model"], registry=self.registry
+        )
         self.failovers = Counter(
-            "edged_failovers", "Switches to another verified backend", ["model"],
-            registry=self.registry)
+            "edged_failovers",
+            "Switches to another verified backend",
+            ["model"],
+            registry=self.registry,
+        )
 
         self._children: dict[str, tuple] = {}
         self._counted: dict[tuple[str, str], Any] = {}
@@ -48,15 +81,19 @@ class ServingMetrics:
             child = self._counted[(model, code)] = self.requests.labels(model, code)
         child.inc()
 
-    def observe(self, model: str, queue_s: float, compute_s: float, total_s: float,
-                batch_size: int) -> None:
+    def observe(
+        self, model: str, queue_s: float, compute_s: float, total_s: float, batch_size: int
+    ) -> None:
         # Labelled children are looked up once per model: `.labels()` takes a lock and builds
         # a key on every call, which is measurable on a sub-millisecond request path.
         children = self._children.get(model)
         if children is None:
             children = self._children[model] = (
-                self.duration.labels(model, "queue"), self.duration.labels(model, "compute"),
-                self.duration.labels(model, "total"), self.batch_size.labels(model))
+                self.duration.labels(model, "queue"),
+                self.duration.labels(model, "compute"),
+                self.duration.labels(model, "total"),
+                self.batch_size.labels(model),
+            )
         queue, compute, total, batch = children
         queue.observe(queue_s)
         compute.observe(compute_s)
@@ -72,8 +109,11 @@ class IntrusionCollector:
     `inference_cpus()` gives the CPUs models are pinned to (labelled role="inference", the
     rest "housekeeping"); `worker_threads()` maps model name -> worker thread id."""
 
-    def __init__(self, inference_cpus: Callable[[], set[int]],
-                 worker_threads: Callable[[], Mapping[str, int | None]]) -> None:
+    def __init__(
+        self,
+        inference_cpus: Callable[[], set[int]],
+        worker_threads: Callable[[], Mapping[str, int | None]],
+    ) -> None:
         self._inference = inference_cpus
         self._workers = worker_threads
 
@@ -83,20 +123,24 @@ class IntrusionCollector:
 
         root = SysRoot()
         inference = self._inference()
-        irqs = CounterMetricFamily("edged_cpu_interrupts", "Hard interrupts handled per CPU",
-                                   labels=["cpu", "role"])
+        irqs = CounterMetricFamily(
+            "edged_cpu_interrupts", "Hard interrupts handled per CPU", labels=["cpu", "role"]
+        )
         for cpu, count in sorted(interrupts_per_cpu(root).items()):
             irqs.add_metric([str(cpu), _role(cpu, inference)], count)
         yield irqs
-        soft = CounterMetricFamily("edged_cpu_softirqs", "Softirqs run per CPU and kind",
-                                   labels=["cpu", "role", "kind"])
+        soft = CounterMetricFamily(
+            "edged_cpu_softirqs", "Softirqs run per CPU and kind", labels=["cpu", "role", "kind"]
+        )
         for cpu, kinds in sorted(softirqs_per_cpu(root).items()):
             for kind, count in kinds.items():
                 soft.add_metric([str(cpu), _role(cpu, inference), kind], count)
         yield soft
         switches = CounterMetricFamily(
             "edged_worker_involuntary_switches",
-            "Times a model's worker thread was preempted", labels=["model"])
+            "Times a model's worker thread was preempted",
+            labels=["model"],
+        )
         for model, tid in self._workers().items():
             counts = thread_switches(tid) if tid else None
             if counts is not None:

@@ -5,13 +5,14 @@ keeping those a reload did not change and, when one fails, its version already s
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from edged.config import Config, ModelConfig
-from edged.serving.engine import BatchingConfig
 from edged.serving.models import ServedModel, load_model
+from edged.serving.requests import BatchingConfig
 from sysconf.hardware import HardwareFacts
 
 log = logging.getLogger("edged")  # the daemon's log: its lines keep their logger name
@@ -21,6 +22,7 @@ LOAD_TIMEOUT_S = 180.0  # systemd start-timeout extension granted per model load
 
 def model_key(mc: ModelConfig) -> tuple:
     """What a served model depends on; a reload reloads a model when this changes."""
+
     def file_id(path: Path) -> tuple | None:
         try:
             st = path.stat()
@@ -28,25 +30,46 @@ def model_key(mc: ModelConfig) -> tuple:
             return None
         return st.st_size, st.st_mtime_ns
 
-    return (str(mc.path), file_id(mc.path),
-            tuple((str(v), file_id(v)) for v in mc.variants), mc.precision, mc.backend,
-            repr(mc.calibration),
-            mc.threads, mc.cpus,
-            tuple(sorted((mc.shapes or {}).items())), mc.max_batch_size,
-            mc.preferred_batch_sizes, mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
-            mc.watchdog_ms, mc.rt_priority, mc.period_ms)
+    return (
+        str(mc.path),
+        file_id(mc.path),
+        tuple((str(v), file_id(v)) for v in mc.variants),
+        mc.precision,
+        mc.backend,
+        repr(mc.calibration),
+        mc.threads,
+        mc.cpus,
+        tuple(sorted((mc.shapes or {}).items())),
+        mc.max_batch_size,
+        mc.preferred_batch_sizes,
+        mc.max_queue_delay_us,
+        mc.max_queue_size,
+        mc.timeout_ms,
+        mc.watchdog_ms,
+        mc.rt_priority,
+        mc.period_ms,
+    )
 
 
 def batching_of(mc: ModelConfig) -> BatchingConfig:
-    return BatchingConfig(mc.max_batch_size, tuple(mc.preferred_batch_sizes),
-                          mc.max_queue_delay_us, mc.max_queue_size, mc.timeout_ms,
-                          mc.watchdog_ms, mc.rt_priority)
+    return BatchingConfig(
+        mc.max_batch_size,
+        tuple(mc.preferred_batch_sizes),
+        mc.max_queue_delay_us,
+        mc.max_queue_size,
+        mc.timeout_ms,
+        mc.watchdog_ms,
+        mc.rt_priority,
+    )
 
 
-def load_models(config: Config, current: Mapping[str, ServedModel], hw: HardwareFacts,
-                notify: Callable[..., object],
-                on_failover: Callable[[str], Callable[[str], None]]
-                ) -> tuple[dict[str, ServedModel], dict[str, str]]:
+def load_models(
+    config: Config,
+    current: Mapping[str, ServedModel],
+    hw: HardwareFacts,
+    notify: Callable[..., object],
+    on_failover: Callable[[str], Callable[[str], None]],
+) -> tuple[dict[str, ServedModel], dict[str, str]]:
     """Models for `config`: unchanged ones are kept, the rest loaded. A model that fails
     keeps its current version when it has one. `notify`: sd_notify lines (a model's load
     asks systemd for time); `on_failover(name)`: that model's fail-over hook."""
@@ -60,15 +83,24 @@ def load_models(config: Config, current: Mapping[str, ServedModel], hw: Hardware
             models[mc.name] = old
             continue
         # Selecting may benchmark every backend: ask systemd for time, model by model.
-        notify(f"STATUS=loading model {mc.name}",
-               f"EXTEND_TIMEOUT_USEC={int(LOAD_TIMEOUT_S * 1e6)}")
+        notify(
+            f"STATUS=loading model {mc.name}", f"EXTEND_TIMEOUT_USEC={int(LOAD_TIMEOUT_S * 1e6)}"
+        )
         start = time.perf_counter()
         try:
-            served = load_model(mc.name, mc.path, mc.policy(config.selection),
-                                batching_of(mc), hw, state_dir, key,
-                                on_failover=on_failover(mc.name),
-                                period_s=mc.period_s, variants=mc.variants,
-                                calibration=mc.calibration)
+            served = load_model(
+                mc.name,
+                mc.path,
+                mc.policy(config.selection),
+                batching_of(mc),
+                hw,
+                state_dir,
+                key,
+                on_failover=on_failover(mc.name),
+                period_s=mc.period_s,
+                variants=mc.variants,
+                calibration=mc.calibration,
+            )
         except Exception as exc:  # any failure: this model is not served, others are
             reason = str(exc) or exc.__class__.__name__
             log.error("model %s: not loaded: %s", mc.name, reason)
@@ -77,14 +109,33 @@ def load_models(config: Config, current: Mapping[str, ServedModel], hw: Hardware
                 models[mc.name] = old
             continue
         sel = served.selection.selected
-        log.info("model %s: %s on %s:%s (%s) p99 %.3f ms, %s in %.2f s", mc.name,
-                 served.selection.model.name, sel.candidate.backend, sel.candidate.device,
-                 sel.precision, sel.latency.p99_ms if sel.latency else float("nan"),
-                 "cached selection" if served.selection.from_cache else "measured",
-                 time.perf_counter() - start)
+        log.info(
+            "model %s: %s on %s:%s (%s) p99 %.3f ms, %s in %.2f s",
+            mc.name,
+            served.selection.model.name,
+            sel.candidate.backend,
+            sel.candidate.device,
+            sel.precision,
+            sel.latency.p99_ms if sel.latency else float("nan"),
+            "cached selection" if served.selection.from_cache else "measured",
+            time.perf_counter() - start,
+        )
         if served.selection.why:
             log.info("model %s: %s", mc.name, served.selection.why)
         for warning in served.selection.warnings:
             log.warning("model %s: %s", mc.name, warning)
         models[mc.name] = served
     return models, failed
+
+
+def stop_workers(models, drain_s: float) -> None:
+    """Stop all workers at once, each bounded by `drain_s`, so N models take `drain_s`."""
+    for served in models:
+        if served.job is not None:
+            served.job.stop()
+    workers = [served.worker for served in models]
+    threads = [threading.Thread(target=w.stop, args=(drain_s,)) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

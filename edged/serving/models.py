@@ -20,14 +20,14 @@ from edged.selection.candidates import all_candidates, backend_candidates
 from edged.selection.decision import Evaluation, Selection
 from edged.selection.policy import Policy
 from edged.selection.select import select
-from edged.serving.engine import BatchingConfig, ModelWorker
+from edged.serving.engine import ModelWorker
+from edged.serving.requests import BatchingConfig
 from edged.telemetry.latency import LatencyRecorder
 from sysconf.hardware import HardwareFacts
 
 log = logging.getLogger("edged.serving.models")
 
-PLATFORMS = {"onnx": "onnxruntime_onnx", "tflite": "tensorflow_lite",
-             "openvino-ir": "openvino"}
+PLATFORMS = {"onnx": "onnxruntime_onnx", "tflite": "tensorflow_lite", "openvino-ir": "openvino"}
 
 
 @dataclass
@@ -58,24 +58,31 @@ class ServedModel:
         if active not in usable:
             moved = self.worker.fail_over(f"{active} is gone", lambda c: c.key in usable)
             done.append(f"{active} gone, " + ("failed over" if moved else "no fallback"))
-        selection = select(self.original.path, hw, self.policy, self.state_dir,
-                           variants=self.variants, evaluation=self.evaluation)
+        selection = select(
+            self.original.path,
+            hw,
+            self.policy,
+            self.state_dir,
+            variants=self.variants,
+            evaluation=self.evaluation,
+        )
         done.append(self.apply(selection, hw))
         return "; ".join(done)
 
-    def apply(self, selection: Selection, hw: HardwareFacts,
-              variants: tuple[Path, ...] | None = None) -> str:
+    def apply(
+        self, selection: Selection, hw: HardwareFacts, variants: tuple[Path, ...] | None = None
+    ) -> str:
         """Serve `selection`: its pick is loaded on the model's CPUs and swapped in
         atomically when it is not what runs now; its verified others become the fallbacks.
         Returns what was done, for the log."""
         with self._lock:  # hot-plug and the variants job may both arrive
-            options = _load_options(self.policy, self.worker.batching, selection,
-                                    self.state_dir)
+            options = _load_options(self.policy, self.worker.batching, selection, self.state_dir)
             pick = selection.load_candidate(hw)
             running = getattr(self.worker.session, "model", None)
             done = f"kept {selection.model.name} on {pick.key}"
             if pick.key != self.worker.session.candidate.key or (
-                    running is not None and running.path != selection.model.path):
+                running is not None and running.path != selection.model.path
+            ):
                 with pinned_thread(self.policy.cpus):
                     session = get_backend(pick.backend).load(selection.model, pick, options)
                 self.worker.swap_session(session)
@@ -105,15 +112,18 @@ class ServedModel:
                 continue
             fits = len(got) == len(want) and all(
                 g == w or (i == 0 and batch > 1 and 1 <= g <= batch)
-                for i, (g, w) in enumerate(zip(got, want, strict=True)))
+                for i, (g, w) in enumerate(zip(got, want, strict=True))
+            )
             if not fits:
                 shown = "x".join(str(d) for d in want)
                 if batch > 1 and want:
                     shown = f"Nx{'x'.join(str(d) for d in want[1:])} (N up to {batch})"
-                raise InputError(f"{self.name}: input {name!r} has shape "
-                                 f"{'x'.join(map(str, got))}; this model is served at "
-                                 f"{shown} (its configured shapes, which its backends were "
-                                 f"verified at)")
+                raise InputError(
+                    f"{self.name}: input {name!r} has shape "
+                    f"{'x'.join(map(str, got))}; this model is served at "
+                    f"{shown} (its configured shapes, which its backends were "
+                    f"verified at)"
+                )
 
     @property
     def platform(self) -> str:
@@ -149,8 +159,7 @@ class ServedModel:
         }
 
 
-def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts,
-                       options: LoadOptions):
+def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts, options: LoadOptions):
     """The worker's source of replacement sessions: the selection's other verified
     (variant, candidate) pairs in p99 order, each tried once.
 
@@ -158,9 +167,13 @@ def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts,
     decision imports no runtime but the selected one. The load runs pinned to the model's
     CPUs like the first load: it happens on the worker, supervisor or hot-plug thread, and
     OpenVINO's streams / onnxruntime's pool inherit the loading thread's CPU set."""
-    queue = [(selection.model_of(e), e.candidate) for e in sorted(
-        (e for e in selection.evidence if e.status == "passed" and e.latency),
-        key=lambda e: e.latency.p99_ms)]
+    queue = [
+        (selection.model_of(e), e.candidate)
+        for e in sorted(
+            (e for e in selection.evidence if e.status == "passed" and e.latency),
+            key=lambda e: e.latency.p99_ms,
+        )
+    ]
 
     def next_session(usable: Callable[[Candidate], bool] | None = None) -> Session | None:
         while queue:
@@ -168,10 +181,19 @@ def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts,
             # Core starts threads), so it is pinned as well.
             model, wanted = queue.pop(0)
             with pinned_thread(options.cpus):
-                candidate = next((c for c in backend_candidates(hw, model, wanted.backend)
-                                  if c.key == wanted.key), None)
-            if candidate is None or not candidate.available or (
-                    usable is not None and not usable(candidate)):
+                candidate = next(
+                    (
+                        c
+                        for c in backend_candidates(hw, model, wanted.backend)
+                        if c.key == wanted.key
+                    ),
+                    None,
+                )
+            if (
+                candidate is None
+                or not candidate.available
+                or (usable is not None and not usable(candidate))
+            ):
                 continue  # no longer offered here (a device went away)
             try:
                 with pinned_thread(options.cpus):
@@ -183,8 +205,7 @@ def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts,
     return next_session
 
 
-def _reference_loader(selection: Selection, options: LoadOptions
-                      ) -> Callable[[], Session]:
+def _reference_loader(selection: Selection, options: LoadOptions) -> Callable[[], Session]:
     """Loads the served file on the selection's float32 reference runtime, one thread (the
     worker uses it to tell an input's fault from the backend's; see ModelWorker)."""
     from dataclasses import replace as _replace
@@ -197,8 +218,9 @@ def _reference_loader(selection: Selection, options: LoadOptions
         for candidate in reference_candidates(selection.model):
             try:
                 with pinned_thread(options.cpus):
-                    return get_backend(candidate.backend).load(selection.model, candidate,
-                                                               _replace(one, shapes=None))
+                    return get_backend(candidate.backend).load(
+                        selection.model, candidate, _replace(one, shapes=None)
+                    )
             except (ModelError, BackendError, ImportError) as exc:
                 errors.append(f"{candidate.key}: {exc}")
         raise BackendError("; ".join(errors) or "no reference runtime")
@@ -206,11 +228,19 @@ def _reference_loader(selection: Selection, options: LoadOptions
     return load
 
 
-def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
-               hw: HardwareFacts, state_dir: Path, config_key: tuple = (),
-               on_failover: Callable[[str], None] | None = None,
-               period_s: float | None = None, variants: tuple[Path, ...] = (),
-               calibration: CalibrationSpec | None = None) -> ServedModel:
+def load_model(
+    name: str,
+    path: Path,
+    policy: Policy,
+    batching: BatchingConfig,
+    hw: HardwareFacts,
+    state_dir: Path,
+    config_key: tuple = (),
+    on_failover: Callable[[str], None] | None = None,
+    period_s: float | None = None,
+    variants: tuple[Path, ...] = (),
+    calibration: CalibrationSpec | None = None,
+) -> ServedModel:
     """Select over the family (or read the cached choice), load the pick and start its
     worker thread. `path` is the original, `variants` its other versions; `calibration`
     data joins the variants made from it earlier (else `variants_pending` says they are
@@ -230,19 +260,34 @@ def load_model(name: str, path: Path, policy: Policy, batching: BatchingConfig,
     # streams, onnxruntime's threads without explicit affinities) inherit this thread's set.
     with pinned_thread(policy.cpus):
         session = get_backend(chosen.backend).load(selection.model, chosen, options)
-    worker = ModelWorker(name, session, batching, policy.cpus,
-                         _fallback_provider(name, selection, hw, options), on_failover,
-                         LatencyRecorder(name, cores=policy.cpus, period_s=period_s),
-                         reference=_reference_loader(selection, options))
+    worker = ModelWorker(
+        name,
+        session,
+        batching,
+        policy.cpus,
+        _fallback_provider(name, selection, hw, options),
+        on_failover,
+        LatencyRecorder(name, cores=policy.cpus, period_s=period_s),
+        reference=_reference_loader(selection, options),
+    )
     worker.start()
-    return ServedModel(name, selection, worker, config_key, policy=policy, state_dir=state_dir,
-                       variants=family, evaluation=evaluation, calibration=calibration,
-                       variants_pending=pending)
+    return ServedModel(
+        name,
+        selection,
+        worker,
+        config_key,
+        policy=policy,
+        state_dir=state_dir,
+        variants=family,
+        evaluation=evaluation,
+        calibration=calibration,
+        variants_pending=pending,
+    )
 
 
-def made_variants(path: Path, calibration: CalibrationSpec, policy: Policy,
-                  hw: HardwareFacts, state_dir: Path
-                  ) -> tuple[list[Path] | None, Evaluation]:
+def made_variants(
+    path: Path, calibration: CalibrationSpec, policy: Policy, hw: HardwareFacts, state_dir: Path
+) -> tuple[list[Path] | None, Evaluation]:
     """The variants made from `calibration` earlier (None: not made yet) and the
     evaluation set. Reading the data is cheap (decoding a few images); making is not, and
     is the background job's. CalibrationError (an InputError to the caller) names the
@@ -266,8 +311,13 @@ def made_variants(path: Path, calibration: CalibrationSpec, policy: Policy,
     return (made.variants if made else None), evaluation_of(evaluation, calibration)
 
 
-def _load_options(policy: Policy, batching: BatchingConfig, selection: Selection,
-                  state_dir: Path) -> LoadOptions:
-    return LoadOptions(threads=policy.threads, cpus=policy.cpus, shapes=selection.shapes,
-                       dynamic_batch=batching.max_batch_size > 1,
-                       cache_dir=state_dir / "openvino-cache")
+def _load_options(
+    policy: Policy, batching: BatchingConfig, selection: Selection, state_dir: Path
+) -> LoadOptions:
+    return LoadOptions(
+        threads=policy.threads,
+        cpus=policy.cpus,
+        shapes=selection.shapes,
+        dynamic_batch=batching.max_batch_size > 1,
+        cache_dir=state_dir / "openvino-cache",
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,10 +22,18 @@ from backends.tensors import TensorSpec
 
 # OIP datatype <-> numpy dtype (little-endian, as the extension specifies).
 DATATYPES = {
-    "BOOL": np.dtype("bool"), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+    "BOOL": np.dtype("bool"),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
 }
 NAMES = {dtype.name: name for name, dtype in DATATYPES.items()}
 MAX_DIMS = 16
@@ -42,19 +50,10 @@ def datatype_of(dtype_name: str) -> str:
 
 # Per-request lookups keyed by the dtype object: `dtype.name` and `newbyteorder` are Python-
 # level in numpy and cost a few µs per call on a path whose budget is tens of µs.
-_DATATYPE_OF: dict[np.dtype, str] = {}
 _NATIVE: dict[np.dtype, np.dtype] = {}
-_LITTLE: dict[np.dtype, np.dtype] = {}
 
 
-def _datatype_of_dtype(dtype: np.dtype) -> str:
-    name = _DATATYPE_OF.get(dtype)
-    if name is None:
-        name = _DATATYPE_OF[dtype] = datatype_of(dtype.name)
-    return name
-
-
-def _byteorder(cache: dict[np.dtype, np.dtype], dtype: np.dtype, order: str) -> np.dtype:
+def byteorder(cache: dict[np.dtype, np.dtype], dtype: np.dtype, order: str) -> np.dtype:
     converted = cache.get(dtype)
     if converted is None:
         converted = cache[dtype] = dtype.newbyteorder(order)
@@ -70,14 +69,17 @@ class InferRequest:
     timeout_ms: float | None = None
 
 
-def decode_request(body: bytes, header_length: int | None, specs: Sequence[TensorSpec]
-                   ) -> InferRequest:
+def decode_request(
+    body: bytes, header_length: int | None, specs: Sequence[TensorSpec]
+) -> InferRequest:
     """Decode an infer request. `header_length` is Inference-Header-Content-Length (None when
     absent: the whole body is JSON)."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
-            raise ProtocolError(f"Inference-Header-Content-Length {header_length} is outside "
-                                f"the {len(body)}-byte body")
+            raise ProtocolError(
+                f"Inference-Header-Content-Length {header_length} is outside "
+                f"the {len(body)}-byte body"
+            )
         if header_length == 0:
             return _decode_raw(body, specs)
         header, binary = body[:header_length], memoryview(body)[header_length:]
@@ -95,8 +97,11 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
     except RecursionError:
         raise ProtocolError("request JSON is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
-        hint = "" if header_length is not None or not _looks_binary(body, exc) else (
-            " (binary tensor data needs an Inference-Header-Content-Length header)")
+        hint = (
+            ""
+            if header_length is not None or not _looks_binary(body, exc)
+            else (" (binary tensor data needs an Inference-Header-Content-Length header)")
+        )
         raise ProtocolError(f"request is not valid JSON: {exc}{hint}") from None
     if not isinstance(doc, dict):
         raise ProtocolError("request must be a JSON object")
@@ -122,26 +127,33 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
         count = math.prod(shape)
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ProtocolError(f"{where}.parameters.binary_data_size must be a "
-                                    f"non-negative integer")
+                raise ProtocolError(
+                    f"{where}.parameters.binary_data_size must be a non-negative integer"
+                )
             if offset + size > len(binary):
-                raise ProtocolError(f"input {name!r}: binary_data_size {size} runs past the "
-                                    f"end of the body ({len(binary) - offset} bytes left)")
+                raise ProtocolError(
+                    f"input {name!r}: binary_data_size {size} runs past the "
+                    f"end of the body ({len(binary) - offset} bytes left)"
+                )
             if size != count * dtype.itemsize:
-                raise ProtocolError(f"input {name!r}: binary_data_size {size} does not match "
-                                    f"shape {list(shape)} of {_name(dtype)} "
-                                    f"({count * dtype.itemsize} bytes)")
-            array = _from_bytes(binary[offset:offset + size], dtype).reshape(shape)
+                raise ProtocolError(
+                    f"input {name!r}: binary_data_size {size} does not match "
+                    f"shape {list(shape)} of {_name(dtype)} "
+                    f"({count * dtype.itemsize} bytes)"
+                )
+            array = _from_bytes(binary[offset : offset + size], dtype).reshape(shape)
             offset += size
             if slices is not None:
                 slices.append((name, dtype, shape, size))
         else:
             array = _json_tensor(item.get("data"), shape, dtype, name)
             slices = None  # tensor data in the header: nothing to reuse
-        inputs[name] = array.astype(_byteorder(_NATIVE, dtype, "="), copy=False)
+        inputs[name] = array.astype(byteorder(_NATIVE, dtype, "="), copy=False)
     if offset != len(binary):
-        raise ProtocolError(f"{len(binary) - offset} bytes of binary data after the last "
-                            f"input (binary_data_size values do not add up to the body)")
+        raise ProtocolError(
+            f"{len(binary) - offset} bytes of binary data after the last "
+            f"input (binary_data_size values do not add up to the body)"
+        )
     binary_default = _flag(params, "binary_data_output", False, "parameters")
     raw_outputs = doc.get("outputs")
     if raw_outputs is not None and not isinstance(raw_outputs, list):
@@ -169,8 +181,9 @@ def decode_request(body: bytes, header_length: int | None, specs: Sequence[Tenso
     if key is not None and slices is not None:
         if len(_LAYOUTS) >= CACHED_HEADERS:
             _LAYOUTS.pop(next(iter(_LAYOUTS), None), None)  # the oldest: a bounded FIFO
-        _LAYOUTS[key] = _Layout(tuple(slices), offset, request.id, dict(outputs),
-                                binary_default, request.timeout_ms)
+        _LAYOUTS[key] = _Layout(
+            tuple(slices), offset, request.id, dict(outputs), binary_default, request.timeout_ms
+        )
     return request
 
 
@@ -199,11 +212,12 @@ class _Layout:
         inputs = {}
         offset = 0
         for name, dtype, shape, size in self.inputs:
-            array = _from_bytes(binary[offset:offset + size], dtype).reshape(shape)
-            inputs[name] = array.astype(_byteorder(_NATIVE, dtype, "="), copy=False)
+            array = _from_bytes(binary[offset : offset + size], dtype).reshape(shape)
+            inputs[name] = array.astype(byteorder(_NATIVE, dtype, "="), copy=False)
             offset += size
-        return InferRequest(self.id, inputs, dict(self.binary_outputs), self.binary_default,
-                            self.timeout_ms)
+        return InferRequest(
+            self.id, inputs, dict(self.binary_outputs), self.binary_default, self.timeout_ms
+        )
 
 
 _LAYOUTS: dict[bytes, _Layout] = {}
@@ -267,8 +281,7 @@ def _looks_binary(body: bytes, exc: Exception) -> bool:
     """A JSON header followed by raw bytes fails as undecodable bytes or "Extra data"."""
     if isinstance(exc, UnicodeDecodeError):
         return True
-    return bool(body) and (body[:1] not in (b"{", b"[", b" ", b"\n")
-                           or "Extra data" in str(exc))
+    return bool(body) and (body[:1] not in (b"{", b"[", b" ", b"\n") or "Extra data" in str(exc))
 
 
 def _flag(params: dict, key: str, default: bool, where: str) -> bool:
@@ -300,17 +313,22 @@ def _from_bytes(data: bytes | memoryview, dtype: np.dtype) -> np.ndarray:
 
 def _decode_raw(body: bytes, specs: Sequence[TensorSpec]) -> InferRequest:
     if len(specs) != 1:
-        raise ProtocolError(f"raw binary request (header length 0) needs a single-input "
-                            f"model; this one has {len(specs)} inputs")
+        raise ProtocolError(
+            f"raw binary request (header length 0) needs a single-input "
+            f"model; this one has {len(specs)} inputs"
+        )
     spec = specs[0]
     if any(d is None for d in spec.shape):
-        raise ProtocolError(f"raw binary request: input {spec.name!r} has dynamic dims "
-                            f"{list(spec.shape)}; send a JSON header with the shape")
+        raise ProtocolError(
+            f"raw binary request: input {spec.name!r} has dynamic dims "
+            f"{list(spec.shape)}; send a JSON header with the shape"
+        )
     dtype = np.dtype(spec.dtype)
     expected = math.prod(spec.shape) * dtype.itemsize
     if len(body) != expected:
-        raise ProtocolError(f"raw binary request: body is {len(body)} bytes, input "
-                            f"{spec.name!r} needs {expected}")
+        raise ProtocolError(
+            f"raw binary request: body is {len(body)} bytes, input {spec.name!r} needs {expected}"
+        )
     array = _from_bytes(body, dtype).reshape(spec.shape)
     return InferRequest(None, {spec.name: array}, binary_default=True)
 
@@ -323,23 +341,25 @@ def _object(value: Any, where: str) -> dict:
 
 def _shape(value: Any, where: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
-        raise ProtocolError(f"{where} must be a list of non-negative integers, not "
-                            f"{_brief(value)}")
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
+    ):
+        raise ProtocolError(f"{where} must be a list of non-negative integers, not {_brief(value)}")
     if len(value) > MAX_DIMS:
         raise ProtocolError(f"{where} has {len(value)} dims (at most {MAX_DIMS})")
     # Exact integer arithmetic (no float/int64 overflow), and a zero dim does not excuse huge
     # others: numpy cannot even describe an empty array of shape [0, 2**62].
     if math.prod(max(d, 1) for d in value) > MAX_ELEMENTS:
-        raise ProtocolError(f"{where} {_brief(value)} is too large (more than "
-                            f"{MAX_ELEMENTS} elements)")
+        raise ProtocolError(
+            f"{where} {_brief(value)} is too large (more than {MAX_ELEMENTS} elements)"
+        )
     return tuple(value)
 
 
 def _dtype(value: Any, where: str) -> np.dtype:
     if not isinstance(value, str) or value not in DATATYPES:
-        raise ProtocolError(f"{where} {_brief(value)} is not supported (one of "
-                            f"{', '.join(DATATYPES)})")
+        raise ProtocolError(
+            f"{where} {_brief(value)} is not supported (one of {', '.join(DATATYPES)})"
+        )
     return DATATYPES[value]
 
 
@@ -383,12 +403,14 @@ def _json_tensor(data: Any, shape: tuple[int, ...], dtype: np.dtype, name: str) 
             if dtype.kind == "f" and bool(np.any(np.isinf(converted) & ~np.isinf(array))):
                 raise ValueError(f"values too large for {_name(dtype)}")
     except (ValueError, TypeError, OverflowError) as exc:
-        raise ProtocolError(f"input {name!r}: data is not a {_name(dtype)} tensor ({exc})"
-                            ) from None
+        raise ProtocolError(
+            f"input {name!r}: data is not a {_name(dtype)} tensor ({exc})"
+        ) from None
     expected = math.prod(shape)
     if converted.size != expected:
-        raise ProtocolError(f"input {name!r}: {converted.size} values for shape {list(shape)} "
-                            f"({expected} expected)")
+        raise ProtocolError(
+            f"input {name!r}: {converted.size} values for shape {list(shape)} ({expected} expected)"
+        )
     return converted.reshape(shape)
 
 
@@ -400,72 +422,8 @@ def _asarray(data: Any) -> np.ndarray:
     millions of values holds the GIL for ~50 ms; pieces let other threads in between. The
     pieces' types promote as one call's would (ints and floats to float64, past-int64 ints
     to objects), and what one call refuses, a piece or the joining refuses."""
-    if (type(data) is not list or len(data) <= ASARRAY_VALUES
-            or isinstance(data[0], list)):
+    if type(data) is not list or len(data) <= ASARRAY_VALUES or isinstance(data[0], list):
         return np.asarray(data)
-    return np.concatenate([np.asarray(data[i:i + ASARRAY_VALUES])
-                           for i in range(0, len(data), ASARRAY_VALUES)])
-
-
-def encode_response(model_name: str, request: InferRequest, outputs: Mapping[str, np.ndarray],
-                    ) -> tuple[bytes, int | None]:
-    """(body, header length or None). Binary outputs when asked (per output or by the
-    request-wide `binary_data_output`), else JSON data."""
-    wanted = _wanted(request, outputs)
-    unknown = sorted(set(wanted) - set(outputs))
-    if unknown:
-        raise ProtocolError(f"unknown output {unknown[0]!r}; outputs are {sorted(outputs)}")
-    doc: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": []}
-    if request.id is not None:
-        doc["id"] = request.id
-    chunks: list[bytes] = []
-    as_data: list[np.ndarray] = []
-    for name, binary in wanted.items():
-        array = np.asarray(outputs[name])  # (ascontiguousarray makes 0-d arrays 1-d)
-        entry: dict[str, Any] = {"name": name, "datatype": _datatype_of_dtype(array.dtype),
-                                 "shape": list(array.shape)}
-        if binary:
-            data = array.astype(_byteorder(_LITTLE, array.dtype, "<"), copy=False).tobytes()
-            entry["parameters"] = {"binary_data_size": len(data)}
-            chunks.append(data)
-        else:
-            entry["data"] = array.ravel().tolist()
-            as_data.append(array)
-        doc["outputs"].append(entry)
-    if not chunks:
-        return _dumps(doc, as_data), None
-    # Binary outputs only carry strings and integers in the header: orjson writes the same
-    # compact JSON several times faster.
-    header = orjson.dumps(doc) if len(chunks) == len(wanted) else _dumps(doc, as_data)
-    return header + b"".join(chunks), len(header)
-
-
-def _wanted(request: InferRequest, outputs: Mapping[str, np.ndarray]) -> dict[str, bool]:
-    return request.binary_outputs or dict.fromkeys(outputs, request.binary_default)
-
-
-def json_output_values(request: InferRequest, outputs: Mapping[str, np.ndarray]) -> int:
-    """How many values the response carries as JSON data (its encoding cost)."""
-    return sum(int(np.size(outputs[name])) for name, binary in _wanted(request, outputs).items()
-               if not binary and name in outputs)
-
-
-# JSON data of this many values or more: a 0.9 M-value output took 0.63 s in `json.dumps`,
-# 34 ms with orjson. orjson writes NaN and Infinity as null, so outputs holding them keep
-# the standard library (NaN stays NaN, as Triton writes it), with its pure-Python encoder:
-# the C one holds the GIL for the whole document, stalling the event loop even from a thread.
-FAST_JSON_VALUES = 16 * 1024
-_YIELDING_ENCODER = json.JSONEncoder(separators=(",", ":"))
-
-
-def _dumps(doc: dict[str, Any], as_data: Sequence[np.ndarray]) -> bytes:
-    if sum(a.size for a in as_data) < FAST_JSON_VALUES:
-        return json.dumps(doc, separators=(",", ":")).encode()
-    if all(a.dtype.kind not in "fc" or bool(np.isfinite(a).all()) for a in as_data):
-        return orjson.dumps(doc)
-    return "".join(_YIELDING_ENCODER.iterencode(doc)).encode()
-
-
-def tensor_metadata(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
-    return [{"name": s.name, "datatype": datatype_of(s.dtype),
-             "shape": [-1 if d is None else d for d in s.shape]} for s in specs]
+    return np.concatenate(
+        [np.asarray(data[i : i + ASARRAY_VALUES]) for i in range(0, len(data), ASARRAY_VALUES)]
+    )

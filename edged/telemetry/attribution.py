@@ -47,14 +47,22 @@ class Attribution:
     preempted_wake_s: float = 0.0  # and their wake-up delays (beyond the usual)
 
 
-def attribute(outliers: Iterable[Outlier], cores: Iterable[int] | None,
-              samples: Sequence[Sample], max_gap: float | None = None) -> dict[str, int]:
+def attribute(
+    outliers: Iterable[Outlier],
+    cores: Iterable[int] | None,
+    samples: Sequence[Sample],
+    max_gap: float | None = None,
+) -> dict[str, int]:
     """cause -> outliers it touched; see `attribution`."""
     return attribution(outliers, cores, samples, max_gap).causes
 
 
-def attribution(outliers: Iterable[Outlier], cores: Iterable[int] | None,
-                samples: Sequence[Sample], max_gap: float | None = None) -> Attribution:
+def attribution(
+    outliers: Iterable[Outlier],
+    cores: Iterable[int] | None,
+    samples: Sequence[Sample],
+    max_gap: float | None = None,
+) -> Attribution:
     """For each outlier, what took its time; returns cause -> outliers, and the preemption
     figures.
 
@@ -86,8 +94,7 @@ def attribution(outliers: Iterable[Outlier], cores: Iterable[int] | None,
         off_cpu = outlier[3] if len(outlier) > 3 else None
         wake = outlier[4] if len(outlier) > 4 else None
         causes: set[str] = set()
-        computing = switches > 0 and (off_cpu is None
-                                      or off_cpu >= PREEMPTED_SHARE * (end - start))
+        computing = switches > 0 and (off_cpu is None or off_cpu >= PREEMPTED_SHARE * (end - start))
         waking = wake is not None and wake >= PREEMPTED_SHARE * (wake + end - start)
         preempted = computing or waking
         if preempted:
@@ -98,13 +105,22 @@ def attribution(outliers: Iterable[Outlier], cores: Iterable[int] | None,
         before = bisect.bisect_right(done_times, start) - 1
         if max_gap is not None and (before < 0 or start - done_times[before] > max_gap):
             woke = bisect.bisect_left(start_times, start)
-            before = woke if (woke < len(samples) and samples[woke].woke
-                              and start_times[woke] - start
-                              <= max(WAKE_SLACK_S, (end - start) / 4)
-                              and done_times[woke] < end) else -1
+            before = (
+                woke
+                if (
+                    woke < len(samples)
+                    and samples[woke].woke
+                    and start_times[woke] - start <= max(WAKE_SLACK_S, (end - start) / 4)
+                    and done_times[woke] < end
+                )
+                else -1
+            )
         after = bisect.bisect_left(start_times, end)
-        if before < 0 or after >= len(samples) or (
-                max_gap is not None and start_times[after] - end > max_gap):
+        if (
+            before < 0
+            or after >= len(samples)
+            or (max_gap is not None and start_times[after] - end > max_gap)
+        ):
             counts.update(causes or {"unsampled"})
             continue
         first, last = samples[before], samples[after]
@@ -121,8 +137,10 @@ def attribution(outliers: Iterable[Outlier], cores: Iterable[int] | None,
             if sample.throttled:
                 causes.add("throttle")
             if sample.freq and any(
-                    cur < top * (1 - FREQ_DROP_TOLERANCE)
-                    for cpu, (cur, top) in sample.freq.items() if cpu in on):
+                cur < top * (1 - FREQ_DROP_TOLERANCE)
+                for cpu, (cur, top) in sample.freq.items()
+                if cpu in on
+            ):
                 causes.add("freq_drop")
         counts.update(causes or {"unexplained"})
     result.causes = dict(counts.most_common())

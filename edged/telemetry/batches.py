@@ -79,8 +79,11 @@ ACTIVITY = Activity()  # this process's models (one daemon per process)
 
 # Per worker thread: (perf_counter, involuntary, voluntary switches) at its last batch's end.
 _last_batch = threading.local()
-_getrusage, _RUSAGE_THREAD, _thread_time = resource.getrusage, resource.RUSAGE_THREAD, \
-    time.thread_time  # looked up once: these run twice a batch
+_getrusage, _RUSAGE_THREAD, _thread_time = (
+    resource.getrusage,
+    resource.RUSAGE_THREAD,
+    time.thread_time,
+)  # looked up once: these run twice a batch
 
 # At a batch's start: (involuntary switches, voluntary switches, CPU seconds, _last_batch).
 BatchUsage = tuple[int, int, float, tuple[float, int, int] | None]
@@ -103,8 +106,9 @@ def batch_begin(activity: Activity = ACTIVITY) -> BatchUsage:
     return usage.ru_nivcsw, usage.ru_nvcsw, _thread_time(), getattr(_last_batch, "end", None)
 
 
-def batch_end(begun: BatchUsage, wall_s: float, activity: Activity = ACTIVITY
-              ) -> tuple[int, float | None, Waking | None]:
+def batch_end(
+    begun: BatchUsage, wall_s: float, activity: Activity = ACTIVITY
+) -> tuple[int, float | None, Waking | None]:
     """After the batch: (involuntary switches during it, its off-CPU seconds, how the worker
     got to it) for `LatencyRecorder.record`. Off-CPU is `wall_s` minus the thread's CPU time:
     waiting for a core, a lock, the GIL or a runtime's own threads; without
@@ -121,4 +125,3 @@ def batch_end(begun: BatchUsage, wall_s: float, activity: Activity = ACTIVITY
     _last_batch.end = (activity.last_end, usage.ru_nivcsw, usage.ru_nvcsw)
     waking = None if last is None else (last[0], involuntary - last[1], voluntary - last[2])
     return switches, off_cpu, waking
-

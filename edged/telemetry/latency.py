@@ -140,14 +140,29 @@ class PhaseStats:
         # rotation a second, measured in the daemon).
         mean = float(np.sum(weights * median)) / total
         stdev = math.sqrt(float(np.sum(weights * (median - mean) ** 2)) / total)
-        return cls(total, p50, p90, p99, p999, _ms(highest[-1]), round(mean / 1e3, 3),
-                   round(stdev / 1e3, 3))
+        return cls(
+            total,
+            p50,
+            p90,
+            p99,
+            p999,
+            _ms(highest[-1]),
+            round(mean / 1e3, 3),
+            round(stdev / 1e3, 3),
+        )
 
     def to_payload(self) -> dict[str, Any]:
-        return {"count": self.count, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
-                "p99_ms": self.p99_ms, "p999_ms": self.p999_ms, "max_ms": self.max_ms,
-                "mean_ms": self.mean_ms, "stdev_ms": self.stdev_ms,
-                "jitter_ms": self.jitter_ms}
+        return {
+            "count": self.count,
+            "p50_ms": self.p50_ms,
+            "p90_ms": self.p90_ms,
+            "p99_ms": self.p99_ms,
+            "p999_ms": self.p999_ms,
+            "max_ms": self.max_ms,
+            "mean_ms": self.mean_ms,
+            "stdev_ms": self.stdev_ms,
+            "jitter_ms": self.jitter_ms,
+        }
 
 
 def _ms(us: Any) -> float:
@@ -189,9 +204,11 @@ class WindowStats:
         payload["compute"] = self.compute.to_payload()
         payload["outlier_count"] = self.outlier_count
         payload["outliers"] = dict(self.outliers)
-        payload["outlier_preemption"] = {"switches": self.preempted_switches,
-                                         "off_cpu_ms": round(self.preempted_off_cpu_ms, 3),
-                                         "wake_delay_ms": round(self.preempted_wake_ms, 3)}
+        payload["outlier_preemption"] = {
+            "switches": self.preempted_switches,
+            "off_cpu_ms": round(self.preempted_off_cpu_ms, 3),
+            "wake_delay_ms": round(self.preempted_wake_ms, 3),
+        }
         return payload
 
 
@@ -202,11 +219,18 @@ class LatencyRecorder:
     lock they share is held for three histogram increments or for swapping two references,
     never while statistics are computed."""
 
-    def __init__(self, model: str, cores: Sequence[int] | None = None,
-                 max_outliers: int = MAX_OUTLIERS, period_s: float | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        cores: Sequence[int] | None = None,
+        max_outliers: int = MAX_OUTLIERS,
+        period_s: float | None = None,
+    ) -> None:
         if period_s is not None and not (math.isfinite(period_s) and period_s > 0):
-            raise ValueError(f"LatencyRecorder({model!r}): period_s must be a positive "
-                             f"number of seconds, not {period_s!r}")
+            raise ValueError(
+                f"LatencyRecorder({model!r}): period_s must be a positive "
+                f"number of seconds, not {period_s!r}"
+            )
         if max_outliers < 1:
             raise ValueError(f"LatencyRecorder({model!r}): max_outliers must be >= 1")
         self.model = model
@@ -232,9 +256,17 @@ class LatencyRecorder:
         self._since_range = [(0, 0) for _ in PHASES]
         self._started = self._opened
 
-    def record(self, total_s: float, queue_s: float, compute_s: float, start: float,
-               end: float, switches: int = 0, off_cpu_s: float | None = None,
-               waking: Waking | None = None) -> None:
+    def record(
+        self,
+        total_s: float,
+        queue_s: float,
+        compute_s: float,
+        start: float,
+        end: float,
+        switches: int = 0,
+        off_cpu_s: float | None = None,
+        waking: Waking | None = None,
+    ) -> None:
         """One request: its phases in seconds, its compute span (perf_counter), and what
         `batch_end` said of the worker thread: its involuntary context switches and time off
         the CPU during that span (None: not measured), and how it got to the batch.
@@ -263,15 +295,19 @@ class LatencyRecorder:
             compute.record_value(compute_us)
             self._window_count += 1
             heap = self._candidates
-            keep = min(self.max_outliers, max(MIN_CANDIDATES, int(
-                max(self._window_count, self._last_count) * CANDIDATE_FRACTION)))
+            keep = min(
+                self.max_outliers,
+                max(
+                    MIN_CANDIDATES,
+                    int(max(self._window_count, self._last_count) * CANDIDATE_FRACTION),
+                ),
+            )
             if len(heap) < keep:
                 heapq.heappush(heap, (total_s, start, end, switches, off, wake))
             elif total_s > heap[0][0]:
                 heapq.heapreplace(heap, (total_s, start, end, switches, off, wake))
 
-    def rotate(self, sampler: CoreSampler | None = None, batch_delay_s: float = 0.0
-               ) -> WindowStats:
+    def rotate(self, sampler: CoreSampler | None = None, batch_delay_s: float = 0.0) -> WindowStats:
         """Close the current window, open the next, and return the closed one's stats (its
         outliers attributed when `sampler` is given). `batch_delay_s`: the worker's
         max_queue_delay, a wait that is meant and never counts as being kept off the core."""
@@ -285,8 +321,9 @@ class LatencyRecorder:
             closed_at = self._opened
             phases = []
             above = 0  # total-phase values in buckets above p99's
-            for index, (histogram, totals) in enumerate(zip(closed, self._since_start,
-                                                            strict=True)):
+            for index, (histogram, totals) in enumerate(
+                zip(closed, self._since_start, strict=True)
+            ):
                 if not histogram.total_count:  # an idle window: nothing to add or reset
                     phases.append(PhaseStats())
                     continue
@@ -297,8 +334,7 @@ class LatencyRecorder:
                 high = histogram._counts_index_for(histogram.max_value) + 1
                 used = np.flatnonzero(counts[low:high]) + low
                 was = self._since_range[index]
-                self._since_range[index] = (min(low, was[0]) if was[1] else low,
-                                            max(high, was[1]))
+                self._since_range[index] = (min(low, was[0]) if was[1] else low, max(high, was[1]))
                 phases.append(PhaseStats.from_counts(counts, used))
                 if len(phases) == 1 and phases[0].p99_ms is not None:
                     top = round(phases[0].p99_ms * 1e3)  # p99's bucket's highest value, µs
@@ -315,36 +351,52 @@ class LatencyRecorder:
             # A wake-up delay counts above what the window's requests usually wait (the
             # cross-CPU wake-up, the batch forming) and any batching delay.
             usual = max(batch_delay_s, (phases[1].p50_ms or 0.0) / 1e3)
-            outliers = [(start, end, switches, None if off < 0 else off,
-                         None if wake < 0 else max(0.0, wake - usual))
-                        for total_s, start, end, switches, off, wake
-                        in sorted(candidates, reverse=True) if total_s * 1e3 > threshold_ms]
+            outliers = [
+                (
+                    start,
+                    end,
+                    switches,
+                    None if off < 0 else off,
+                    None if wake < 0 else max(0.0, wake - usual),
+                )
+                for total_s, start, end, switches, off, wake in sorted(candidates, reverse=True)
+                if total_s * 1e3 > threshold_ms
+            ]
         stats = WindowStats(
-            self.model, opened, closed_at, *phases, outlier_threshold_ms=threshold_ms,
-            outlier_count=max(above, len(outliers)), outlier_spans=outliers)
+            self.model,
+            opened,
+            closed_at,
+            *phases,
+            outlier_threshold_ms=threshold_ms,
+            outlier_count=max(above, len(outliers)),
+            outlier_spans=outliers,
+        )
         if sampler is not None and outliers:
-            found = attribution(outliers, self.cores, sampler.samples(),
-                                max_gap=sampler.max_gap_s)
+            found = attribution(outliers, self.cores, sampler.samples(), max_gap=sampler.max_gap_s)
             stats.outliers = found.causes
             stats.preempted_switches = found.preempted_switches
             stats.preempted_off_cpu_ms = round(found.preempted_off_cpu_s * 1e3, 3)
             stats.preempted_wake_ms = round(found.preempted_wake_s * 1e3, 3)
         return stats
 
-    def since_start(self, include_open: bool = True, total_only: bool = False
-                    ) -> WindowStats:
+    def since_start(self, include_open: bool = True, total_only: bool = False) -> WindowStats:
         """Totals over every request so far, the open window included unless `include_open`
         is false: then up to the last `rotate`, so that a payload's since-start count is
         exactly the sum of the windows published so far. `total_only`: queue and compute
         are left empty (telemetry publishes only the total since start)."""
         with self._stats_lock:
             if not include_open:
-                phases = [_range_stats(totals, *self._since_range[i])
-                          if not total_only or i == 0 else PhaseStats()
-                          for i, totals in enumerate(self._since_start)]
+                phases = [
+                    _range_stats(totals, *self._since_range[i])
+                    if not total_only or i == 0
+                    else PhaseStats()
+                    for i, totals in enumerate(self._since_start)
+                ]
                 return WindowStats(self.model, self._started, self._opened, *phases)
             with self._lock:  # a copy of 3 × 17 k counters: some µs
                 open_counts = [_counts(h).copy() for h in self._active]
-            phases = [PhaseStats.from_counts(totals + counts)
-                      for totals, counts in zip(self._since_start, open_counts, strict=True)]
+            phases = [
+                PhaseStats.from_counts(totals + counts)
+                for totals, counts in zip(self._since_start, open_counts, strict=True)
+            ]
         return WindowStats(self.model, self._started, time.perf_counter(), *phases)

@@ -39,8 +39,17 @@ INTRUDER_PROBE_S = 0.25  # first preempted window: two task scans this far apart
 INTRUDER_SCAN_EVERY_S = 10.0  # at most one task scan (or probe) in this long
 TOP_INTRUDERS = 5
 PAYLOAD_FILE_MAX_BYTES = 10 * 2**20  # the JSON-lines file is renamed to <file>.1 past this
-SINCE_START_KEYS = ("count", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms",
-                    "stdev_ms", "jitter_ms")
+SINCE_START_KEYS = (
+    "count",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "p999_ms",
+    "max_ms",
+    "mean_ms",
+    "stdev_ms",
+    "jitter_ms",
+)
 
 
 class TelemetrySink(Protocol):
@@ -63,9 +72,14 @@ class IntruderWatch:
     between name no one). A window without preemption drops the baseline. At most
     `MAX_TASKS` threads a scan."""
 
-    def __init__(self, root: SysRoot | None = None, probe_s: float = INTRUDER_PROBE_S,
-                 top: int = TOP_INTRUDERS, wait: Callable[[float], Any] = time.sleep,
-                 every_s: float = INTRUDER_SCAN_EVERY_S) -> None:
+    def __init__(
+        self,
+        root: SysRoot | None = None,
+        probe_s: float = INTRUDER_PROBE_S,
+        top: int = TOP_INTRUDERS,
+        wait: Callable[[float], Any] = time.sleep,
+        every_s: float = INTRUDER_SCAN_EVERY_S,
+    ) -> None:
         self._root = root or SysRoot()
         self._probe_s = probe_s
         self._top = top
@@ -84,8 +98,9 @@ class IntruderWatch:
         self._last_scan = time.monotonic()
         return scan
 
-    def collect(self, wanted: Mapping[str, tuple[frozenset[int], frozenset[int]]]
-                ) -> dict[str, dict[str, Any]]:
+    def collect(
+        self, wanted: Mapping[str, tuple[frozenset[int], frozenset[int]]]
+    ) -> dict[str, dict[str, Any]]:
         """model -> {"span_s", "threads", "truncated"} for `wanted`: model -> (its cores,
         thread ids not to name: its own worker)."""
         if not wanted:
@@ -100,24 +115,36 @@ class IntruderWatch:
             after = self._scan()
         self._baseline = after
         span = round(after.t - before.t, 3)
-        return {name: {"span_s": span,
-                       "threads": intruders(before, after, cores, exclude, self._top),
-                       "truncated": after.truncated}
-                for name, (cores, exclude) in wanted.items()}
+        return {
+            name: {
+                "span_s": span,
+                "threads": intruders(before, after, cores, exclude, self._top),
+                "truncated": after.truncated,
+            }
+            for name, (cores, exclude) in wanted.items()
+        }
 
 
 class TelemetryLoop:
-    def __init__(self, interval_s: float, models: Callable[[], Mapping[str, ServedModel]],
-                 sink: TelemetrySink, root: SysRoot | None = None,
-                 sampler: CoreSampler | None = None,
-                 intruder_watch: IntruderWatch | None = None) -> None:
+    def __init__(
+        self,
+        interval_s: float,
+        models: Callable[[], Mapping[str, ServedModel]],
+        sink: TelemetrySink,
+        root: SysRoot | None = None,
+        sampler: CoreSampler | None = None,
+        intruder_watch: IntruderWatch | None = None,
+    ) -> None:
         self.interval_s = interval_s
         self._models = models
         self._sink = sink
         self._root = root or SysRoot()
         self._sampler = sampler
-        self._watch = intruder_watch if intruder_watch is not None else IntruderWatch(
-            self._root, wait=self._wait)
+        self._watch = (
+            intruder_watch
+            if intruder_watch is not None
+            else IntruderWatch(self._root, wait=self._wait)
+        )
         self._cpu_use = CpuUseSampler()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,8 +164,7 @@ class TelemetryLoop:
             self._sampler.start()
         read_system(self._root, self._cpu_use)  # the first CPU-use sample is the baseline
         self._intrusions(self._models())  # and the first counter readings, for the rates
-        self._thread = threading.Thread(target=self._loop, name="edged-telemetry",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="edged-telemetry", daemon=True)
         self._thread.start()
 
     def stop(self, flush: bool = True) -> None:
@@ -176,8 +202,10 @@ class TelemetryLoop:
         throttling = bool(payload["thermal"].get("throttling"))
         if throttling != self._throttling:
             self._throttling = throttling
-            self._sink.publish_event("throttling", {
-                "throttling": throttling, "hottest": payload["thermal"].get("hottest")})
+            self._sink.publish_event(
+                "throttling",
+                {"throttling": throttling, "hottest": payload["thermal"].get("hottest")},
+            )
 
     def collect(self) -> dict[str, Any]:
         models: dict[str, Any] = {}
@@ -197,8 +225,10 @@ class TelemetryLoop:
             stats["queue_depth"] = worker.queue_depth
             models[name] = stats
             if window.outliers.get("preempted") and worker.cpus:
-                preempted[name] = (frozenset(worker.cpus),
-                                   frozenset({worker.native_id} if worker.native_id else ()))
+                preempted[name] = (
+                    frozenset(worker.cpus),
+                    frozenset({worker.native_id} if worker.native_id else ()),
+                )
         try:
             for name, found in self._watch.collect(preempted).items():
                 models[name]["intruders"] = found
@@ -224,8 +254,11 @@ class TelemetryLoop:
         sampling (no second parse of /proc/interrupts), else from /proc directly."""
         # Only a sample the sampler took just now: parked (no batch in flight), its newest
         # sample is from the last busy spell.
-        latest = self._sampler.latest(max_age_s=2 * self._sampler.period_s) \
-            if self._sampler is not None else None
+        latest = (
+            self._sampler.latest(max_age_s=2 * self._sampler.period_s)
+            if self._sampler is not None
+            else None
+        )
         if latest is not None:
             t, irqs, soft = latest.t, latest.irqs, latest.softirqs
         else:
@@ -236,8 +269,7 @@ class TelemetryLoop:
             irqs = irq_table.totals() if irq_table.read() else {}
             soft = soft_table.by_key() if soft_table.read() else {}
         softs = {cpu: sum(kinds.values()) for cpu, kinds in soft.items()}
-        pinned = sorted({cpu for served in models.values()
-                         for cpu in (served.worker.cpus or ())})
+        pinned = sorted({cpu for served in models.values() for cpu in (served.worker.cpus or ())})
         previous, self._cpu_counts = self._cpu_counts, (t, irqs, softs)
         span = None if previous is None else t - previous[0]
         cpus: dict[str, Any] = {}
@@ -264,12 +296,17 @@ class TelemetryLoop:
                     rate = round((counts.involuntary - before[2]) / (now - before[0]), 2)
             workers[name] = {"involuntary_switches_per_s": rate}
         sampler_hz = None if self._sampler is None else round(1 / self._sampler.period_s, 1)
-        return {"span_s": None if span is None else round(span, 3),
-                "scope": "inference" if pinned else "all", "cpus": cpus, "workers": workers,
-                "sampler_hz": sampler_hz}
+        return {
+            "span_s": None if span is None else round(span, 3),
+            "scope": "inference" if pinned else "all",
+            "cpus": cpus,
+            "workers": workers,
+            "sampler_hz": sampler_hz,
+        }
 
 
 # -- without a broker --------------------------------------------------------------------------
+
 
 class LogSink:
     """Telemetry without a broker: one summary line per payload at INFO (`summary_line`), the
@@ -278,9 +315,13 @@ class LogSink:
     past `max_bytes`, so it stays bounded). A ~3 KB line every interval would bury the rest
     of the log. Events go to the publisher unchanged (they are short and rare)."""
 
-    def __init__(self, publisher: TelemetrySink, payload_file: Path | None = None,
-                 max_bytes: int = PAYLOAD_FILE_MAX_BYTES,
-                 logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        publisher: TelemetrySink,
+        payload_file: Path | None = None,
+        max_bytes: int = PAYLOAD_FILE_MAX_BYTES,
+        logger: logging.Logger | None = None,
+    ) -> None:
         self._publisher = publisher
         self.payload_file = payload_file
         self._max_bytes = max_bytes
@@ -296,8 +337,13 @@ class LogSink:
         self._log.info("telemetry: %s", summary_line(payload))
         if self.payload_file is None and not self._log.isEnabledFor(logging.DEBUG):
             return
-        record = {"topic": "telemetry", "ts": payload.get("ts", round(time.time(), 3)),
-                  "seq": self._seq, "bdSeq": 0, **payload}
+        record = {
+            "topic": "telemetry",
+            "ts": payload.get("ts", round(time.time(), 3)),
+            "seq": self._seq,
+            "bdSeq": 0,
+            **payload,
+        }
         line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY)
         self._log.debug("%s", line.decode())
         if self.payload_file is not None:
@@ -330,13 +376,15 @@ def summary_line(payload: Mapping[str, Any]) -> str:
             text += f" p50 {_num(m.get('p50_ms'))} p99 {_num(m.get('p99_ms'))} ms"
         causes = m.get("outliers") or {}
         if causes:
-            text += f", outliers {m.get('outlier_count', sum(causes.values()))}: " + \
-                ", ".join(f"{cause} {n}" for cause, n in causes.items())
+            text += f", outliers {m.get('outlier_count', sum(causes.values()))}: " + ", ".join(
+                f"{cause} {n}" for cause, n in causes.items()
+            )
         threads = (m.get("intruders") or {}).get("threads") or []
         if threads:
             top = threads[0]
-            text += f" (by {top['comm']}[{top['pid']}] {top['cpu_ms'] / 1e3:.2f} s" \
-                    f" on CPU {top['cpu']})"
+            text += (
+                f" (by {top['comm']}[{top['pid']}] {top['cpu_ms'] / 1e3:.2f} s on CPU {top['cpu']})"
+            )
         parts.append(text)
     hottest = (payload.get("thermal") or {}).get("hottest")
     if hottest:

@@ -35,6 +35,7 @@ BUDGET_WINDOW_S = 1.0
 MIN_SAMPLER_HZ = 5.0
 MAX_GAP_PERIODS = 3  # a bracketing sample further than this from the request is too coarse
 
+
 @dataclass(slots=True)
 class Sample:
     """Counters of the watched CPUs, read between `t` and `t_done` (perf_counter). Not
@@ -95,12 +96,19 @@ def throttle_reader(root: SysRoot) -> Callable[[], bool] | None:
     at SAMPLER_HZ). None: this root has neither."""
     from sysconf.thermal import THERMAL_DIR, THROTTLED_GLOBS, THROTTLED_PATH, Throttled
 
-    firmware = THROTTLED_PATH if root.exists(THROTTLED_PATH) else next(
-        (path for pattern in THROTTLED_GLOBS for path in root.glob(pattern)), None)
-    cooling = [f"{THERMAL_DIR}/{name}/cur_state" for name in root.listdir(THERMAL_DIR)
-               if name.startswith("cooling_device")
-               and (root.read_line(f"{THERMAL_DIR}/{name}/type") or "").startswith(
-                   ("cpufreq-", "thermal-cpufreq-", "Processor"))]
+    firmware = (
+        THROTTLED_PATH
+        if root.exists(THROTTLED_PATH)
+        else next((path for pattern in THROTTLED_GLOBS for path in root.glob(pattern)), None)
+    )
+    cooling = [
+        f"{THERMAL_DIR}/{name}/cur_state"
+        for name in root.listdir(THERMAL_DIR)
+        if name.startswith("cooling_device")
+        and (root.read_line(f"{THERMAL_DIR}/{name}/type") or "").startswith(
+            ("cpufreq-", "thermal-cpufreq-", "Processor")
+        )
+    ]
     if firmware is None and not cooling:
         return None
 
@@ -143,13 +151,18 @@ class CoreSampler:
     counters are bracketed from the sampler's wake-up (`attribution.WAKE_SLACK_S`, or a
     quarter of the batch, at most after it began) rather than from the last busy spell."""
 
-    def __init__(self, cpus: Iterable[int] | None = None, rate_hz: float = SAMPLER_HZ,
-                 horizon_s: float = 10.0, root: SysRoot | None = None,
-                 freq: FreqReader | None = None,
-                 throttled: Callable[[], bool] | None = None,
-                 cpu_affinity: Iterable[int] | None = None,
-                 activity: Activity | None = ACTIVITY,
-                 cpu_budget: float | None = None) -> None:
+    def __init__(
+        self,
+        cpus: Iterable[int] | None = None,
+        rate_hz: float = SAMPLER_HZ,
+        horizon_s: float = 10.0,
+        root: SysRoot | None = None,
+        freq: FreqReader | None = None,
+        throttled: Callable[[], bool] | None = None,
+        cpu_affinity: Iterable[int] | None = None,
+        activity: Activity | None = ACTIVITY,
+        cpu_budget: float | None = None,
+    ) -> None:
         if rate_hz <= 0 or horizon_s <= 0:
             raise ValueError("rate_hz and horizon_s must be positive")
         if cpu_budget is not None and not cpu_budget > 0:
@@ -165,7 +178,8 @@ class CoreSampler:
         self._affinity = set(cpu_affinity) if cpu_affinity else None
         self.activity = activity
         self._ring: collections.deque[Sample] = collections.deque(
-            maxlen=max(2, math.ceil(horizon_s * rate_hz)))
+            maxlen=max(2, math.ceil(horizon_s * rate_hz))
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._irq_table: CounterTable | None = None
@@ -176,8 +190,7 @@ class CoreSampler:
 
     def sample_once(self, woke: bool = False) -> Sample:
         if self._irq_table is None or self._soft_table is None:
-            self._irq_table, self._soft_table = interrupt_table(self.root), \
-                softirq_table(self.root)
+            self._irq_table, self._soft_table = interrupt_table(self.root), softirq_table(self.root)
         t = time.perf_counter()
         irqs = self._irq_table.totals() if self._irq_table.read() else {}
         softirqs = self._soft_table.by_key(self.cpus) if self._soft_table.read() else {}
@@ -232,8 +245,7 @@ class CoreSampler:
         if self._thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="edged-coresampler",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="edged-coresampler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -256,7 +268,8 @@ class CoreSampler:
         while not self._stop.is_set():
             woke = False
             if self.activity is not None and self.activity.park_if_idle(
-                    self.tail_s, self._stop.is_set):
+                self.tail_s, self._stop.is_set
+            ):
                 if self._stop.is_set():
                     break
                 self.parks += 1
@@ -290,12 +303,14 @@ class CoreSampler:
         assert self.cpu_budget is not None
         self.cpu_used = used
         per_sample = used * self.period_s
-        self.period_s = min(self.max_period_s,
-                            max(self.base_period_s, per_sample / self.cpu_budget * 1.1))
+        self.period_s = min(
+            self.max_period_s, max(self.base_period_s, per_sample / self.cpu_budget * 1.1)
+        )
 
 
-def inference_sampler(cpus: Iterable[int] | None, root: SysRoot,
-                      housekeeping: Iterable[int] | None) -> CoreSampler:
+def inference_sampler(
+    cpus: Iterable[int] | None, root: SysRoot, housekeeping: Iterable[int] | None
+) -> CoreSampler:
     """The daemon's sampler: interrupt/softirq counters of the inference cores `cpus` (None:
     every CPU), plus their cpufreq and the throttle state (read from `root`), so outliers
     can be blamed on "freq_drop" and "throttle" as well as on interrupts. It samples only
@@ -303,13 +318,21 @@ def inference_sampler(cpus: Iterable[int] | None, root: SysRoot,
     daemon pays nothing for it; busy, it stays within SAMPLER_CPU_BUDGET of a core
     (SAMPLER_HZ where a sample is cheap, down to MIN_SAMPLER_HZ). Its thread runs on the
     `housekeeping` CPUs."""
-    has_cpufreq = any(root.exists(f"/sys/devices/system/cpu/{name}/cpufreq")
-                      for name in root.listdir("/sys/devices/system/cpu")
-                      if name.startswith("cpu") and name[3:].isdecimal())
-    return CoreSampler(cpus, rate_hz=SAMPLER_HZ, root=root,
-                       freq=cpufreq_reader(root) if has_cpufreq else None,
-                       throttled=throttle_reader(root), cpu_affinity=housekeeping,
-                       activity=ACTIVITY, cpu_budget=SAMPLER_CPU_BUDGET)
+    has_cpufreq = any(
+        root.exists(f"/sys/devices/system/cpu/{name}/cpufreq")
+        for name in root.listdir("/sys/devices/system/cpu")
+        if name.startswith("cpu") and name[3:].isdecimal()
+    )
+    return CoreSampler(
+        cpus,
+        rate_hz=SAMPLER_HZ,
+        root=root,
+        freq=cpufreq_reader(root) if has_cpufreq else None,
+        throttled=throttle_reader(root),
+        cpu_affinity=housekeeping,
+        activity=ACTIVITY,
+        cpu_budget=SAMPLER_CPU_BUDGET,
+    )
 
 
 @cache

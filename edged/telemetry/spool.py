@@ -69,8 +69,10 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta (key, value) VALUES ('dropped_total', 0), ('dropped_unreported', 0);
 """
 _OUR_TABLES = {"items", "meta", "sqlite_sequence"}
-_REMEDY = ("stop edged, move the file and its -wal and -shm files aside, and start edged "
-           "again (it creates a new, empty spool); `sqlite3 FILE .recover` salvages items")
+_REMEDY = (
+    "stop edged, move the file and its -wal and -shm files aside, and start edged "
+    "again (it creates a new, empty spool); `sqlite3 FILE .recover` salvages items"
+)
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,14 @@ class SpoolError(RuntimeError):
 class Spool:
     """A bounded, durable FIFO of MQTT messages in one sqlite file."""
 
-    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_age_s: float = DEFAULT_MAX_AGE_S,
-                 *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: Path,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"spool max_bytes must be positive, got {max_bytes}")
         if not max_age_s > 0:
@@ -111,16 +118,19 @@ class Spool:
 
     def _open(self) -> sqlite3.Connection:
         if self.path.is_dir():
-            raise SpoolError(f"{self.path}: is a directory, not a spool file; move it aside "
-                             "or point the state dir elsewhere")
+            raise SpoolError(
+                f"{self.path}: is a directory, not a spool file; move it aside "
+                "or point the state dir elsewhere"
+            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SpoolError(f"{self.path}: cannot create its folder: {exc}") from exc
         created = not self.path.exists() or self.path.stat().st_size == 0
         try:
-            db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None,
-                                 check_same_thread=False)
+            db = sqlite3.connect(
+                self.path, timeout=5.0, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as exc:
             raise SpoolError(f"{self.path}: cannot open: {exc}") from exc
         try:
@@ -146,12 +156,16 @@ class Spool:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if app_id not in (0, APPLICATION_ID) or (tables and not tables <= _OUR_TABLES):
-            raise SpoolError(f"{self.path}: a sqlite database but not an edged spool "
-                             f"(application_id {app_id:#x}, tables {sorted(tables)}); "
-                             "point the state dir elsewhere or move the file aside")
+            raise SpoolError(
+                f"{self.path}: a sqlite database but not an edged spool "
+                f"(application_id {app_id:#x}, tables {sorted(tables)}); "
+                "point the state dir elsewhere or move the file aside"
+            )
         if version > SCHEMA_VERSION:
-            raise SpoolError(f"{self.path}: spool format {version} is newer than this edged "
-                             f"understands ({SCHEMA_VERSION}); upgrade edged or move it aside")
+            raise SpoolError(
+                f"{self.path}: spool format {version} is newer than this edged "
+                f"understands ({SCHEMA_VERSION}); upgrade edged or move it aside"
+            )
         mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode != "wal":
             raise SpoolError(f"{self.path}: the file system refused WAL mode (got {mode!r})")
@@ -159,15 +173,18 @@ class Spool:
         if version == 0:
             # One transaction (idempotent, should two processes create the file at once).
             self._set_sync(db, "FULL")
-            db.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA application_id={APPLICATION_ID};"
-                             f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+            db.executescript(
+                f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA application_id={APPLICATION_ID};"
+                f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
+            )
         # A corrupt page would otherwise surface mid-run, in some later append; quick_check
         # reads every page once (the benchmark measures what that costs at open).
         problems = [r[0] for r in db.execute("PRAGMA quick_check(5)")]
         if problems != ["ok"]:
             raise sqlite3.DatabaseError("; ".join(problems))
         self._count, self._bytes = db.execute(
-            "SELECT count(*), coalesce(sum(length(payload)), 0) FROM items").fetchone()
+            "SELECT count(*), coalesce(sum(length(payload)), 0) FROM items"
+        ).fetchone()
         self._dropped_total = self._meta(db, "dropped_total")
         self._write(db, durable=True, body=lambda: self._drop_expired(db, self._clock()))
 
@@ -185,8 +202,10 @@ class Spool:
             raise ValueError(f"spool qos must be 0, 1 or 2, got {qos!r}")
         payload = bytes(payload)
         if len(payload) > self.max_bytes:
-            raise ValueError(f"payload of {len(payload)} bytes is larger than the whole spool "
-                             f"({self.max_bytes} bytes)")
+            raise ValueError(
+                f"payload of {len(payload)} bytes is larger than the whole spool "
+                f"({self.max_bytes} bytes)"
+            )
         with self._guard("append") as db:
             now = self._clock()
 
@@ -195,7 +214,8 @@ class Spool:
                 self._drop_oldest(db, self._bytes + len(payload) - self.max_bytes)
                 cur = db.execute(
                     "INSERT INTO items (topic, payload, qos, created) VALUES (?, ?, ?, ?)",
-                    (topic, payload, qos, now))
+                    (topic, payload, qos, now),
+                )
                 self._count += 1
                 self._bytes += len(payload)
                 return int(cur.lastrowid)
@@ -207,15 +227,19 @@ class Spool:
         if limit < 1:
             raise ValueError(f"pending limit must be at least 1, got {limit}")
         with self._guard("pending") as db:
-            rows = db.execute("SELECT id, topic, payload, qos, created FROM items WHERE id > ? "
-                              "ORDER BY id LIMIT ?", (after_id, limit)).fetchall()
+            rows = db.execute(
+                "SELECT id, topic, payload, qos, created FROM items WHERE id > ? "
+                "ORDER BY id LIMIT ?",
+                (after_id, limit),
+            ).fetchall()
         return [SpoolItem(*row) for row in rows]
 
     def ack(self, item_id: int) -> None:
         """Delete an item the broker has (PUBACK); an unknown or already acked id is a no-op."""
         with self._guard("ack") as db:
-            row = db.execute("SELECT length(payload) FROM items WHERE id = ?",
-                             (item_id,)).fetchone()
+            row = db.execute(
+                "SELECT length(payload) FROM items WHERE id = ?", (item_id,)
+            ).fetchone()
             if row is None:
                 return
 
@@ -235,8 +259,13 @@ class Spool:
                 # Not fsync'd: the caller reports the count in an event it appends, and that
                 # append's fsync makes this reset durable too; if power goes before it, the
                 # event is gone as well and the count is rightly reported again.
-                self._write(db, durable=False, body=lambda: db.execute(
-                    "UPDATE meta SET value = 0 WHERE key = 'dropped_unreported'"))
+                self._write(
+                    db,
+                    durable=False,
+                    body=lambda: db.execute(
+                        "UPDATE meta SET value = 0 WHERE key = 'dropped_unreported'"
+                    ),
+                )
             return count
 
     def stats(self) -> dict[str, Any]:
@@ -244,8 +273,12 @@ class Spool:
         "dropped_total" (ever, across restarts)}."""
         with self._guard("stats") as db:
             oldest = db.execute("SELECT min(created) FROM items").fetchone()[0]
-            return {"count": self._count, "bytes": self._bytes, "oldest_created": oldest,
-                    "dropped_total": self._dropped_total}
+            return {
+                "count": self._count,
+                "bytes": self._bytes,
+                "oldest_created": oldest,
+                "dropped_total": self._dropped_total,
+            }
 
     def close(self) -> None:
         """Close the file (idempotent); later calls raise SpoolError."""
@@ -296,8 +329,10 @@ class Spool:
 
     def _drop_expired(self, db: sqlite3.Connection, now: float) -> None:
         cutoff = now - self.max_age_s  # older than max_age_s: created < cutoff
-        count, size = db.execute("SELECT count(*), coalesce(sum(length(payload)), 0) FROM items "
-                                 "WHERE created < ?", (cutoff,)).fetchone()
+        count, size = db.execute(
+            "SELECT count(*), coalesce(sum(length(payload)), 0) FROM items WHERE created < ?",
+            (cutoff,),
+        ).fetchone()
         if count:
             db.execute("DELETE FROM items WHERE created < ?", (cutoff,))
             self._dropped(db, count, size)
@@ -307,8 +342,9 @@ class Spool:
         freed = count = 0
         last = 0
         while freed < excess:
-            rows = db.execute("SELECT id, length(payload) FROM items WHERE id > ? ORDER BY id "
-                              "LIMIT 256", (last,)).fetchall()
+            rows = db.execute(
+                "SELECT id, length(payload) FROM items WHERE id > ? ORDER BY id LIMIT 256", (last,)
+            ).fetchall()
             if not rows:
                 break
             for item_id, size in rows:
@@ -322,8 +358,11 @@ class Spool:
             self._dropped(db, count, freed)
 
     def _dropped(self, db: sqlite3.Connection, count: int, size: int) -> None:
-        db.execute("UPDATE meta SET value = value + ? WHERE key IN "
-                   "('dropped_total', 'dropped_unreported')", (count,))
+        db.execute(
+            "UPDATE meta SET value = value + ? WHERE key IN "
+            "('dropped_total', 'dropped_unreported')",
+            (count,),
+        )
         self._count -= count
         self._bytes -= size
         self._dropped_total += count

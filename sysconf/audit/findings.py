@@ -86,16 +86,28 @@ class Catalogue:
                 if severity not in SEVERITIES:
                     raise ValueError(f"{fid}: severity {severity!r} not in {SEVERITIES}")
 
-    def finding(self, fid: str, status: str, title: str | None = None, *,
-                escalated: bool = False, **fields: Any) -> Finding:
+    def finding(
+        self,
+        fid: str,
+        status: str,
+        title: str | None = None,
+        *,
+        escalated: bool = False,
+        **fields: Any,
+    ) -> Finding:
         """A finding of a declared id, with the severity the catalogue gives it (so each id's
         severity is written once). `title` defaults to the rule's; `escalated` picks the
         rule's worse severity. An undeclared id raises KeyError: a bug in the check."""
         rule = self.rules[fid]
         if escalated and not rule.escalated:
             raise ValueError(f"{fid}: no escalated severity declared")
-        return Finding(id=fid, severity=rule.escalated if escalated else rule.severity,
-                       status=status, title=rule.title if title is None else title, **fields)
+        return Finding(
+            id=fid,
+            severity=rule.escalated if escalated else rule.severity,
+            status=status,
+            title=rule.title if title is None else title,
+            **fields,
+        )
 
 
 @dataclass
@@ -127,8 +139,9 @@ class Check:
 REGISTRY: dict[str, Check] = {}
 
 
-def register(name: str, catalogue: Catalogue, order: int, default_on: bool = True
-             ) -> Callable[[CheckFn], CheckFn]:
+def register(
+    name: str, catalogue: Catalogue, order: int, default_on: bool = True
+) -> Callable[[CheckFn], CheckFn]:
     def wrap(fn: CheckFn) -> CheckFn:
         if name in REGISTRY:
             raise ValueError(f"check {name!r} registered twice")
@@ -136,4 +149,3 @@ def register(name: str, catalogue: Catalogue, order: int, default_on: bool = Tru
         return fn
 
     return wrap
-

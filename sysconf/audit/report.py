@@ -46,9 +46,13 @@ def exit_code(findings: Sequence[Finding], fail_on: str = "fail") -> int:
     return EXIT_FAILED if any(level(f) >= threshold for f in findings) else EXIT_OK
 
 
-def render(findings: Sequence[Finding], fmt: str, colour: bool = False,
-           sections: Mapping[str, int] | None = None,
-           stats: Sequence[CheckStats] | None = None) -> str:
+def render(
+    findings: Sequence[Finding],
+    fmt: str,
+    colour: bool = False,
+    sections: Mapping[str, int] | None = None,
+    stats: Sequence[CheckStats] | None = None,
+) -> str:
     """`sections`: the text report's section order (`runner.sections()`); `stats`: put into
     the JSON report as "checks" (the other formats leave them to `render_stats`)."""
     if fmt == "json":
@@ -64,10 +68,12 @@ def _prefix(finding: Finding) -> str:
     return finding.id.split("-", 1)[0]
 
 
-def render_text(findings: Sequence[Finding], colour: bool = False,
-                sections: Mapping[str, int] | None = None) -> str:
+def render_text(
+    findings: Sequence[Finding], colour: bool = False, sections: Mapping[str, int] | None = None
+) -> str:
     """Findings grouped by id prefix, the groups in `sections` order (others after them, in
     the order they come)."""
+
     def tag(status: str) -> str:
         word = f"[{status.upper():5}]"
         return f"\033[{_COLOURS[status]}m{word}\033[0m" if colour else word
@@ -102,8 +108,10 @@ def _stats_dict(stats: CheckStats) -> dict[str, Any]:
 
 
 def render_json(findings: Sequence[Finding], stats: Sequence[CheckStats] | None = None) -> str:
-    report: dict[str, Any] = {"findings": [f.to_dict() for f in findings],
-                              "summary": summary(findings)}
+    report: dict[str, Any] = {
+        "findings": [f.to_dict() for f in findings],
+        "summary": summary(findings),
+    }
     if stats is not None:
         report["checks"] = [_stats_dict(s) for s in stats]
     return json.dumps(report, indent=2) + "\n"
@@ -113,8 +121,10 @@ def render_stats(stats: Sequence[CheckStats]) -> str:
     """One row per check run: its name, whether it ran to its end, seconds, findings."""
     width = max([len("check"), *(len(s.check) for s in stats)])
     lines = [f"{'check':<{width}}  ok    seconds  findings"]
-    lines += [f"{s.check:<{width}}  {'yes' if s.ok else 'no':3}  {s.seconds:8.6f}  "
-              f"{s.findings:8d}" for s in stats]
+    lines += [
+        f"{s.check:<{width}}  {'yes' if s.ok else 'no':3}  {s.seconds:8.6f}  {s.findings:8d}"
+        for s in stats
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -132,12 +142,19 @@ def _detail(f: Finding) -> str:
 def render_junit(findings: Sequence[Finding]) -> str:
     counts = summary(findings)
     suites = ET.Element("testsuites", name="edgectl audit")
-    suite = ET.SubElement(suites, "testsuite", name="edgectl audit", tests=str(len(findings)),
-                          failures=str(counts["warn"] + counts["fail"]),
-                          errors=str(counts["error"]), skipped=str(counts["skip"]))
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name="edgectl audit",
+        tests=str(len(findings)),
+        failures=str(counts["warn"] + counts["fail"]),
+        errors=str(counts["error"]),
+        skipped=str(counts["skip"]),
+    )
     for f in findings:
-        case = ET.SubElement(suite, "testcase", classname=f"edgectl.audit.{_prefix(f)}",
-                             name=_case_name(f))
+        case = ET.SubElement(
+            suite, "testcase", classname=f"edgectl.audit.{_prefix(f)}", name=_case_name(f)
+        )
         if f.status in ("warn", "fail"):
             node = ET.SubElement(case, "failure", message=f.title, type=f"{f.status}")
             node.text = _detail(f)
@@ -160,13 +177,15 @@ def render_sarif(findings: Sequence[Finding]) -> str:
         if f.id in index:
             continue
         index[f.id] = len(rules)
-        rules.append({
-            "id": f.id,
-            "name": f.id.title().replace("-", ""),
-            "shortDescription": {"text": f.title if not f.subject else f.id},
-            "defaultConfiguration": {"level": _SARIF_LEVEL[f.severity]},
-            "properties": {"fixable": f.fixable},
-        })
+        rules.append(
+            {
+                "id": f.id,
+                "name": f.id.title().replace("-", ""),
+                "shortDescription": {"text": f.title if not f.subject else f.id},
+                "defaultConfiguration": {"level": _SARIF_LEVEL[f.severity]},
+                "properties": {"fixable": f.fixable},
+            }
+        )
     results = []
     for f in findings:
         if f.status not in ("warn", "fail"):
@@ -175,31 +194,43 @@ def render_sarif(findings: Sequence[Finding]) -> str:
             "ruleId": f.id,
             "ruleIndex": index[f.id],
             "level": "error" if f.status == "fail" else "warning",
-            "message": {"text": f.title + (f"\n{_detail(f)}" if f.evidence or f.remedy
-                                           else "")},
+            "message": {"text": f.title + (f"\n{_detail(f)}" if f.evidence or f.remedy else "")},
             "partialFingerprints": {"edgedFindingHash/v1": fingerprint(f)},
             "properties": {"subject": f.subject, "fixable": f.fixable, "remedy": f.remedy},
         }
         if f.evidence:
-            result["locations"] = [{
-                "physicalLocation": {"artifactLocation": {"uri": e.path.lstrip("/") or ".",
-                                                          "uriBaseId": "ROOT"}},
-                "message": {"text": f"observed {e.observed!r}, expected {e.expected!r}"},
-            } for e in f.evidence]
+            result["locations"] = [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": e.path.lstrip("/") or ".", "uriBaseId": "ROOT"}
+                    },
+                    "message": {"text": f"observed {e.observed!r}, expected {e.expected!r}"},
+                }
+                for e in f.evidence
+            ]
         results.append(result)
     errors = [f for f in findings if f.status == "error"]
     sarif = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {"name": "edgectl audit", "rules": rules}},
-            "invocations": [{
-                "executionSuccessful": not errors,
-                "toolExecutionNotifications": [
-                    {"level": "error", "message": {"text": f.title},
-                     "descriptor": {"id": f.id}} for f in errors],
-            }],
-            "results": results,
-        }],
+        "runs": [
+            {
+                "tool": {"driver": {"name": "edgectl audit", "rules": rules}},
+                "invocations": [
+                    {
+                        "executionSuccessful": not errors,
+                        "toolExecutionNotifications": [
+                            {
+                                "level": "error",
+                                "message": {"text": f.title},
+                                "descriptor": {"id": f.id},
+                            }
+                            for f in errors
+                        ],
+                    }
+                ],
+                "results": results,
+            }
+        ],
     }
     return json.dumps(sarif, indent=2) + "\n"

@@ -36,8 +36,11 @@ def load_checks() -> list[Check]:
 
 def sections() -> dict[str, int]:
     """id prefix -> its place among the text report's sections, from the catalogues."""
-    return {prefix: place for check in load_checks()
-            for prefix, place in check.catalogue.sections.items()}
+    return {
+        prefix: place
+        for check in load_checks()
+        for prefix, place in check.catalogue.sections.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,9 @@ def _selected(check: Check, only: Sequence[str]) -> bool:
     """A default-on check always runs, since a check may yield ids of other prefixes than its
     own (isolation yields IRQ-/KRN-); one that is off by default runs when --only names its
     prefix (or a longer or shorter one)."""
-    return check.default_on or any(check.prefix.startswith(p) or p.startswith(check.prefix)
-                                   for p in only)
+    return check.default_on or any(
+        check.prefix.startswith(p) or p.startswith(check.prefix) for p in only
+    )
 
 
 def run(ctx: AuditContext, only: Sequence[str] = (), skip: Sequence[str] = ()) -> AuditRun:
@@ -83,11 +87,13 @@ def run(ctx: AuditContext, only: Sequence[str] = (), skip: Sequence[str] = ()) -
                     continue
                 kept.append(finding)
         except Exception as exc:  # report, do not crash the audit
-            error = Finding(id=error_id(check.prefix), severity=CHECK_ERROR.severity,
-                            status="error",
-                            title=f"check {check.name} failed: {exc.__class__.__name__}: {exc}",
-                            remedy="report this as a bug in edged")
-        stats.append(CheckStats(check.name, error is None, time.perf_counter() - start,
-                                len(kept)))
+            error = Finding(
+                id=error_id(check.prefix),
+                severity=CHECK_ERROR.severity,
+                status="error",
+                title=f"check {check.name} failed: {exc.__class__.__name__}: {exc}",
+                remedy="report this as a bug in edged",
+            )
+        stats.append(CheckStats(check.name, error is None, time.perf_counter() - start, len(kept)))
         findings += kept if error is None else [*kept, error]
     return AuditRun(findings, stats)

@@ -67,25 +67,72 @@ def make_certs(folder: Path) -> Certs:
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
 
     def ca(name: str) -> None:
-        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-sha256",
-            "-subj", f"/CN=edged test {name}", "-keyout", f"{name}.key", "-out", f"{name}.pem")
+        run(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-sha256",
+            "-subj",
+            f"/CN=edged test {name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.pem",
+        )
 
     def signed(name: str, subject: str, ext: str) -> None:
         (folder / f"{name}.ext").write_text(ext)
-        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
-            "-keyout", f"{name}.key", "-out", f"{name}.csr")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "2", "-sha256", "-extfile", f"{name}.ext",
-            "-out", f"{name}.pem")
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            subject,
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-sha256",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            f"{name}.pem",
+        )
 
     ca("ca")
     ca("other-ca")
-    signed("server", "/CN=localhost",
-           "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    signed(
+        "server",
+        "/CN=localhost",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
     signed("client", "/CN=edged-test-device", "extendedKeyUsage=clientAuth\n")
-    return Certs(ca=folder / "ca.pem", server_cert=folder / "server.pem",
-                 server_key=folder / "server.key", client_cert=folder / "client.pem",
-                 client_key=folder / "client.key", other_ca=folder / "other-ca.pem")
+    return Certs(
+        ca=folder / "ca.pem",
+        server_cert=folder / "server.pem",
+        server_key=folder / "server.key",
+        client_cert=folder / "client.pem",
+        client_key=folder / "client.key",
+        other_ca=folder / "other-ca.pem",
+    )
 
 
 class Broker:
@@ -95,9 +142,15 @@ class Broker:
     `mosquitto_passwd -b`. `stop()` then `start()` brings it back on the same ports.
     """
 
-    def __init__(self, folder: Path, *, certs: Certs | None = None,
-                 users: dict[str, str] | None = None, require_client_cert: bool = False,
-                 persistence: bool = False):
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        certs: Certs | None = None,
+        users: dict[str, str] | None = None,
+        require_client_cert: bool = False,
+        persistence: bool = False,
+    ):
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -109,8 +162,11 @@ class Broker:
         lines = [
             # persistence: sessions of persistent subscribers (and their queued QoS 1
             # messages) survive a restart, as on a production broker; saved at SIGTERM.
-            *(["persistence true", f"persistence_location {folder}/"] if persistence
-              else ["persistence false"]),
+            *(
+                ["persistence true", f"persistence_location {folder}/"]
+                if persistence
+                else ["persistence false"]
+            ),
             f"log_dest file {self.log}",
             "log_type all",
             # Root would otherwise drop to the "mosquitto" user, who cannot read our temp files.
@@ -125,16 +181,22 @@ class Broker:
             pwfile = folder / "passwd"
             pwfile.touch(mode=0o600)
             for name, password in users.items():
-                subprocess.run([MOSQUITTO_PASSWD, "-b", str(pwfile), name, password],
-                               check=True, capture_output=True)
+                subprocess.run(
+                    [MOSQUITTO_PASSWD, "-b", str(pwfile), name, password],
+                    check=True,
+                    capture_output=True,
+                )
             auth = ["allow_anonymous false", f"password_file {pwfile}"]
         lines += auth
         if certs:
-            lines += [f"listener {self.tls_port} 127.0.0.1",
-                      f"cafile {certs.ca}", f"certfile {certs.server_cert}",
-                      f"keyfile {certs.server_key}",
-                      f"require_certificate {'true' if require_client_cert else 'false'}",
-                      *auth]
+            lines += [
+                f"listener {self.tls_port} 127.0.0.1",
+                f"cafile {certs.ca}",
+                f"certfile {certs.server_cert}",
+                f"keyfile {certs.server_key}",
+                f"require_certificate {'true' if require_client_cert else 'false'}",
+                *auth,
+            ]
         # per_listener_settings lets each listener carry its own auth lines.
         self.config.write_text("per_listener_settings true\n" + "\n".join(lines) + "\n")
 
@@ -148,8 +210,9 @@ class Broker:
 
     def start(self) -> Broker:
         assert self.proc is None, "already running"
-        self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.config)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [MOSQUITTO, "-c", str(self.config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         try:
             for port in (self.port, self.tls_port):
                 if port is not None:
@@ -158,8 +221,10 @@ class Broker:
             self.proc.kill()
             _, err = self.proc.communicate()
             self.proc = None
-            raise RuntimeError(f"mosquitto did not start: {err.decode(errors='replace')}; "
-                               f"log: {self.log_text()[-2000:]}") from None
+            raise RuntimeError(
+                f"mosquitto did not start: {err.decode(errors='replace')}; "
+                f"log: {self.log_text()[-2000:]}"
+            ) from None
         return self
 
     def stop(self) -> None:
@@ -190,20 +255,55 @@ class Broker:
         self.stop()
 
 
-def sub_once(port: int, topic: str, *, count: int = 1, wait_s: float = 10.0,
-             extra: tuple[str, ...] = ()) -> list[dict]:
+def sub_once(
+    port: int, topic: str, *, count: int = 1, wait_s: float = 10.0, extra: tuple[str, ...] = ()
+) -> list[dict]:
     """`mosquitto_sub -C count -W wait_s`: the independent client's view (retained messages
     included), each payload parsed as JSON."""
-    out = subprocess.run([MOSQUITTO_SUB, "-h", "127.0.0.1", "-p", str(port), "-t", topic,
-                          "-C", str(count), "-W", str(int(wait_s)), "-q", "1", *extra],
-                         capture_output=True, text=True, timeout=wait_s + 5)
+    out = subprocess.run(
+        [
+            MOSQUITTO_SUB,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-t",
+            topic,
+            "-C",
+            str(count),
+            "-W",
+            str(int(wait_s)),
+            "-q",
+            "1",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=wait_s + 5,
+    )
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
 def pub(port: int, topic: str, payload: str, *extra: str) -> None:
-    subprocess.run([MOSQUITTO_PUB, "-h", "127.0.0.1", "-p", str(port), "-t", topic,
-                    "-m", payload, "-q", "1", *extra], check=True, capture_output=True,
-                   timeout=10)
+    subprocess.run(
+        [
+            MOSQUITTO_PUB,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-t",
+            topic,
+            "-m",
+            payload,
+            "-q",
+            "1",
+            *extra,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=10,
+    )
 
 
 def first_seen(seqs: list[int]) -> list[int]:
@@ -217,8 +317,9 @@ class SubProcess:
     """A `mosquitto_sub` left running, read after the fact. `-F` prints the MQTT 5 message
     expiry, the retain flag, the topic and the payload of each message on one line."""
 
-    def __init__(self, port: int, topics: str | list[str], out: Path, *extra: str,
-                 auth: tuple[str, ...] = ()):
+    def __init__(
+        self, port: int, topics: str | list[str], out: Path, *extra: str, auth: tuple[str, ...] = ()
+    ):
         self.port = port
         self.out = out
         self.auth = auth
@@ -226,10 +327,26 @@ class SubProcess:
         self._file = out.open("wb")
         topics = [topics] if isinstance(topics, str) else topics
         args = [a for t in [*topics, self.probe_topic] for a in ("-t", t)]
-        self.proc = subprocess.Popen([MOSQUITTO_SUB, "-h", "127.0.0.1", "-p", str(port),
-                                      *args, "-q", "1", "-V", "mqttv5", "-F", "%E|%r|%t|%p",
-                                      *auth, *extra],
-                                     stdout=self._file, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                MOSQUITTO_SUB,
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                *args,
+                "-q",
+                "1",
+                "-V",
+                "mqttv5",
+                "-F",
+                "%E|%r|%t|%p",
+                *auth,
+                *extra,
+            ],
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+        )
 
     def ready(self, timeout: float = 10.0) -> SubProcess:
         """Until the subscription is in place: probe messages until one comes back."""
@@ -260,8 +377,9 @@ class SubProcess:
                 data = json.loads(payload)
             except ValueError:
                 continue
-            result.append(Message(topic, data, retain == "1",
-                                  int(expiry) if expiry.isdigit() else None))
+            result.append(
+                Message(topic, data, retain == "1", int(expiry) if expiry.isdigit() else None)
+            )
         return result
 
     def wait_for(self, predicate, timeout: float = 10.0) -> list[Message]:

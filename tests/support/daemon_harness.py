@@ -90,8 +90,9 @@ raise SystemExit(main())
 
 
 class Daemon:
-    def __init__(self, config: Path, env: dict[str, str] | None = None,
-                 hang_s: float | None = None) -> None:
+    def __init__(
+        self, config: Path, env: dict[str, str] | None = None, hang_s: float | None = None
+    ) -> None:
         """`hang_s`: run the daemon with HANG_PRELUDE, onnxruntime hanging that long on a
         request whose first value is HANG_MARK."""
         self.config = config
@@ -103,9 +104,13 @@ class Daemon:
             full_env["EDGED_TEST_HANG_S"] = str(hang_s)
             start = ["-c", HANG_PRELUDE]
         self.log = self.log_path.open("w")
-        self.proc = subprocess.Popen([*python_argv(), *start, "--config", str(config)],
-                                     stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=full_env, cwd=REPO)
+        self.proc = subprocess.Popen(
+            [*python_argv(), *start, "--config", str(config)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO,
+        )
         self.port: int | None = None
 
     def wait_ready(self, timeout: float = 180.0) -> Daemon:
@@ -139,14 +144,15 @@ class Daemon:
             self.notify.close()
 
 
-def write_config(folder: Path, models: str, server_extra: str = "",
-                 state_dir: Path | None = None) -> Path:
+def write_config(
+    folder: Path, models: str, server_extra: str = "", state_dir: Path | None = None
+) -> Path:
     config = folder / "edged.toml"
     config.write_text(f"""
 [server]
 listen = "127.0.0.1:0"
-socket = "{folder / 'edged.sock'}"
-state_dir = "{state_dir or folder / 'state'}"
+socket = "{folder / "edged.sock"}"
+state_dir = "{state_dir or folder / "state"}"
 log_level = "info"
 {server_extra}
 
@@ -162,19 +168,31 @@ time_budget_s = 1.0
 
 # -- requests to a running daemon -------------------------------------------------------------
 
+
 def binary_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
     """An infer body for input "x" with the tensor as binary data (no JSON decoding)."""
     data = x.tobytes()
-    head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
-                                   "parameters": {"binary_data_size": len(data)}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ]
+        }
+    ).encode()
     return head + data, {"Inference-Header-Content-Length": str(len(head))}
 
 
 CLS_BODY = binary_request(np.zeros((1, 3, 48, 192), np.float32))  # the PP-OCR cls model's
 
 
-def post(conn: http.client.HTTPConnection, model: str, request: tuple[bytes, dict[str, str]]
-         ) -> tuple[int, bytes]:
+def post(
+    conn: http.client.HTTPConnection, model: str, request: tuple[bytes, dict[str, str]]
+) -> tuple[int, bytes]:
     body, headers = request
     conn.request("POST", f"/v2/models/{model}/infer", body=body, headers=headers)
     response = conn.getresponse()

@@ -9,8 +9,10 @@ from sysconf.provision import WANTS
 from tests.support.roots import board_root
 from tests.support.systemctl import add_units
 
-GRUB = ('GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || '
-        'echo Debian`\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n')
+GRUB = (
+    "GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || "
+    'echo Debian`\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n'
+)
 PROVISION = ["provision", "--inference-cpus", "3", "--json"]  # the last of image()'s 4 cores
 
 
@@ -28,7 +30,8 @@ def image(tmp_path: Path, boot: str = "grub") -> Path:
     else:
         (root / "boot/firmware").mkdir(parents=True)
         (root / "boot/firmware/cmdline.txt").write_text(
-            "console=serial0,115200 root=PARTUUID=4e639091-02 rootfstype=ext4 rootwait\n")
+            "console=serial0,115200 root=PARTUUID=4e639091-02 rootfstype=ext4 rootwait\n"
+        )
     (root / "etc/sysctl.d").mkdir()
     (root / "etc/systemd/system.conf.d").mkdir()
     (root / WANTS.lstrip("/")).mkdir(exist_ok=True)

@@ -73,6 +73,7 @@ def _copy_live(path: str, dest: Path) -> None:
 
 # -- synthetic boards -------------------------------------------------------------------------
 
+
 @dataclass
 class BoardIrq:
     irq: int
@@ -125,9 +126,18 @@ def grown_board(cpus: int, rows: int) -> Board:
     b = board(cpus)
     while len(b.irqs) < rows:
         extra = b.irqs[len(b.irqs) % 20]
-        b.irqs.append(type(extra)(1000 + len(b.irqs), extra.chip, extra.hwirq, extra.trigger,
-                                  f"gpio-{len(b.irqs)}", list(extra.counts), extra.affinity,
-                                  extra.effective))
+        b.irqs.append(
+            type(extra)(
+                1000 + len(b.irqs),
+                extra.chip,
+                extra.hwirq,
+                extra.trigger,
+                f"gpio-{len(b.irqs)}",
+                list(extra.counts),
+                extra.affinity,
+                extra.effective,
+            )
+        )
     return b
 
 
@@ -147,19 +157,54 @@ def _arm_board(cpus: int, rng: random.Random) -> Board:
     n, last = cpus, cpus - 1
     b = Board(cpus, True)
 
-    def spi(irq: int, hw: int, action: str, total: int, affinity: str | None = None,
-            cpu: int = 0, **kw) -> None:
+    def spi(
+        irq: int, hw: int, action: str, total: int, affinity: str | None = None, cpu: int = 0, **kw
+    ) -> None:
         # GICv3 routes an SPI to one CPU (its effective affinity), CPU 0 unless moved.
-        b.irqs.append(BoardIrq(irq, "GICv3", str(hw), "Level", action, _on(n, cpu, total),
-                               affinity or _all(n), str(cpu), **kw))
+        b.irqs.append(
+            BoardIrq(
+                irq,
+                "GICv3",
+                str(hw),
+                "Level",
+                action,
+                _on(n, cpu, total),
+                affinity or _all(n),
+                str(cpu),
+                **kw,
+            )
+        )
 
     # PPIs: per-CPU by nature (hwirq 16-31); the kernel shows every CPU as their affinity.
-    b.irqs.append(BoardIrq(11, "GICv3", "27", "Level", "arch_timer",
-                           _spread(n, rng, 150_000, 420_000), _all(n), _all(n), per_cpu=True))
-    b.irqs.append(BoardIrq(12, "GICv3", "25", "Level", "vgic", [0] * n, _all(n), _all(n),
-                           per_cpu=True))
-    b.irqs.append(BoardIrq(13, "GICv3", "23", "Level", "arm-pmu", _spread(n, rng, 0, 40),
-                           _all(n), _all(n), per_cpu=True))
+    b.irqs.append(
+        BoardIrq(
+            11,
+            "GICv3",
+            "27",
+            "Level",
+            "arch_timer",
+            _spread(n, rng, 150_000, 420_000),
+            _all(n),
+            _all(n),
+            per_cpu=True,
+        )
+    )
+    b.irqs.append(
+        BoardIrq(12, "GICv3", "25", "Level", "vgic", [0] * n, _all(n), _all(n), per_cpu=True)
+    )
+    b.irqs.append(
+        BoardIrq(
+            13,
+            "GICv3",
+            "23",
+            "Level",
+            "arm-pmu",
+            _spread(n, rng, 0, 40),
+            _all(n),
+            _all(n),
+            per_cpu=True,
+        )
+    )
     spi(14, 321, "rk_timer", 0)
     spi(19, 129, "fe2b0000.mmc", 0)  # SDIO (Wi-Fi module absent)
     spi(20, 130, "fe2c0000.mmc", 4_213)  # SD card (dw-mmc)
@@ -178,21 +223,63 @@ def _arm_board(cpus: int, rng: random.Random) -> Board:
     spi(36, 326, "rockchip_thermal", 0)
     # Chained GPIO: the rockchip GPIO irqchip has no irq_set_affinity, so the kernel makes the
     # file read-only; such an IRQ runs wherever its parent SPI runs.
-    b.irqs.append(BoardIrq(77, "rockchip_gpio_irq", "5", "Edge", "fe2c0000.mmc cd",
-                           _on(n, 0, 3), _all(n), _all(n), settable=False))
-    b.irqs.append(BoardIrq(78, "rockchip_gpio_irq", "6", "Level", "rk806",
-                           _on(n, 0, 9), _all(n), _all(n), settable=False))
+    b.irqs.append(
+        BoardIrq(
+            77,
+            "rockchip_gpio_irq",
+            "5",
+            "Edge",
+            "fe2c0000.mmc cd",
+            _on(n, 0, 3),
+            _all(n),
+            _all(n),
+            settable=False,
+        )
+    )
+    b.irqs.append(
+        BoardIrq(
+            78,
+            "rockchip_gpio_irq",
+            "6",
+            "Level",
+            "rk806",
+            _on(n, 0, 9),
+            _all(n),
+            _all(n),
+            settable=False,
+        )
+    )
     # NVMe on PCIe: admin queue (movable) and one managed I/O queue per CPU.
     chip = "ITS-PCI-MSIX-0004:41:00.0"
-    b.irqs.append(BoardIrq(96, chip, "0", "Edge", "nvme0q0", _on(n, 0, 61), _all(n), "0",
-                           device="0004:41:00.0"))
+    b.irqs.append(
+        BoardIrq(
+            96, chip, "0", "Edge", "nvme0q0", _on(n, 0, 61), _all(n), "0", device="0004:41:00.0"
+        )
+    )
     for q in range(1, n + 1):
-        b.irqs.append(BoardIrq(96 + q, chip, str(q), "Edge", f"nvme0q{q}",
-                               _on(n, q - 1, rng.randint(3_000, 90_000)), str(q - 1),
-                               str(q - 1), managed=True, device="0004:41:00.0"))
-    ipis = ("Rescheduling interrupts", "Function call interrupts", "CPU stop interrupts",
-            "CPU stop (for crash dump) interrupts", "Timer broadcast interrupts",
-            "IRQ work interrupts", "CPU wake-up interrupts")
+        b.irqs.append(
+            BoardIrq(
+                96 + q,
+                chip,
+                str(q),
+                "Edge",
+                f"nvme0q{q}",
+                _on(n, q - 1, rng.randint(3_000, 90_000)),
+                str(q - 1),
+                str(q - 1),
+                managed=True,
+                device="0004:41:00.0",
+            )
+        )
+    ipis = (
+        "Rescheduling interrupts",
+        "Function call interrupts",
+        "CPU stop interrupts",
+        "CPU stop (for crash dump) interrupts",
+        "Timer broadcast interrupts",
+        "IRQ work interrupts",
+        "CPU wake-up interrupts",
+    )
     for index, text in enumerate(ipis):
         counts = _spread(n, rng, 2_000, 60_000) if index in (0, 1, 5) else [0] * n
         b.named.append((f"IPI{index}", counts, text))
@@ -204,10 +291,30 @@ def _x86_board(cpus: int, rng: random.Random) -> Board:
     n, last = cpus, cpus - 1
     b = Board(cpus, False)
 
-    def irq(number: int, chip: str, hw: str, trig: str, action: str, total: int,
-            cpu: int = 0, affinity: str | None = None, **kw) -> None:
-        b.irqs.append(BoardIrq(number, chip, hw, trig, action, _on(n, cpu, total),
-                               affinity or _all(n), str(cpu), **kw))
+    def irq(
+        number: int,
+        chip: str,
+        hw: str,
+        trig: str,
+        action: str,
+        total: int,
+        cpu: int = 0,
+        affinity: str | None = None,
+        **kw,
+    ) -> None:
+        b.irqs.append(
+            BoardIrq(
+                number,
+                chip,
+                hw,
+                trig,
+                action,
+                _on(n, cpu, total),
+                affinity or _all(n),
+                str(cpu),
+                **kw,
+            )
+        )
 
     irq(0, "IO-APIC", "2", "edge", "timer", 27)
     irq(8, "IO-APIC", "8", "edge", "rtc0", 0)
@@ -220,13 +327,24 @@ def _x86_board(cpus: int, rng: random.Random) -> Board:
     nic = "IR-PCI-MSIX-0000:01:00.0"
     irq(123, nic, "0", "edge", "enp1s0", 12, affinity="0", cpu=0)
     for q in range(min(4, n)):
-        irq(124 + q, nic, str(q + 1), "edge", f"enp1s0-TxRx-{q}", rng.randint(10_000, 90_000),
-            cpu=q)
+        irq(
+            124 + q, nic, str(q + 1), "edge", f"enp1s0-TxRx-{q}", rng.randint(10_000, 90_000), cpu=q
+        )
     nvme = "IR-PCI-MSIX-0000:02:00.0"
     irq(130, nvme, "0", "edge", "nvme0q0", 44, device="0000:02:00.0")
     for q in range(1, n + 1):
-        irq(130 + q, nvme, str(q), "edge", f"nvme0q{q}", rng.randint(3_000, 90_000),
-            cpu=q - 1, affinity=str(q - 1), managed=True, device="0000:02:00.0")
+        irq(
+            130 + q,
+            nvme,
+            str(q),
+            "edge",
+            f"nvme0q{q}",
+            rng.randint(3_000, 90_000),
+            cpu=q - 1,
+            affinity=str(q - 1),
+            managed=True,
+            device="0000:02:00.0",
+        )
     irq(140, "IR-PCI-MSI", "32768", "edge", "i915", 8_802, cpu=last)
     for key, low, high, text in (
         ("NMI", 0, 3, "Non-maskable interrupts"),
@@ -246,9 +364,11 @@ def _x86_board(cpus: int, rng: random.Random) -> Board:
     ):
         b.named.append((key, _spread(n, rng, low, high), text))
     b.named += [("ERR", [0], ""), ("MIS", [0], "")]
-    for key, text in (("PIN", "Posted-interrupt notification event"),
-                      ("NPI", "Nested posted-interrupt event"),
-                      ("PIW", "Posted-interrupt wakeup event")):
+    for key, text in (
+        ("PIN", "Posted-interrupt notification event"),
+        ("NPI", "Nested posted-interrupt event"),
+        ("PIW", "Posted-interrupt wakeup event"),
+    ):
         b.named.append((key, [0] * n, text))
     return b
 
@@ -275,8 +395,18 @@ def format_interrupts(b: Board) -> str:
     return "\n".join(out) + "\n"
 
 
-SOFTIRQS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED",
-            "HRTIMER", "RCU")
+SOFTIRQS = (
+    "HI",
+    "TIMER",
+    "NET_TX",
+    "NET_RX",
+    "BLOCK",
+    "IRQ_POLL",
+    "TASKLET",
+    "SCHED",
+    "HRTIMER",
+    "RCU",
+)
 
 
 def format_softirqs(cpus: int, rng: random.Random) -> str:
@@ -285,8 +415,7 @@ def format_softirqs(cpus: int, rng: random.Random) -> str:
     scale = {"HI": 0, "NET_TX": 50, "IRQ_POLL": 0, "TASKLET": 500, "HRTIMER": 3_000}
     for name in SOFTIRQS:
         top = scale.get(name, 200_000)
-        lines.append(f"{name:>12}:" + "".join(f" {rng.randint(0, top):10d}"
-                                              for _ in range(cpus)))
+        lines.append(f"{name:>12}:" + "".join(f" {rng.randint(0, top):10d}" for _ in range(cpus)))
     return "\n".join(lines) + "\n"
 
 
@@ -298,20 +427,33 @@ def debugfs_irq(i: BoardIrq, arm: bool) -> str:
     if i.per_cpu:
         flags += ["IRQD_PER_CPU"]
     else:
-        flags += ["IRQD_SINGLE_TARGET", "IRQD_AFFINITY_SET"] if not i.managed else \
-            ["IRQD_SINGLE_TARGET"]
+        flags += (
+            ["IRQD_SINGLE_TARGET", "IRQD_AFFINITY_SET"] if not i.managed else ["IRQD_SINGLE_TARGET"]
+        )
     if i.managed:
         flags += ["IRQD_AFFINITY_MANAGED", "IRQD_AFFINITY_ON_ACTIVATE", "IRQD_CAN_RESERVE"]
-    handler = "handle_percpu_devid_irq" if i.per_cpu else (
-        "handle_fasteoi_irq" if arm else "handle_edge_irq")
-    lines = [f"handler:  {handler}", f"device:   {i.device}",
-             f"status:   0x{0x00031600 if i.per_cpu else 0x00004000:08x}",
-             "istate:   0x00000000", "ddepth:   0", "wdepth:   0",
-             f"dstate:   0x{0x3540_1200 if i.managed else 0x1040_2200:08x}",
-             *(f"            {flag}" for flag in flags),
-             "node:     0", f"affinity: {i.affinity or ''}", f"effectiv: {i.effective or ''}",
-             f"domain:  {i.chip}", f" hwirq:   0x{int(i.hwirq or 0):x}", f" chip:    {i.chip}",
-             "  flags:   0x10"]
+    handler = (
+        "handle_percpu_devid_irq"
+        if i.per_cpu
+        else ("handle_fasteoi_irq" if arm else "handle_edge_irq")
+    )
+    lines = [
+        f"handler:  {handler}",
+        f"device:   {i.device}",
+        f"status:   0x{0x00031600 if i.per_cpu else 0x00004000:08x}",
+        "istate:   0x00000000",
+        "ddepth:   0",
+        "wdepth:   0",
+        f"dstate:   0x{0x3540_1200 if i.managed else 0x1040_2200:08x}",
+        *(f"            {flag}" for flag in flags),
+        "node:     0",
+        f"affinity: {i.affinity or ''}",
+        f"effectiv: {i.effective or ''}",
+        f"domain:  {i.chip}",
+        f" hwirq:   0x{int(i.hwirq or 0):x}",
+        f" chip:    {i.chip}",
+        "  flags:   0x10",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -379,10 +521,17 @@ IRQBALANCE_ARGS=
 """
 
 
-def board_root(dest: Path, cpus: int = 4, arm: bool = True, isolated: str = "",
-               cmdline: str | None = None, managed: Sequence[int] = (),
-               irqbalance: str | None = "debian", readonly_modes: bool = True,
-               seed: int = 1) -> Path:
+def board_root(
+    dest: Path,
+    cpus: int = 4,
+    arm: bool = True,
+    isolated: str = "",
+    cmdline: str | None = None,
+    managed: Sequence[int] = (),
+    irqbalance: str | None = "debian",
+    readonly_modes: bool = True,
+    seed: int = 1,
+) -> Path:
     """Write a board's /proc, /sys and /etc files under `dest` and return it.
 
     `isolated`: the kernel's isolated (and nohz_full) CPU list; with the default `cmdline`
@@ -414,24 +563,38 @@ def board_root(dest: Path, cpus: int = 4, arm: bool = True, isolated: str = "",
         if i.effective is not None:
             put(f"{base}/effective_affinity_list", i.effective + "\n", 0o444)
         if managed:
-            put(f"/sys/kernel/debug/irq/irqs/{i.irq}",
-                debugfs_irq(_with_managed(i, i.irq in managed), arm), 0o444)
+            put(
+                f"/sys/kernel/debug/irq/irqs/{i.irq}",
+                debugfs_irq(_with_managed(i, i.irq in managed), arm),
+                0o444,
+            )
 
     online = _all(cpus)
-    for name, value in (("online", online), ("possible", online), ("present", online),
-                        ("offline", ""), ("isolated", isolated), ("nohz_full", isolated)):
+    for name, value in (
+        ("online", online),
+        ("possible", online),
+        ("present", online),
+        ("offline", ""),
+        ("isolated", isolated),
+        ("nohz_full", isolated),
+    ):
         put(f"/sys/devices/system/cpu/{name}", value + "\n", 0o444)
 
     if cmdline is None:
         if arm:
-            cmdline = ("console=ttyS2,1500000n8 earlycon=uart8250,mmio32,0xfe660000 "
-                       "root=PARTUUID=614e0000-0000-4b53-8000-1d28000054a9 rw rootwait")
+            cmdline = (
+                "console=ttyS2,1500000n8 earlycon=uart8250,mmio32,0xfe660000 "
+                "root=PARTUUID=614e0000-0000-4b53-8000-1d28000054a9 rw rootwait"
+            )
         else:
-            cmdline = ("BOOT_IMAGE=/boot/vmlinuz-6.1.0-25-amd64 "
-                       "root=UUID=3f1c7b2e-9a51-4c4e-bf0e-5d2a1e6f9c10 ro quiet")
+            cmdline = (
+                "BOOT_IMAGE=/boot/vmlinuz-6.1.0-25-amd64 "
+                "root=UUID=3f1c7b2e-9a51-4c4e-bf0e-5d2a1e6f9c10 ro quiet"
+            )
         if isolated:
-            cmdline += (f" isolcpus=managed_irq,domain,{isolated} nohz_full={isolated} "
-                        f"rcu_nocbs={isolated}")
+            cmdline += (
+                f" isolcpus=managed_irq,domain,{isolated} nohz_full={isolated} rcu_nocbs={isolated}"
+            )
     put("/proc/cmdline", cmdline + "\n", 0o444)
 
     if irqbalance == "debian":
@@ -439,8 +602,9 @@ def board_root(dest: Path, cpus: int = 4, arm: bool = True, isolated: str = "",
     elif irqbalance == "rhel":
         put("/etc/sysconfig/irqbalance", RHEL_IRQBALANCE)
     elif irqbalance not in (None, "binary"):
-        raise ValueError(f"irqbalance must be 'debian', 'rhel', 'binary' or None, "
-                         f"not {irqbalance!r}")
+        raise ValueError(
+            f"irqbalance must be 'debian', 'rhel', 'binary' or None, not {irqbalance!r}"
+        )
     if irqbalance is not None:
         put("/usr/sbin/irqbalance", "", 0o755)  # a stand-in: only its presence matters
     return dest

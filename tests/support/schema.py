@@ -18,11 +18,34 @@ SCHEMAS = REPO / "docs" / "schema"
 
 # Keywords that only annotate: jsonschema ignores them, and so may we. ("then" and "else" are
 # read by "if", the only ones jsonschema validates without a function of their own.)
-_ANNOTATIONS = {"$schema", "$id", "$defs", "$comment", "$anchor", "$vocabulary", "title",
-                "description", "default", "examples", "deprecated", "readOnly", "writeOnly"}
+_ANNOTATIONS = {
+    "$schema",
+    "$id",
+    "$defs",
+    "$comment",
+    "$anchor",
+    "$vocabulary",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+}
 # Keywords whose value is a subschema, a list of them, or a name -> subschema map.
-_ONE = {"additionalProperties", "items", "contains", "not", "if", "then", "else",
-        "propertyNames", "unevaluatedItems", "unevaluatedProperties"}
+_ONE = {
+    "additionalProperties",
+    "items",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+}
 _LIST = {"allOf", "anyOf", "oneOf", "prefixItems"}
 _MAP = {"properties", "patternProperties", "$defs", "dependentSchemas"}
 
@@ -35,7 +58,8 @@ def _is_integer(checker: Any, instance: Any) -> bool:
 
 _Validator = validators.extend(
     Draft202012Validator,
-    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
 
 
 def unknown_keywords(node: Any) -> set[str]:
@@ -81,17 +105,18 @@ def _validator(name: str) -> Draft202012Validator:
         unknown = unknown_keywords(_loaded(each))
         assert not unknown, f"{each}.schema.json: unknown keywords {sorted(unknown)}"
     registry = Registry().with_resources(
-        (_loaded(n)["$id"], DRAFT202012.create_resource(_as_ours(n))) for n in names)
-    return _Validator(_as_ours(name), registry=registry,
-                      format_checker=_Validator.FORMAT_CHECKER)
+        (_loaded(n)["$id"], DRAFT202012.create_resource(_as_ours(n))) for n in names
+    )
+    return _Validator(_as_ours(name), registry=registry, format_checker=_Validator.FORMAT_CHECKER)
 
 
 def errors(payload: Any, name: str) -> list[str]:
     """What is wrong with `payload` as a NAME payload, one line per violation (none: valid)."""
     found = sorted(_validator(name).iter_errors(payload), key=lambda e: list(map(str, e.path)))
     # The schema path too: jsonschema leaves the instance path out for a `false` subschema.
-    return [f"{e.json_path}: {e.message} (schema: {'/'.join(map(str, e.schema_path))})"
-            for e in found]
+    return [
+        f"{e.json_path}: {e.message} (schema: {'/'.join(map(str, e.schema_path))})" for e in found
+    ]
 
 
 def check(kind: str, payload: dict) -> None:

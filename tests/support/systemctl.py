@@ -16,59 +16,59 @@ HOST_UNITS = Path("/lib/systemd/system")
 # Written when this machine has no copy (realistic Debian unit files, shortened).
 FALLBACK_UNITS = {
     "apt-daily.timer": "[Unit]\nDescription=Daily apt download activities\n\n[Timer]\n"
-                       "OnCalendar=*-*-* 6,18:00\nRandomizedDelaySec=12h\nPersistent=true\n\n"
-                       "[Install]\nWantedBy=timers.target\n",
+    "OnCalendar=*-*-* 6,18:00\nRandomizedDelaySec=12h\nPersistent=true\n\n"
+    "[Install]\nWantedBy=timers.target\n",
     "apt-daily-upgrade.timer": "[Unit]\nDescription=Daily apt upgrade and clean activities\n"
-                               "After=apt-daily.timer\n\n[Timer]\nOnCalendar=*-*-* 6:00\n"
-                               "RandomizedDelaySec=60m\nPersistent=true\n\n[Install]\n"
-                               "WantedBy=timers.target\n",
+    "After=apt-daily.timer\n\n[Timer]\nOnCalendar=*-*-* 6:00\n"
+    "RandomizedDelaySec=60m\nPersistent=true\n\n[Install]\n"
+    "WantedBy=timers.target\n",
     "man-db.timer": "[Unit]\nDescription=Daily man-db regeneration\n"
-                    "Documentation=man:mandb(8)\n\n[Timer]\nOnCalendar=daily\n"
-                    "AccuracySec=12h\nPersistent=true\n\n[Install]\nWantedBy=timers.target\n",
+    "Documentation=man:mandb(8)\n\n[Timer]\nOnCalendar=daily\n"
+    "AccuracySec=12h\nPersistent=true\n\n[Install]\nWantedBy=timers.target\n",
     "fstrim.timer": "[Unit]\nDescription=Discard unused blocks once a week\n"
-                    "Documentation=man:fstrim\n\n[Timer]\nOnCalendar=weekly\n"
-                    "AccuracySec=1h\nPersistent=true\nRandomizedDelaySec=100min\n\n"
-                    "[Install]\nWantedBy=timers.target\n",
+    "Documentation=man:fstrim\n\n[Timer]\nOnCalendar=weekly\n"
+    "AccuracySec=1h\nPersistent=true\nRandomizedDelaySec=100min\n\n"
+    "[Install]\nWantedBy=timers.target\n",
     "e2scrub_all.timer": "[Unit]\nDescription=Periodic ext4 Online Metadata Check for All "
-                         "Filesystems\n\n[Timer]\nOnCalendar=Sun *-*-* 03:10:00\n"
-                         "RandomizedDelaySec=60\nPersistent=true\n\n[Install]\n"
-                         "WantedBy=timers.target\n",
+    "Filesystems\n\n[Timer]\nOnCalendar=Sun *-*-* 03:10:00\n"
+    "RandomizedDelaySec=60\nPersistent=true\n\n[Install]\n"
+    "WantedBy=timers.target\n",
     "systemd-journald.service": "[Unit]\nDescription=Journal Service\nDefaultDependencies=no"
-                                "\n\n[Service]\nExecStart=/lib/systemd/systemd-journald\n"
-                                "Type=notify\nSockets=systemd-journald.socket\n",
+    "\n\n[Service]\nExecStart=/lib/systemd/systemd-journald\n"
+    "Type=notify\nSockets=systemd-journald.socket\n",
 }
 WRITTEN_UNITS = {
     "unattended-upgrades.service": "[Unit]\nDescription=Unattended Upgrades Shutdown\n"
-                                   "After=network.target local-fs.target\n\n[Service]\n"
-                                   "ExecStart=/usr/share/unattended-upgrades/"
-                                   "unattended-upgrade-shutdown --wait-for-signal\n"
-                                   "TimeoutStopSec=1800\n\n[Install]\n"
-                                   "WantedBy=multi-user.target\n",
+    "After=network.target local-fs.target\n\n[Service]\n"
+    "ExecStart=/usr/share/unattended-upgrades/"
+    "unattended-upgrade-shutdown --wait-for-signal\n"
+    "TimeoutStopSec=1800\n\n[Install]\n"
+    "WantedBy=multi-user.target\n",
     "cups.service": "[Unit]\nDescription=CUPS Scheduler\nAfter=sssd.service network.target\n"
-                    "\n[Service]\nExecStart=/usr/sbin/cupsd -l\nType=notify\nRestart=on-failure"
-                    "\n\n[Install]\nAlso=cups.socket cups.path\nWantedBy=printer.target "
-                    "multi-user.target\n",
+    "\n[Service]\nExecStart=/usr/sbin/cupsd -l\nType=notify\nRestart=on-failure"
+    "\n\n[Install]\nAlso=cups.socket cups.path\nWantedBy=printer.target "
+    "multi-user.target\n",
     "avahi-daemon.service": "[Unit]\nDescription=Avahi mDNS/DNS-SD Stack\n"
-                            "Requires=avahi-daemon.socket\n\n[Service]\nType=dbus\n"
-                            "BusName=org.freedesktop.Avahi\nExecStart=/usr/sbin/avahi-daemon -s"
-                            "\n\n[Install]\nWantedBy=multi-user.target\n"
-                            "Also=avahi-daemon.socket\nAlias=dbus-org.freedesktop.Avahi.service"
-                            "\n",
+    "Requires=avahi-daemon.socket\n\n[Service]\nType=dbus\n"
+    "BusName=org.freedesktop.Avahi\nExecStart=/usr/sbin/avahi-daemon -s"
+    "\n\n[Install]\nWantedBy=multi-user.target\n"
+    "Also=avahi-daemon.socket\nAlias=dbus-org.freedesktop.Avahi.service"
+    "\n",
     "bluetooth.service": "[Unit]\nDescription=Bluetooth service\n\n[Service]\nType=dbus\n"
-                         "BusName=org.bluez\nExecStart=/usr/libexec/bluetooth/bluetoothd\n\n"
-                         "[Install]\nWantedBy=bluetooth.target\n",
+    "BusName=org.bluez\nExecStart=/usr/libexec/bluetooth/bluetoothd\n\n"
+    "[Install]\nWantedBy=bluetooth.target\n",
     "ssh.service": "[Unit]\nDescription=OpenBSD Secure Shell server\n\n[Service]\n"
-                   "ExecStart=/usr/sbin/sshd -D $SSHD_OPTS\n\n[Install]\n"
-                   "WantedBy=multi-user.target\nAlias=sshd.service\n",
+    "ExecStart=/usr/sbin/sshd -D $SSHD_OPTS\n\n[Install]\n"
+    "WantedBy=multi-user.target\nAlias=sshd.service\n",
     "getty@.service": "[Unit]\nDescription=Getty on %I\n\n[Service]\n"
-                      "ExecStart=-/sbin/agetty -o '-p -- \\\\u' --noclear - $TERM\n\n"
-                      "[Install]\nWantedBy=getty.target\n",
+    "ExecStart=-/sbin/agetty -o '-p -- \\\\u' --noclear - $TERM\n\n"
+    "[Install]\nWantedBy=getty.target\n",
     "systemd-networkd.service": "[Unit]\nDescription=Network Configuration\n\n[Service]\n"
-                                "ExecStart=/lib/systemd/systemd-networkd\n\n[Install]\n"
-                                "WantedBy=multi-user.target\n",
+    "ExecStart=/lib/systemd/systemd-networkd\n\n[Install]\n"
+    "WantedBy=multi-user.target\n",
     "rsyslog.service": "[Unit]\nDescription=System Logging Service\nRequires=syslog.socket\n"
-                       "\n[Service]\nType=notify\nExecStart=/usr/sbin/rsyslogd -n -iNONE\n\n"
-                       "[Install]\nWantedBy=multi-user.target\nAlias=syslog.service\n",
+    "\n[Service]\nType=notify\nExecStart=/usr/sbin/rsyslogd -n -iNONE\n\n"
+    "[Install]\nWantedBy=multi-user.target\nAlias=syslog.service\n",
 }
 # (wants folder, unit, the unit file the enable symlink points at)
 ENABLED = [
@@ -86,9 +86,16 @@ ENABLED = [
     ("multi-user.target.wants", "rsyslog.service", "rsyslog.service"),
     ("getty.target.wants", "getty@tty1.service", "getty@.service"),
 ]
-EXPECTED_TRIM = {"apt-daily.timer", "apt-daily-upgrade.timer", "man-db.timer", "fstrim.timer",
-                 "e2scrub_all.timer", "unattended-upgrades.service", "cups.service",
-                 "avahi-daemon.service"}  # bluetooth is masked already
+EXPECTED_TRIM = {
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "man-db.timer",
+    "fstrim.timer",
+    "e2scrub_all.timer",
+    "unattended-upgrades.service",
+    "cups.service",
+    "avahi-daemon.service",
+}  # bluetooth is masked already
 
 
 def add_units(root: Path) -> Path:
@@ -118,7 +125,8 @@ def add_units(root: Path) -> Path:
     override.chmod(0o640)
     (root / "etc" / "systemd" / "journald.conf").write_text(
         "#  This file is part of systemd.\n[Journal]\nStorage=persistent\n"
-        "#RateLimitBurst=10000\nForwardToSyslog=yes\n")
+        "#RateLimitBurst=10000\nForwardToSyslog=yes\n"
+    )
     return root
 
 
@@ -145,12 +153,14 @@ class FakeSystemctl:
         args = tuple(a for a in argv[1:] if a != "--no-ask-password")
         self.calls.append(args)
         if args in self.fail:
-            return subprocess.CompletedProcess(argv, self.fail[args], "",
-                                               f"Failed to {args[0]}: Access denied\n")
+            return subprocess.CompletedProcess(
+                argv, self.fail[args], "", f"Failed to {args[0]}: Access denied\n"
+            )
         if args[0] == "is-active":
             state = "active" if args[1] in self.active else "inactive"
-            return subprocess.CompletedProcess(argv, 0 if state == "active" else 3,
-                                               state + "\n", "")
+            return subprocess.CompletedProcess(
+                argv, 0 if state == "active" else 3, state + "\n", ""
+            )
         if args[0] == "stop":
             self.active.discard(args[1])
         if args[0] == "start":

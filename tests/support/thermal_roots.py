@@ -25,13 +25,19 @@ def thermal_root(root: Path, temps: dict[str, int], throttled: str | None = None
         for n, (trip, temp) in enumerate(TRIPS):
             files[f"{zone}/trip_point_{n}_type"] = trip
             files[f"{zone}/trip_point_{n}_temp"] = str(temp)
-    files |= {f"{thermal}/cooling_device0/type": "cpufreq-cpu0",
-              f"{thermal}/cooling_device0/cur_state": "2",
-              f"{thermal}/cooling_device0/max_state": "5"}
+    files |= {
+        f"{thermal}/cooling_device0/type": "cpufreq-cpu0",
+        f"{thermal}/cooling_device0/cur_state": "2",
+        f"{thermal}/cooling_device0/max_state": "5",
+    }
     for cpu in range(4):
         policy = f"sys/devices/system/cpu/cpu{cpu}/cpufreq"
-        files |= {f"{policy}/related_cpus": "0 1 2 3", f"{policy}/scaling_cur_freq": "1200000",
-                  f"{policy}/cpuinfo_max_freq": "1800000", f"{policy}/scaling_max_freq": "1200000"}
+        files |= {
+            f"{policy}/related_cpus": "0 1 2 3",
+            f"{policy}/scaling_cur_freq": "1200000",
+            f"{policy}/cpuinfo_max_freq": "1800000",
+            f"{policy}/scaling_max_freq": "1200000",
+        }
     if throttled is not None:
         files["sys/devices/platform/soc/soc:firmware/get_throttled"] = throttled
     for relative, text in files.items():

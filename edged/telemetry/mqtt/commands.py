@@ -43,7 +43,7 @@ class Commands:
         self.counts = {"commands": 0, "commands_rejected": 0}
 
     def on_command(self, msg: paho.MQTTMessage) -> None:
-        command = msg.topic[len(self.prefix):]
+        command = msg.topic[len(self.prefix) :]
         self.counts["commands"] += 1
         payload, reason = parse(msg)
         ref = {"id": payload["id"]} if payload and isinstance(payload.get("id"), str) else {}
@@ -59,8 +59,9 @@ class Commands:
                     return  # a flood: counted, not answered one by one
                 self._last_reject_event = now
             log.warning("MQTT command %r rejected: %s", command, reason)
-            self.outbox.publish_event("command_rejected", {"command": command,
-                                                           "reason": reason, **ref})
+            self.outbox.publish_event(
+                "command_rejected", {"command": command, "reason": reason, **ref}
+            )
             return
         if command == "rebirth":
             self.outbox.publish_birth()
@@ -75,8 +76,10 @@ class Commands:
                 return "an audit is already running"
             wait = self._audit_started + AUDIT_MIN_INTERVAL_S - time.monotonic()
             if wait > 0:
-                return (f"at most one audit every {AUDIT_MIN_INTERVAL_S:g} s; the next may "
-                        f"start in {wait:.1f} s")
+                return (
+                    f"at most one audit every {AUDIT_MIN_INTERVAL_S:g} s; the next may "
+                    f"start in {wait:.1f} s"
+                )
             self._busy = True
             self._audit_started = time.monotonic()
 
@@ -87,9 +90,9 @@ class Commands:
                 self.outbox.publish_event("command_done", {"command": "audit", **ref})
             except Exception as exc:
                 log.exception("audit command failed")
-                self.outbox.publish_event("command_failed", {"command": "audit",
-                                                             "reason": short_reason(exc),
-                                                             **ref})
+                self.outbox.publish_event(
+                    "command_failed", {"command": "audit", "reason": short_reason(exc), **ref}
+                )
             finally:
                 with self._lock:
                     self._busy = False
@@ -116,5 +119,11 @@ def parse(msg: paho.MQTTMessage) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _json_type(value: Any) -> str:
-    return {list: "an array", str: "a string", int: "a number", float: "a number",
-            bool: "a boolean", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        list: "an array",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)

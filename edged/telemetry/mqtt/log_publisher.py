@@ -68,7 +68,6 @@ class LogPublisher:
         with self._lock:
             self._seq[topic] += 1
             seq = self._seq[topic]
-        record = {"topic": topic, "ts": payload.get("ts", now()), "seq": seq, "bdSeq": 0,
-                  **payload}
+        record = {"topic": topic, "ts": payload.get("ts", now()), "seq": seq, "bdSeq": 0, **payload}
         self.logger.info("%s", dumps(record).decode())
         return seq

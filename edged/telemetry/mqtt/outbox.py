@@ -32,8 +32,7 @@ class Outbox:
     """The spooled telemetry and events in flight on the current connection, and the
     retained state and audit that wait beside them."""
 
-    def __init__(self, settings: MqttSettings, spool: Spool, session: Session,
-                 window: int) -> None:
+    def __init__(self, settings: MqttSettings, spool: Spool, session: Session, window: int) -> None:
         self.settings = settings
         self.spool = spool
         self.session = session
@@ -54,8 +53,7 @@ class Outbox:
         self._last_drop_check = 0.0
         self._state_seq = 0  # births of this connection (state seq, package docstring)
         self.offline_acked = False
-        self.counts = {"published": 0, "acked": 0, "rejected": 0, "replayed": 0,
-                       "spool_errors": 0}
+        self.counts = {"published": 0, "acked": 0, "rejected": 0, "replayed": 0, "spool_errors": 0}
 
     # -- callers' side -------------------------------------------------------------------------
 
@@ -69,19 +67,22 @@ class Outbox:
 
     def publish_telemetry(self, payload: dict[str, Any]) -> int | None:
         check_keys(payload, "telemetry")
-        return self._append("telemetry", {"ts": now(), "bdSeq": self.session.bdseq.value,
-                                          **payload})
+        return self._append(
+            "telemetry", {"ts": now(), "bdSeq": self.session.bdseq.value, **payload}
+        )
 
     def publish_event(self, kind: str, detail: dict[str, Any] | None = None) -> int | None:
-        return self._append("event", {"ts": now(), "bdSeq": self.session.bdseq.value,
-                                      **event_record(kind, detail)})
+        return self._append(
+            "event", {"ts": now(), "bdSeq": self.session.bdseq.value, **event_record(kind, detail)}
+        )
 
     def publish_audit(self, summary: dict[str, Any]) -> None:
         check_keys(summary, "audit summary")
         with self._lock:
             self._audit_seq += 1
-            self._audit = dumps({"ts": now(), "seq": self._audit_seq,
-                                 "bdSeq": self.session.bdseq.value, **summary})
+            self._audit = dumps(
+                {"ts": now(), "seq": self._audit_seq, "bdSeq": self.session.bdseq.value, **summary}
+            )
         self.session.wake()
 
     def _append(self, kind: str, record: dict[str, Any]) -> int | None:
@@ -143,9 +144,15 @@ class Outbox:
             info = dict(self._birth)
         self._state_seq += 1
         bdseq = self.session.bdseq.value
-        payload = dumps({"online": True, "ts": now(),
-                         "seq": bdseq * STATE_SEQ_SPAN + self._state_seq,
-                         "bdSeq": bdseq, **info})
+        payload = dumps(
+            {
+                "online": True,
+                "ts": now(),
+                "seq": bdseq * STATE_SEQ_SPAN + self._state_seq,
+                "bdSeq": bdseq,
+                **info,
+            }
+        )
         self._publish_other(client, "state", payload, "birth")
 
     def last_words(self) -> None:
@@ -161,13 +168,21 @@ class Outbox:
         if new_items:
             self._fill_window(client)
         bdseq = self.session.bdseq.value
-        self._publish_other(client, "state", dumps(
-            {"online": False, "ts": now(), "seq": death_seq(bdseq), "bdSeq": bdseq}),
-            "offline")
+        self._publish_other(
+            client,
+            "state",
+            dumps({"online": False, "ts": now(), "seq": death_seq(bdseq), "bdSeq": bdseq}),
+            "offline",
+        )
 
     def _publish_other(self, client: paho.Client, kind: str, payload: bytes, what: str) -> int:
-        info = client.publish(self.settings.topic(kind), payload, qos=1, retain=True,
-                              properties=self.session.json_props())
+        info = client.publish(
+            self.settings.topic(kind),
+            payload,
+            qos=1,
+            retain=True,
+            properties=self.session.json_props(),
+        )
         self._others[info.mid] = what
         return info.mid
 
@@ -201,8 +216,9 @@ class Outbox:
             props = telemetry_props if item.topic.endswith("/telemetry") else json_props
             info = client.publish(item.topic, head + body, qos=item.qos, properties=props)
             if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-                log.warning("publish of spooled message %d failed: %s", item.id,
-                            paho.error_string(info.rc))
+                log.warning(
+                    "publish of spooled message %d failed: %s", item.id, paho.error_string(info.rc)
+                )
                 break
             self.inflight[info.mid] = item.id
             self._cursor = item.id

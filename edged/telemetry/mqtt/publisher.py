@@ -32,29 +32,44 @@ def open_publisher(settings: MqttSettings | None, state_dir: Path) -> Publisher 
     file."""
     if settings is None:
         return LogPublisher()
-    spool = Spool(Path(state_dir) / SPOOL_FILE, max_bytes=settings.spool_max_bytes,
-                  max_age_s=settings.spool_max_age_s)
+    spool = Spool(
+        Path(state_dir) / SPOOL_FILE,
+        max_bytes=settings.spool_max_bytes,
+        max_age_s=settings.spool_max_age_s,
+    )
     return Publisher(settings, spool, state_dir, owns_spool=True)
 
 
 class Publisher:
     """Telemetry, events, state and audit to one broker; see the package docstring."""
 
-    def __init__(self, settings: MqttSettings, spool: Spool, state_dir: Path, *,
-                 owns_spool: bool = False, window: int = 100,
-                 reconnect_min_s: float = 1.0, reconnect_max_s: float = 30.0,
-                 connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        settings: MqttSettings,
+        spool: Spool,
+        state_dir: Path,
+        *,
+        owns_spool: bool = False,
+        window: int = 100,
+        reconnect_min_s: float = 1.0,
+        reconnect_max_s: float = 30.0,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
         if settings.device_id is None:
             settings = replace(settings, device_id=device_id_from())
         self.settings = settings
         self.spool = spool
         self._owns_spool = owns_spool
         self.window = max(1, window)
-        self.session = Session(settings, state_dir, self,
-                               inflight=self.window + RESERVED_INFLIGHT,
-                               reconnect_min_s=reconnect_min_s,
-                               reconnect_max_s=reconnect_max_s,
-                               connect_timeout_s=connect_timeout_s)
+        self.session = Session(
+            settings,
+            state_dir,
+            self,
+            inflight=self.window + RESERVED_INFLIGHT,
+            reconnect_min_s=reconnect_min_s,
+            reconnect_max_s=reconnect_max_s,
+            connect_timeout_s=connect_timeout_s,
+        )
         self.outbox = Outbox(settings, spool, self.session, self.window)
         self.commands = Commands(settings.base, self.outbox)
         self._thread: threading.Thread | None = None
@@ -62,8 +77,10 @@ class Publisher:
         self._stop_deadline = 0.0
 
     def __repr__(self) -> str:
-        return (f"Publisher(url={self.settings.url!r}, group={self.settings.group!r}, "
-                f"device_id={self.settings.device_id!r}, connected={self.connected})")
+        return (
+            f"Publisher(url={self.settings.url!r}, group={self.settings.group!r}, "
+            f"device_id={self.settings.device_id!r}, connected={self.connected})"
+        )
 
     # -- the API (any thread) -------------------------------------------------------------------
 
@@ -136,12 +153,21 @@ class Publisher:
         except SpoolError as exc:
             spool = {"error": str(exc)}
         sent, commands = self.outbox.counts, self.commands.counts
-        return {"connected": self.connected, "bdSeq": self.bdseq,
-                "protocol": self.session.protocol, "inflight": len(self.outbox.inflight),
-                "last_error": self.last_error, "published": sent["published"],
-                "acked": sent["acked"], "rejected": sent["rejected"],
-                "replayed": sent["replayed"], "connects": self.session.connects,
-                "spool_errors": sent["spool_errors"], **commands, "spool": spool}
+        return {
+            "connected": self.connected,
+            "bdSeq": self.bdseq,
+            "protocol": self.session.protocol,
+            "inflight": len(self.outbox.inflight),
+            "last_error": self.last_error,
+            "published": sent["published"],
+            "acked": sent["acked"],
+            "rejected": sent["rejected"],
+            "replayed": sent["replayed"],
+            "connects": self.session.connects,
+            "spool_errors": sent["spool_errors"],
+            **commands,
+            "spool": spool,
+        }
 
     # -- what the session reports (the MQTT thread) ------------------------------------------------
 
@@ -183,12 +209,18 @@ class Publisher:
             session.abandon()  # no CONNACK yet: closing the socket lets the Will speak
             return
         self.outbox.last_words()
-        while (not self.outbox.offline_acked and session.client is not None
-               and not session.drop_client and time.monotonic() < self._stop_deadline):
+        while (
+            not self.outbox.offline_acked
+            and session.client is not None
+            and not session.drop_client
+            and time.monotonic() < self._stop_deadline
+        ):
             session.service(0.05)
         session.disconnect(self._stop_deadline)
-        log.info("MQTT stopped (offline state %s)",
-                 "acknowledged" if self.outbox.offline_acked else "not acknowledged")
+        log.info(
+            "MQTT stopped (offline state %s)",
+            "acknowledged" if self.outbox.offline_acked else "not acknowledged",
+        )
         session.abandon()
 
     def _close(self) -> None:

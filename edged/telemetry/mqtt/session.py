@@ -108,9 +108,17 @@ class BdSeq:
 class Session:
     """The client of the current connection (None between connections) and the backoff."""
 
-    def __init__(self, settings: MqttSettings, state_dir: Path, events: Events, *,
-                 inflight: int, reconnect_min_s: float, reconnect_max_s: float,
-                 connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        settings: MqttSettings,
+        state_dir: Path,
+        events: Events,
+        *,
+        inflight: int,
+        reconnect_min_s: float,
+        reconnect_max_s: float,
+        connect_timeout_s: float,
+    ) -> None:
         for name in _FILES:
             path = getattr(settings, name)
             if path is not None and not os.access(path, os.R_OK):
@@ -194,8 +202,9 @@ class Session:
         ready_tls = bool(pending and pending())
         wlist = [sock] if client.want_write() else []
         try:
-            readable, writable, _ = select.select([sock, self._wake_r], wlist, [],
-                                                  0 if ready_tls else timeout)
+            readable, writable, _ = select.select(
+                [sock, self._wake_r], wlist, [], 0 if ready_tls else timeout
+            )
         except (OSError, ValueError):
             self.drop_client = True
             return
@@ -223,21 +232,30 @@ class Session:
     def _connect(self) -> None:
         s = self.settings
         proto = paho.MQTTv5 if self.protocol == "5" else paho.MQTTv311
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"edged-{s.device_id}",
-                             protocol=proto, reconnect_on_failure=False)
+        client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"edged-{s.device_id}",
+            protocol=proto,
+            reconnect_on_failure=False,
+        )
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_message = self._on_message
         client.max_inflight_messages_set(self._inflight)
         bd = self.bdseq.value
-        client.will_set(s.topic("state"), dumps({"online": False, "ts": now(),
-                                                  "seq": death_seq(bd), "bdSeq": bd}),
-                        qos=1, retain=True, properties=self.json_props())
+        client.will_set(
+            s.topic("state"),
+            dumps({"online": False, "ts": now(), "seq": death_seq(bd), "bdSeq": bd}),
+            qos=1,
+            retain=True,
+            properties=self.json_props(),
+        )
         try:
             if s.tls:
-                client.tls_set(ca_certs=_str(s.ca_file), certfile=_str(s.cert_file),
-                               keyfile=_str(s.key_file))
+                client.tls_set(
+                    ca_certs=_str(s.ca_file), certfile=_str(s.cert_file), keyfile=_str(s.key_file)
+                )
             if s.username:
                 client.username_pw_set(s.username, self._password())
         except (OSError, ValueError) as exc:
@@ -264,8 +282,14 @@ class Session:
         except OSError as exc:  # the message names the file, never its content
             raise OSError(f"cannot read password_file {path}: {exc.strerror}") from None
 
-    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any,
-                    reason: ReasonCode, properties: Properties | None) -> None:
+    def _on_connect(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        flags: Any,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if client is not self.client:
             return
         if reason.is_failure:
@@ -280,12 +304,17 @@ class Session:
         # messages. (paho cannot change its own inflight limit once connected, and does not
         # apply this one itself.)
         self.events.on_connack(
-            getattr(properties, "ReceiveMaximum", 65535) if properties else 65535)
+            getattr(properties, "ReceiveMaximum", 65535) if properties else 65535
+        )
         self.connects += 1
         self._delay = self._reconnect_min
         if self._failures or self.last_error:
-            log.info("MQTT connected to %s after %d failed attempts (bdSeq %d)",
-                     self.settings.url, self._failures, self.bdseq.value)
+            log.info(
+                "MQTT connected to %s after %d failed attempts (bdSeq %d)",
+                self.settings.url,
+                self._failures,
+                self.bdseq.value,
+            )
         else:
             log.info("MQTT connected to %s (bdSeq %d)", self.settings.url, self.bdseq.value)
         self._failures = 0
@@ -293,8 +322,14 @@ class Session:
         client.subscribe(self.settings.base + COMMAND_PREFIX + "#", qos=1)
         self.connected = True
 
-    def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any,
-                       reason: ReasonCode, properties: Properties | None) -> None:
+    def _on_disconnect(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        flags: Any,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if client is not self.client:
             return
         self.drop_client = True
@@ -306,8 +341,14 @@ class Session:
             else:
                 self._drop_reason = str(reason)
 
-    def _on_publish(self, client: paho.Client, userdata: Any, mid: int,
-                    reason: ReasonCode, properties: Properties | None) -> None:
+    def _on_publish(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        mid: int,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if client is self.client:
             self.events.on_puback(mid, reason)
 
@@ -320,8 +361,12 @@ class Session:
         self.abandon()
         self._failures += 1
         if reason != self.last_error:
-            log.warning("MQTT connection to %s failed: %s; retrying within %.0f s",
-                        self.settings.url, reason, self._reconnect_max)
+            log.warning(
+                "MQTT connection to %s failed: %s; retrying within %.0f s",
+                self.settings.url,
+                reason,
+                self._reconnect_max,
+            )
         else:
             log.debug("MQTT connection to %s failed again: %s", self.settings.url, reason)
         self.last_error = reason

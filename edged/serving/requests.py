@@ -1,0 +1,64 @@
+"""What a request is to the engine: its errors (with the HTTP status each maps to), its
+timing, the per-model batching settings and the queued entry itself. Apart from
+`edged.serving.engine` so the API and config can name them without the worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.base import Candidate, Session
+
+
+class EngineError(Exception):
+    status = 500
+
+
+class QueueFull(EngineError):
+    status = 503
+
+
+class DeadlineExceeded(EngineError):
+    status = 504
+
+
+class NotServing(EngineError):
+    status = 503
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_batch_size: int = 1
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 64
+    timeout_ms: int = 1000
+    watchdog_ms: int = 5000  # one batch running longer than this: the backend has stalled
+    rt_priority: int = 0  # SCHED_FIFO priority of the worker thread (1-99); 0: normal
+
+
+@dataclass(frozen=True)
+class Timing:
+    queue_s: float
+    compute_s: float
+    batch_size: int
+
+
+# Picks the next verified backend's session; the argument, when given, says which candidates
+# are still usable (an accelerator may have gone away).
+Fallbacks = Callable[[Callable[[Candidate], bool] | None], "Session | None"]
+Done = Callable[[dict[str, np.ndarray] | None, BaseException | None, Timing | None], None]
+
+
+@dataclass
+class Pending:
+    feeds: Mapping[str, np.ndarray]
+    deadline: float  # time.monotonic()
+    enqueued: float  # time.perf_counter()
+    done: Done
+    retried: bool = False  # re-run once on another backend after a stall
+
+    def batch_key(self) -> tuple:
+        return tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(self.feeds.items()))
