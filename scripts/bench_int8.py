@@ -6,7 +6,7 @@ both the fp32 and the INT8 QDQ model are loaded, and all sessions are timed in o
 `edged.selection.bench.benchmark` call per round, so a noisy neighbour's bursts land on every
 session alike. Figures are medians over rounds of per-round figures; the speedup is fp32/int8 of the
 same round (above 1: INT8 is faster). Accuracy: the INT8 model's output against the fp32
-model's output on the same text-like images, by cosine (`edged.selection.select.compare`), and the
+model's output on the same text-like images, by cosine (`edged.selection.accuracy.compare`), and the
 IoU of the binarised text maps at 0.3 (the DB post-processing threshold of PP-OCR).
 
 Run from a checkout: `.venv/bin/python scripts/bench_int8.py [--size 640 --size 320] [--json]`.

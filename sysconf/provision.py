@@ -31,11 +31,11 @@ from sysconf.changes import Change, read_current
 from sysconf.cpulist import format_cpulist
 from sysconf.cpusets import CpuPlan
 from sysconf.isolation import IsolationPlan, plan
+from sysconf.services import AFFINITY_DROPIN
 from sysconf.sysroot import SysRoot
 from sysconf.tuning import RT_THROTTLING, SYSCTLS
 
 SYSCTL_CONF = "/etc/sysctl.d/90-edged.conf"
-AFFINITY_DROPIN = "/etc/systemd/system.conf.d/90-edged-cpuaffinity.conf"
 WANTS = "/etc/systemd/system/multi-user.target.wants"
 UNITS = ("edged.service", "edged-tune.service")
 # Where systemd finds a unit, first wins (/etc overrides the vendor folders).

@@ -153,7 +153,8 @@ def test_daemon_hardware_change_reselects_and_fails_over(
 
     import sysconf.hardware
     from edged.config import load_config
-    from edged.daemon import Daemon
+    from edged.daemon import DRAIN_S, Daemon
+    from edged.serving.model_set import stop_workers
     from edged.telemetry.mqtt.log_publisher import LogPublisher
 
     config = tmp_path / "edged.toml"
@@ -239,4 +240,4 @@ shapes = {{ x = [1, 3, 48, 192] }}
     finally:
         logger.removeHandler(lines)
         os.sched_setaffinity(0, cpus)  # or the tests after this one run on one CPU
-        Daemon._stop_workers(daemon.models.values())
+        stop_workers(daemon.models.values(), DRAIN_S)

@@ -251,7 +251,11 @@ while time.monotonic() < end:
     print(f"\nscan of {len(before.tasks)} threads: {scan_s * 1e3:.1f} ms")
     assert not before.truncated and len(before.tasks) > 1
     assert before.tasks[threading.get_native_id()].pid == os.getpid()
-    found = intruders(before, after, {cpu})
-    assert found and found[0]["pid"] == hog.pid and found[0]["cpu"] == cpu
-    assert found[0]["cpu_ms"] >= 100  # of 500 ms, even when sharing the core
+    found = intruders(before, after, {cpu}, top=100)
+    # The hog is among them, on its core; on a shared machine another busy process may rank
+    # above it (the list is every intruder, busiest first).
+    hogs = [f for f in found if f["pid"] == hog.pid]
+    assert hogs and hogs[0]["cpu"] == cpu, found
+    assert hogs[0]["cpu_ms"] >= 100  # of 500 ms, even when sharing the core
+    assert [f["cpu_ms"] for f in found] == sorted((f["cpu_ms"] for f in found), reverse=True)
     assert scan_tasks(limit=3).truncated

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from edged.telemetry.topics import json_type
+
 _ENVELOPE = frozenset({"ts", "seq", "bdSeq", "historical", "kind"})
 
 
@@ -98,38 +100,26 @@ def _number(value: Any, what: str, *, optional: bool = True) -> float | None:
         if value < 0:
             raise BadPayload(f"{what}: negative ({value})")
         return float(value)
-    raise BadPayload(f"{what}: expected a number, got {_json_type(value)}")
+    raise BadPayload(f"{what}: expected a number, got {json_type(value)}")
 
 
 def _count(value: Any, what: str) -> int:
     if type(value) is int and value >= 0:
         return value
-    raise BadPayload(f"{what}: expected a count, got {_json_type(value)}")
-
-
-def _json_type(value: Any) -> str:
-    return {
-        list: "an array",
-        str: "a string",
-        int: "a number",
-        float: "a number",
-        bool: "a boolean",
-        dict: "an object",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
+    raise BadPayload(f"{what}: expected a count, got {json_type(value)}")
 
 
 def _envelope(p: Any) -> tuple[float, int | None, int | None]:
     if type(p) is not dict:
-        raise BadPayload(f"expected a JSON object, got {_json_type(p)}")
+        raise BadPayload(f"expected a JSON object, got {json_type(p)}")
     ts = p.get("ts")
     if type(ts) is not float and type(ts) is not int:
-        raise BadPayload(f"ts: expected a number, got {_json_type(ts)}")
+        raise BadPayload(f"ts: expected a number, got {json_type(ts)}")
     seq, bdseq = p.get("seq"), p.get("bdSeq")
     if seq is not None and type(seq) is not int:
-        raise BadPayload(f"seq: expected an integer, got {_json_type(seq)}")
+        raise BadPayload(f"seq: expected an integer, got {json_type(seq)}")
     if bdseq is not None and type(bdseq) is not int:
-        raise BadPayload(f"bdSeq: expected an integer, got {_json_type(bdseq)}")
+        raise BadPayload(f"bdSeq: expected an integer, got {json_type(bdseq)}")
     return float(ts), seq, bdseq
 
 
@@ -137,12 +127,12 @@ def parse_telemetry(p: Any, received: float) -> Telemetry:
     ts, seq, bdseq = _envelope(p)
     models_in = p.get("models")
     if type(models_in) is not dict:
-        raise BadPayload(f"models: expected an object, got {_json_type(models_in)}")
+        raise BadPayload(f"models: expected an object, got {json_type(models_in)}")
     models: dict[str, ModelFigures] = {}
     causes: dict[str, int] = {}
     for name, m in models_in.items():
         if type(m) is not dict:
-            raise BadPayload(f"models.{name}: expected an object, got {_json_type(m)}")
+            raise BadPayload(f"models.{name}: expected an object, got {json_type(m)}")
         outliers = m.get("outliers") or {}
         if type(outliers) is not dict:
             raise BadPayload(f"models.{name}.outliers: expected an object")
@@ -177,18 +167,18 @@ def _thermal(thermal: Any) -> tuple[tuple[str, float] | None, bool | None]:
     if thermal is None:
         return None, None
     if type(thermal) is not dict:
-        raise BadPayload(f"thermal: expected an object, got {_json_type(thermal)}")
+        raise BadPayload(f"thermal: expected an object, got {json_type(thermal)}")
     hottest = thermal.get("hottest")
     if hottest is not None:
         if type(hottest) is not dict:
-            raise BadPayload(f"thermal.hottest: expected an object, got {_json_type(hottest)}")
+            raise BadPayload(f"thermal.hottest: expected an object, got {json_type(hottest)}")
         name, temp = hottest.get("name"), hottest.get("temp_c")
         if type(name) is not str or (type(temp) is not float and type(temp) is not int):
             raise BadPayload("thermal.hottest: expected {name: string, temp_c: number}")
         hottest = (name, float(temp))
     throttling = thermal.get("throttling")
     if throttling is not None and type(throttling) is not bool:
-        raise BadPayload(f"thermal.throttling: expected a boolean, got {_json_type(throttling)}")
+        raise BadPayload(f"thermal.throttling: expected a boolean, got {json_type(throttling)}")
     return hottest, throttling
 
 
@@ -196,7 +186,7 @@ def parse_state(p: Any) -> State:
     ts, _seq, bdseq = _envelope(p)
     online = p.get("online")
     if type(online) is not bool:
-        raise BadPayload(f"online: expected a boolean, got {_json_type(online)}")
+        raise BadPayload(f"online: expected a boolean, got {json_type(online)}")
     version = p.get("version")
     models = p.get("models")
     backends = {}
@@ -211,7 +201,7 @@ def parse_event(p: Any) -> dict[str, Any]:
     ts, _seq, _bdseq = _envelope(p)
     kind = p.get("kind")
     if type(kind) is not str or not kind:
-        raise BadPayload(f"kind: expected a non-empty string, got {_json_type(kind)}")
+        raise BadPayload(f"kind: expected a non-empty string, got {json_type(kind)}")
     event = {"kind": kind, "ts": ts}
     event.update((k, v) for k, v in p.items() if k not in _ENVELOPE)
     return event

@@ -2,11 +2,13 @@
 
 The daemon's publisher (edged/telemetry/mqtt) writes these topics and `edgectl fleet`
 (edged/fleet/) subscribes to them; both take the names from here so they cannot drift apart.
-Standard library only, and nothing else: the fleet monitor and edgectl import it without
-loading paho or the publisher.
+Also `json_type`, how both name a JSON value's type in error messages. Standard library only:
+the fleet monitor and edgectl import it without loading paho or the publisher.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 TOPIC_ROOT = "edged/v1"
 KINDS = ("state", "telemetry", "event", "audit")  # what a device publishes under its base
@@ -40,3 +42,17 @@ def split_topic(topic: str) -> tuple[str, str, str] | None:
     if len(parts) != _TOPIC_LEVELS:
         return None
     return parts[-3], parts[-2], parts[-1]
+
+
+def json_type(value: Any) -> str:
+    """A JSON value's type as error messages name it ("an array", "null"): the daemon's
+    command answers and the fleet's payload errors say it the same way."""
+    return {
+        list: "an array",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)

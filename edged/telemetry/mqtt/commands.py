@@ -20,7 +20,7 @@ import paho.mqtt.client as paho
 
 from edged.telemetry.mqtt.outbox import Outbox
 from edged.telemetry.mqtt.payloads import short_reason
-from edged.telemetry.topics import COMMAND_PREFIX
+from edged.telemetry.topics import COMMAND_PREFIX, json_type
 
 log = logging.getLogger("edged.telemetry.mqtt")
 MAX_COMMAND_BYTES = 64 * 1024
@@ -112,18 +112,7 @@ def parse(msg: paho.MQTTMessage) -> tuple[dict[str, Any] | None, str | None]:
     except orjson.JSONDecodeError as exc:
         return None, f"payload is not JSON: {exc}"
     if not isinstance(payload, dict):
-        return None, f"payload must be a JSON object, got {_json_type(payload)}"
+        return None, f"payload must be a JSON object, got {json_type(payload)}"
     if "id" in payload and not isinstance(payload["id"], str):
         return payload, "id must be a string"
     return payload, None
-
-
-def _json_type(value: Any) -> str:
-    return {
-        list: "an array",
-        str: "a string",
-        int: "a number",
-        float: "a number",
-        bool: "a boolean",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
