@@ -243,8 +243,16 @@ threads = 1
                 time.sleep(0.02)
         busy = _wakeups(pid, tid)
         assert busy - idle >= 10  # sampled while requests came (20 Hz for ~1.5 s)
-        time.sleep(0.5)  # the tail, then parked
-        settled = _wakeups(pid, tid)
+        # The tail, then parked: on a loaded machine the last samples may come late, so wait
+        # (bounded) until the count stands still; then it must stay still.
+        settled, deadline = _wakeups(pid, tid), time.monotonic() + 10
+        while True:
+            time.sleep(0.5)
+            now = _wakeups(pid, tid)
+            if now == settled:
+                break
+            assert time.monotonic() < deadline, "the sampler never parked"
+            settled = now
         time.sleep(1.5)
         assert _wakeups(pid, tid) == settled
         assert settled - busy <= 6

@@ -307,9 +307,12 @@ def test_broker_outage_every_message_arrives_in_order(tmp_path: Path) -> None:
 
     def produce() -> None:
         while running.is_set():
-            seq = p.publish_telemetry({"models": {}, "thermal": {}, "system": {}, "phase": phase})
+            # The phase is read once: read again after publishing, an item made just before
+            # the reconnect would be labelled "after" once the main thread moved on.
+            now = phase
+            seq = p.publish_telemetry({"models": {}, "thermal": {}, "system": {}, "phase": now})
             assert seq is not None
-            produced.append((seq, phase))
+            produced.append((seq, now))
             time.sleep(0.05)
 
     try:
