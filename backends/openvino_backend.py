@@ -145,8 +145,12 @@ class OvSession:
             set(options.cpus) if options.cpus and candidate.device.startswith("CPU") else None
         )
         if options.cache_dir is not None:
-            options.cache_dir.mkdir(parents=True, exist_ok=True)
-            config["CACHE_DIR"] = str(options.cache_dir)
+            # One folder per precision hint: OpenVINO leaves the hint out of its cache key, so
+            # with one folder a second compile of the same model at another precision loads the
+            # first one's blob (seen on aarch64: an "fp32" session that ran fp16).
+            cache = options.cache_dir / (hint or "default").lower()
+            cache.mkdir(parents=True, exist_ok=True)
+            config["CACHE_DIR"] = str(cache)
         try:
             self._compiled = core().compile_model(ov_model, candidate.device, config)
         except RuntimeError as exc:

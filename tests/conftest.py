@@ -1,13 +1,12 @@
 """Shared fixtures (the real test data fetched by scripts/fetch_test_data.py) and the markers
-of pyproject.toml that need code: `needs_cpus(n)`, `needs_broker` and `arm64` skip with the
-reason; `needs_data` is put on every test that uses the fetched data, so `make test-fast` can
+of pyproject.toml that need code: `needs_cpus(n)` and `needs_broker` skip with the reason;
+`needs_data` is put on every test that uses the fetched data, so `make test-fast` can
 leave those out (`make test` runs them, fetching the data first), and `integration` on every
 `needs_broker` test."""
 
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -45,8 +44,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                 f"{' and '.join(missing)} not installed "
                 "(apt-get install mosquitto mosquitto-clients)"
             )
-    if item.get_closest_marker("arm64") and platform.machine() not in ("aarch64", "arm64"):
-        pytest.skip(f"needs an arm64 CPU; this one is {platform.machine()}")
 
 
 def _data_dir() -> Path:
