@@ -10,12 +10,12 @@ from pathlib import Path
 from edged.cli.main import main
 from sysconf.cpusets import CpuPlan
 from sysconf.provision import (
-    AFFINITY_DROPIN,
     SYSCTL_CONF,
     WANTS,
     provision_changes,
     sysctl_conf,
 )
+from sysconf.services import AFFINITY_DROPIN
 from sysconf.sysroot import SysRoot
 from tests.support.images import PROVISION, image
 from tests.support.roots import tree_state

@@ -3,6 +3,7 @@ or on all of them, measured interleaved in one pinned thread."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def register(sub) -> None:
 def cmd_bench(args) -> int:
     from backends import BackendError, LoadOptions, get_backend
     from backends.model_info import inspect_model
-    from edged.selection.bench import benchmark, pinned_thread
+    from edged.selection.bench import LatencyStats, benchmark, pinned_thread
     from edged.selection.candidates import backend_candidates
     from edged.selection.inputs import make_inputs, resolve_shapes
     from edged.selection.select import SelectionError, select
@@ -104,7 +105,7 @@ def cmd_bench(args) -> int:
                         "device": candidate.device,
                         "requested_precision": candidate.precision,
                         "precision": None,
-                        **dict.fromkeys(_STAT_KEYS),
+                        **dict.fromkeys(f.name for f in dataclasses.fields(LatencyStats)),
                         "error": str(exc),
                     }
                 )
@@ -147,19 +148,6 @@ def cmd_bench(args) -> int:
     else:
         print(format_bench(report))
     return EXIT_OK if any("error" not in r for r in results) else EXIT_FAILED
-
-
-_STAT_KEYS = (
-    "runs",
-    "p50_ms",
-    "p90_ms",
-    "p99_ms",
-    "p999_ms",
-    "max_ms",
-    "mean_ms",
-    "stdev_ms",
-    "throughput_ips",
-)
 
 
 def format_bench(report: dict[str, Any]) -> str:
