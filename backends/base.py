@@ -139,3 +139,48 @@ def check_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray], mo
                 f"{model}: input {name!r} has shape {format_shape(array.shape)}, "
                 f"expected {format_shape(spec.shape)}"
             )
+
+
+class FloatIO:
+    """A session of a model with quantized inputs and outputs (a full-integer TFLite made
+    with int8 or uint8 IO) that takes and gives float32, through each tensor's own scale and
+    zero point: how the accuracy gate holds such a model to its float original. Sessions
+    that have quantized IO say so in `io_quantization` (name -> (scale, zero point))."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.candidate = session.candidate
+        self._q: Mapping[str, tuple[float, int]] = session.io_quantization  # type: ignore[attr-defined]
+        self._dtypes = {s.name: np.dtype(s.dtype) for s in (*session.inputs, *session.outputs)}
+        self.inputs = [self._float(s) for s in session.inputs]
+        self.outputs = [self._float(s) for s in session.outputs]
+
+    def _float(self, spec: TensorSpec) -> TensorSpec:
+        return TensorSpec(spec.name, "float32", spec.shape) if spec.name in self._q else spec
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        converted = {}
+        for name, value in feeds.items():
+            if name in self._q and value.dtype == np.float32:
+                scale, zero = self._q[name]
+                limits = np.iinfo(self._dtypes[name])
+                value = np.clip(np.rint(value / scale) + zero, limits.min, limits.max)
+                value = value.astype(self._dtypes[name])
+            converted[name] = value
+        outputs = self.session.run(converted)
+        for name, value in outputs.items():
+            if name in self._q:
+                scale, zero = self._q[name]
+                outputs[name] = (value.astype(np.float32) - zero) * np.float32(scale)
+        return outputs
+
+    def info(self) -> dict[str, Any]:
+        return {**self.session.info(), "float_io": "quantized at the inputs, dequantized after"}
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def float_io(session: Session) -> Session:
+    """`session` taking and giving float32 where its model's IO is quantized, else itself."""
+    return FloatIO(session) if getattr(session, "io_quantization", None) else session

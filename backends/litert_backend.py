@@ -247,6 +247,13 @@ class LiteRtSession:
         self._out = self._interp.get_output_details()
         self.inputs = [_spec(d) for d in self._in]
         self.outputs = [_spec(d) for d in self._out]
+        # Integer inputs/outputs of a full-integer model and their (scale, zero point), for
+        # callers that feed it float (backends.base.float_io).
+        self.io_quantization = {
+            d["name"]: (float(d["quantization"][0]), int(d["quantization"][1]))
+            for d in (*self._in, *self._out)
+            if np.dtype(d["dtype"]).kind in "iu" and d["quantization"][0]
+        }
         self._coverage = _delegate_coverage(self._interp._get_ops_details())
 
     def _resize(self, options: LoadOptions) -> None:

@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
-"""Fetch the real models and device trees that the tests and the demo use.
+"""Fetch the real models, photos and device trees that the tests and the demo use.
 
 Everything comes from package registries, pinned by sha256 and cached, never committed:
 
 * PP-OCRv4 text detection and the PP-OCR text-direction classifier (ONNX) from the
   rapidocr-onnxruntime 1.4.4 wheel on PyPI (Apache-2.0);
-* face_detection_short_range.tflite from the mediapipe 0.10.21 wheel on PyPI (Apache-2.0);
+* face_detection_short_range.tflite, palm_detection_lite.tflite and palm_detection_full.tflite
+  from the mediapipe 0.10.21 wheel on PyPI (Apache-2.0);
+* eight photos of scikit-image's data folder (astronaut, camera, coffee, chelsea, rocket,
+  motorcycle_left, motorcycle_right, hubble_deep_field) from the scikit-image 0.24.0 wheel on
+  PyPI (BSD-3-Clause), into images/photos/;
+* made here from those photos with Pillow, deterministically (seeded random square crops, some
+  flipped, RGB, 192x192): 48 calibration images for the MediaPipe face and palm detectors
+  (images/detector-calibration/; about half the crops of astronaut and camera centred on the
+  face) and 16 held-out evaluation images made the same way with another seed
+  (images/detector-eval/);
 * the arm64 board device trees (.dtb) of Debian bookworm's linux-image-6.1.0-50-arm64
   (6.1.176-1), fetched with apt-get under a private apt state folder so the host's apt
   configuration is not touched;
@@ -54,7 +63,7 @@ class Member:
     wheel: Wheel
     path_in_wheel: str
     sha256: str
-    dest: str  # relative to the cache's models/
+    dest: str  # relative to the cache folder
 
 
 RAPIDOCR = Wheel(
@@ -69,25 +78,57 @@ MEDIAPIPE = Wheel(
     "05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
     "manylinux_2_28_x86_64",
 )
+SKIMAGE = Wheel(
+    "scikit-image==0.24.0",
+    "scikit_image-0.24.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+    "fa27b3a0dbad807b966b8db2d78da734cb812ca4787f7fbb143764800ce2fa9c",
+    "manylinux_2_17_x86_64",
+)
 MODELS = [
     Member(
         RAPIDOCR,
         "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
         "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
-        "ppocrv4_det.onnx",
+        "models/ppocrv4_det.onnx",
     ),
     Member(
         RAPIDOCR,
         "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
         "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
-        "ppocr_cls.onnx",
+        "models/ppocr_cls.onnx",
     ),
     Member(
         MEDIAPIPE,
         "mediapipe/modules/face_detection/face_detection_short_range.tflite",
         "bbff11cebd1eb27a1e004cae0b0e63ec8c551cbf34a4451148b4908b8db3eca8",
-        "face_detection_short_range.tflite",
+        "models/face_detection_short_range.tflite",
     ),
+    Member(
+        MEDIAPIPE,
+        "mediapipe/modules/palm_detection/palm_detection_lite.tflite",
+        "e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18",
+        "models/palm_detection_lite.tflite",
+    ),
+    Member(
+        MEDIAPIPE,
+        "mediapipe/modules/palm_detection/palm_detection_full.tflite",
+        "1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54",
+        "models/palm_detection_full.tflite",
+    ),
+]
+PHOTO_SHA256 = {  # skimage/data/ in the scikit-image wheel
+    "astronaut.png": "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5",
+    "camera.png": "b0793d2adda0fa6ae899c03989482bff9a42d3d5690fc7e3648f2795d730c23a",
+    "coffee.png": "cc02f8ca188b167c775a7101b5d767d1e71792cf762c33d6fa15a4599b5a8de7",
+    "chelsea.png": "596aa1e7cb875eb79f437e310381d26b338a81c2da23439704a73c4651e8c4bb",
+    "rocket.jpg": "c2dd0de7c538df8d111e479619b129464d0269d0ae5fd18ca91d33a7fdfea95c",
+    "motorcycle_left.png": "db18e9c4157617403c3537a6ba355dfeafe9a7eabb6b9b94cb33f6525dd49179",
+    "motorcycle_right.png": "5fc913ae870e42a4b662314bc904d1786bcad8e2f0b9b67dba5a229406357797",
+    "hubble_deep_field.jpg": "3a19c5dd8a927a9334bb1229a6d63711b1c0c767fb27e2286e7c84a3e2c2f5f4",
+}
+PHOTOS = [
+    Member(SKIMAGE, f"skimage/data/{name}", sha256, f"images/photos/{name}")
+    for name, sha256 in PHOTO_SHA256.items()
 ]
 
 KERNEL_DEB = {
@@ -121,6 +162,20 @@ QUANTIZED = [
     ("ppocr_cls.onnx", "ppocr_cls_int8.onnx", (1, 3, 48, 192), "half"),
 ]
 
+# Calibration and held-out evaluation images for the MediaPipe face and palm detectors, made
+# from PHOTOS: (folder under images/, number of images, seed). The stamp in each folder holds
+# this recipe name and the photos' sha256: a changed recipe or photo makes the set again.
+DETECTOR_IMAGES_RECIPE = "square-crop-30-100-hflip-rgb-192-bilinear-v1"
+DETECTOR_IMAGE_SIZE = 192  # the palm model's input; the face model's 128 is resized on load
+DETECTOR_SETS = [
+    ("detector-calibration", 48, 20261201),
+    ("detector-eval", 16, 20261202),
+]
+# Face centres (x, y as fractions of the image) of the photos with a face: every other crop
+# of these is centred there (with a little jitter and at most 75 % of the short side, so the
+# face stays in view and large enough for the short-range face model).
+FACE_CENTRES = {"astronaut.png": (0.45, 0.25), "camera.png": (0.43, 0.26)}
+
 
 class FetchError(RuntimeError):
     pass
@@ -142,6 +197,15 @@ def models_dir(required: Iterable[str] = ()) -> Path:
     if any(not (models / name).exists() for name in required):
         subprocess.run([sys.executable, __file__, "--only", "models"], check=True)
     return models
+
+
+def images_dir(required: Iterable[str] = ()) -> Path:
+    """The photos and detector image sets folder; they are fetched and made first when any of
+    `required` (paths relative to it, e.g. "detector-calibration") is missing."""
+    images = cache_dir() / "images"
+    if any(not (images / name).exists() for name in required):
+        subprocess.run([sys.executable, __file__, "--only", "images"], check=True)
+    return images
 
 
 def sha256_file(path: Path) -> str:
@@ -187,12 +251,19 @@ def fetch_wheel(wheel: Wheel, wheels_dir: Path) -> Path:
 
 
 def fetch_models(root: Path) -> None:
-    models = root / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    for member in MODELS:
-        dest = models / member.dest
+    extract_members(root, MODELS)
+
+
+def fetch_photos(root: Path) -> None:
+    extract_members(root, PHOTOS)
+
+
+def extract_members(root: Path, members: Iterable[Member]) -> None:
+    for member in members:
+        dest = root / member.dest
         if dest.exists() and sha256_file(dest) == member.sha256:
             continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
         wheel_path = fetch_wheel(member.wheel, root / "wheels")
         with zipfile.ZipFile(wheel_path) as zf:
             data = zf.read(member.path_in_wheel)
@@ -411,24 +482,94 @@ def quantize_qdq(
         partial.replace(out)
 
 
+def make_detector_images(root: Path) -> None:
+    for name, count, seed in DETECTOR_SETS:
+        make_detector_set(root, name, count, seed)
+
+
+def make_detector_set(root: Path, name: str, count: int, seed: int) -> None:
+    """images/`name`: `count` PNGs cropped from the photos (see `detector_crops`), with a
+    `.source-sha256` stamp of the recipe, count, seed and the photos' sha256; a set whose
+    stamp matches is only checked, not made again."""
+    images = root / "images"
+    photos = [root / member.dest for member in PHOTOS]
+    dest = images / name
+    stamp = dest / ".source-sha256"
+    want = f"{DETECTOR_IMAGES_RECIPE} count={count} seed={seed}\n" + "".join(
+        f"{sha256_file(photo)}  {photo.relative_to(images)}\n" for photo in photos
+    )
+    if stamp.exists() and stamp.read_text() == want and len(list(dest.glob("*.png"))) == count:
+        return
+    log(f"making {count} detector images in images/{name} (seed {seed})")
+    tmp = dest.with_name(dest.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for filename, image in detector_crops(photos, count, seed):
+        image.save(tmp / filename, format="PNG")
+    (tmp / stamp.name).write_text(want)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+
+
+def detector_crops(photos: list[Path], count: int, seed: int):
+    """`count` (file name, 192x192 RGB image) pairs, spread evenly over `photos`: square crops
+    of 30-100 % of the short side anywhere in the photo, about half flipped left-right; every
+    other crop of a photo in FACE_CENTRES is centred on its face instead."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    per_photo, extra = divmod(count, len(photos))
+    for k, path in enumerate(photos):
+        with Image.open(path) as opened:
+            photo = opened.convert("RGB")
+        width, height = photo.size
+        short = min(width, height)
+        face = FACE_CENTRES.get(path.name)
+        for i in range(per_photo + (k < extra)):
+            centre = face if i % 2 == 0 else None
+            side = round(rng.uniform(0.3, 0.75 if centre else 1.0) * short)
+            if centre:
+                x = centre[0] * width - side / 2 + rng.uniform(-0.1, 0.1) * side
+                y = centre[1] * height - side / 2 + rng.uniform(-0.1, 0.1) * side
+            else:
+                x = rng.uniform(0, width - side)
+                y = rng.uniform(0, height - side)
+            left = min(max(round(x), 0), width - side)
+            top = min(max(round(y), 0), height - side)
+            crop = photo.crop((left, top, left + side, top + side))
+            if rng.random() < 0.5:
+                crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            size = (DETECTOR_IMAGE_SIZE, DETECTOR_IMAGE_SIZE)
+            yield f"{path.stem}_{i:02d}.png", crop.resize(size, Image.Resampling.BILINEAR)
+
+
 def write_manifest(root: Path) -> None:
+    images = root / "images"
+    image_files = sorted((images / "photos").glob("*.*")) + [
+        p for name, _, _ in DETECTOR_SETS for p in sorted((images / name).glob("*.png"))
+    ]
     manifest = {
         "models": {
             p.name: sha256_file(p)
             for p in sorted((root / "models").glob("*.*"))
             if p.suffix in (".onnx", ".tflite")
         },
+        "images": {str(p.relative_to(images)): sha256_file(p) for p in image_files},
         "dtb": KERNEL_DEB["dest"],
     }
     armhf = root / "dtb" / KERNEL_DEB_ARMHF["dest"] / ".complete"
     if armhf.exists():
         manifest["dtb_armhf"] = KERNEL_DEB_ARMHF["dest"]
-    (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    text = json.dumps(manifest, indent=2) + "\n"
+    path = root / "manifest.json"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["models", "dtb"], help="fetch just one kind")
+    parser.add_argument("--only", choices=["models", "images", "dtb"], help="fetch just one kind")
     parser.add_argument("--print-dir", action="store_true", help="print the cache folder")
     parser.add_argument(
         "--with-armhf",
@@ -445,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "models"):
             fetch_models(root)
             quantize_models(root)
+        if args.only in (None, "images"):
+            fetch_photos(root)
+            make_detector_images(root)
         if args.only in (None, "dtb"):
             fetch_dtbs(root)
             if args.with_armhf:

@@ -1,4 +1,5 @@
-"""`edgectl quantize`: FP32 ONNX -> INT8 QDQ by measurement, per target backend.
+"""`edgectl quantize`: FP32 ONNX -> INT8 QDQ, and float TFLite -> full-integer TFLite, by
+measurement, per target backend.
 
 Steps: the model is upgraded to opset 13 (per-channel QDQ needs it) and pre-processed
 (ONNX shape inference and graph optimisation, onnxruntime.quantization's `quant_pre_process`);
@@ -15,6 +16,13 @@ nodes, which this does not rescue (the Conv/MatMul-only recipe then wins; see
 docs/BENCHMARKS.md). The recipes that pass are timed against the FP32 model on the
 target with the selection's interleaved micro-benchmark; the fastest that beats FP32 is
 written, else FP32 is kept and the report says so.
+
+A float .tflite goes the same way through LiteRT's quantizer (`tflite_quantizer`: int8
+weights per channel, int8 activations, int8/uint8/float inputs and outputs), gated on LiteRT
+with XNNPACK and with the built-in kernels against the float model on the built-in kernels;
+mixed precision keeps the most sensitive conv/depthwise/fully-connected ops in float. For an
+NPU target (`Settings.require_int8`) the passing full-integer model is written whether or not
+it beats float on this CPU: the NPU runs nothing else.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from backends import BackendError, Candidate, LoadOptions, ModelError, get_backend
+from backends.base import float_io
 from backends.model_info import inspect_model
 from edged.quantize.calibration import Samples
 from edged.quantize.calibration_spec import CalibrationError
@@ -44,6 +53,8 @@ from edged.quantize.recipes import (
     recipes_for,
 )
 from edged.quantize.report import Attempt, Report, decide
+from edged.quantize.tflite_quantizer import LOGIT_CLIP, TfliteQuantizer
+from edged.quantize.tflite_quantizer import RECIPES as TFLITE_RECIPES
 from edged.selection.accuracy import Accuracy, accuracy
 from edged.selection.bench import benchmark, pinned_thread
 
@@ -56,23 +67,41 @@ SENSITIVITY_SAMPLES = 8
 # -- measuring --------------------------------------------------------------------------------
 
 
+# A target is BACKEND[:DEVICE]; without a device, the backend's CPU path.
+DEFAULT_DEVICE = {"litert": "XNNPACK"}
+# Where each format's float reference runs, and so where its inputs are read.
+REFERENCE_TARGET = {"onnx": "onnxruntime", "tflite": TfliteQuantizer.reference_target}
+
+
+def split_target(target: str) -> tuple[str, str]:
+    backend, _, device = target.partition(":")
+    return backend, device or DEFAULT_DEVICE.get(backend, "CPU")
+
+
 def load_session(
     model_path: Path, target: str, precision: str, threads: int | None, cpus: Sequence[int] | None
 ):
+    """`model_path` loaded on `target`, taking and giving float32 (a full-integer TFLite with
+    int8 IO is fed through its own scales, `float_io`)."""
     model = inspect_model(model_path)
-    candidate = Candidate(target, "CPU", precision)
-    return get_backend(target).load(model, candidate, LoadOptions(threads=threads, cpus=cpus))
+    backend, device = split_target(target)
+    candidate = Candidate(backend, device, precision)
+    options = LoadOptions(threads=threads, cpus=cpus)
+    return float_io(get_backend(backend).load(model, candidate, options))
 
 
 def input_specs(model_path: Path) -> list:
-    """The model's inputs (names, dtypes, dynamic dims) as onnxruntime sees them."""
+    """The model's inputs (names, dtypes, dynamic dims) as its reference runtime sees them."""
     model = inspect_model(model_path)
-    if model.format != "onnx":
-        raise ModelError(f"{model_path}: edgectl quantize takes an ONNX model, not {model.format}")
+    if model.format not in REFERENCE_TARGET:
+        raise ModelError(
+            f"{model_path}: edgectl quantize takes an ONNX or TFLite model, not {model.format}"
+        )
+    target = REFERENCE_TARGET[model.format]
     try:
-        session = load_session(model_path, "onnxruntime", "fp32", None, None)
+        session = load_session(model_path, target, "fp32", None, None)
     except BackendError as exc:
-        raise ModelError(f"{model_path}: onnxruntime cannot load it ({exc})") from None
+        raise ModelError(f"{model_path}: {target} cannot load it ({exc})") from None
     try:
         return list(session.inputs)
     finally:
@@ -84,7 +113,7 @@ def run_all(session, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str
 
 
 def sensitive_nodes(
-    quantizer: Quantizer,
+    quantizer: Quantizer | TfliteQuantizer,
     evaluation: Samples,
     reference,
     settings: Settings,
@@ -102,10 +131,7 @@ def sensitive_nodes(
     weights are where INT8 loses most (depthwise and early layers with wide per-channel
     ranges), and these nodes are the ones worth keeping FP32.
     """
-    import onnx
-
-    graph = onnx.load(str(quantizer.prepared), load_external_data=False).graph
-    nodes = [n.name for n in graph.node if n.op_type in COMPUTE_OPS and n.name]
+    nodes = quantizer.compute_nodes()
     subset = replace(evaluation, feeds=evaluation.feeds[:SENSITIVITY_SAMPLES])
     scores = []
     for index, name in enumerate(nodes):
@@ -114,31 +140,14 @@ def sensitive_nodes(
         path = quantizer.quantize(
             Recipe(f"only-{index}", COMPUTE_OPS, only=(name,), scheme=scheme), keep=False
         )
-        acc, _ = _check(path, "onnxruntime", subset, reference[:SENSITIVITY_SAMPLES], settings)
+        acc, _ = _check(
+            path, quantizer.reference_target, subset, reference[:SENSITIVITY_SAMPLES], settings
+        )
         path.unlink(missing_ok=True)
         # Ties on the gated figure (top-1 agreement over a few samples often is 1.0 for most
         # nodes) are broken by the cosine, then by graph order.
         scores.append((acc.score if acc else -1.0, acc.cosine if acc else -1.0, index, name))
     return [name for *_, name in sorted(scores)]
-
-
-def data_producers(prepared: Path, nodes: Sequence[str]) -> list[str]:
-    """The non-compute nodes producing the data input of `nodes`: in the full recipe they
-    would quantize that tensor anyway, so an FP32 node takes its producer along."""
-    import onnx
-
-    graph = onnx.load(str(prepared), load_external_data=False).graph
-    producer = {out: n for n in graph.node for out in n.output}
-    by_name = {n.name: n for n in graph.node}
-    extra = []
-    for name in nodes:
-        node = by_name.get(name)
-        if node is None or not node.input:
-            continue
-        src = producer.get(node.input[0])
-        if src is not None and src.op_type not in COMPUTE_OPS:
-            extra.append(src.name)
-    return extra
 
 
 # -- the whole run ------------------------------------------------------------------------------
@@ -153,6 +162,7 @@ class Measurement:
     fp32_ms: dict[str, float]
     settings: Settings  # with the recipes resolved for this CPU
     cpu: str  # `HardwareFacts.isa_summary()` of the CPU that measured
+    notes: list[str]  # what the quantizer did beyond the recipe (e.g. clipped ranges)
 
 
 @contextlib.contextmanager
@@ -170,18 +180,35 @@ def measure(
             f"calibration method {settings.method!r}: use one of {', '.join(METHODS)}"
         )
     model_path = Path(model_path)
-    if inspect_model(model_path).format != "onnx":
-        raise ModelError(f"{model_path}: edgectl quantize takes an ONNX model")
+    fmt = inspect_model(model_path).format
+    if fmt not in REFERENCE_TARGET:
+        raise ModelError(f"{model_path}: edgectl quantize takes an ONNX or TFLite model")
+    wrong = [t for t in settings.targets if (split_target(t)[0] == "litert") != (fmt == "tflite")]
+    if wrong:
+        raise QuantizeError(f"{model_path}: a {fmt} model cannot be gated on {', '.join(wrong)}")
     from sysconf.hardware import probe
 
     hw = probe()
     if settings.recipes is None:
-        settings = replace(settings, recipes=recipes_for(hw.int8_dot_product))
+        recipes = TFLITE_RECIPES if fmt == "tflite" else recipes_for(hw.int8_dot_product)
+        settings = replace(settings, recipes=recipes)
     with tempfile.TemporaryDirectory(prefix="edged-quantize-") as tmp:
         workdir = Path(tmp)
-        prepared = prepare(model_path, workdir)
-        quantizer = Quantizer(prepared, workdir, calibration, settings.method, progress)
-        reference = _reference(model_path, evaluation, settings)
+        quantizer: Quantizer | TfliteQuantizer
+        if fmt == "tflite":
+            quantizer = TfliteQuantizer(
+                model_path,
+                workdir,
+                calibration,
+                settings.method,
+                settings.io or "float",
+                progress,
+                settings.scores,
+            )
+        else:
+            prepared = prepare(model_path, workdir)
+            quantizer = Quantizer(prepared, workdir, calibration, settings.method, progress)
+        reference = _reference(model_path, evaluation, settings, quantizer.reference_target)
         attempts: list[Attempt] = []
         fp32_sessions: dict[str, Any] = {}
         ranking: list[str] = []  # compute nodes, most sensitive first (filled on demand)
@@ -205,7 +232,6 @@ def measure(
                     attempts.extend(
                         _gate(
                             quantizer,
-                            prepared,
                             target,
                             recipe,
                             evaluation,
@@ -219,7 +245,14 @@ def measure(
         finally:
             for session in fp32_sessions.values():
                 session.close()
-        yield Measurement(attempts, fp32_ms, settings, hw.isa_summary())
+        notes = []
+        clipped = getattr(quantizer, "clipped", None)
+        if clipped:
+            notes.append(
+                f"score logits: the calibrated ranges of {', '.join(clipped)} clipped to "
+                f"+-{LOGIT_CLIP:g}"
+            )
+        yield Measurement(attempts, fp32_ms, settings, hw.isa_summary(), notes)
 
 
 def quantize_model(
@@ -243,18 +276,20 @@ def quantize_model(
             m.settings,
             list(warnings),
             m.cpu,
+            m.notes,
         )
 
 
 def _reference(
-    model_path: Path, evaluation: Samples, settings: Settings
+    model_path: Path, evaluation: Samples, settings: Settings, target: str
 ) -> list[dict[str, np.ndarray]]:
-    """FP32 outputs on onnxruntime's CPU EP, the reference every INT8 run is held to."""
+    """FP32 outputs on the format's reference CPU runtime (onnxruntime's CPU EP, LiteRT's
+    built-in kernels), the reference every INT8 run is held to."""
     try:
-        session = load_session(model_path, "onnxruntime", "fp32", settings.threads, settings.cpus)
+        session = load_session(model_path, target, "fp32", settings.threads, settings.cpus)
     except BackendError as exc:
         raise QuantizeError(
-            f"{model_path}: the FP32 model does not load on onnxruntime ({exc})"
+            f"{model_path}: the FP32 model does not load on {target} ({exc})"
         ) from None
     try:
         with pinned_thread(settings.cpus):
@@ -280,14 +315,13 @@ def _check(
     finally:
         session.close()
     try:
-        return accuracy(reference, outputs), ""
+        return accuracy(reference, outputs, settings.scores), ""
     except BackendError as exc:
         return None, f"outputs differ in form on {target}: {exc}"
 
 
 def _gate(
-    quantizer: Quantizer,
-    prepared: Path,
+    quantizer: Quantizer | TfliteQuantizer,
     target: str,
     recipe: Recipe,
     evaluation: Samples,
@@ -318,7 +352,7 @@ def _gate(
             progress(f"mixed precision {target} {recipe.name}", count, limit)
         fp32 = list(ranking[:count])
         if recipe.op_types is None:
-            fp32 += data_producers(prepared, fp32)
+            fp32 += quantizer.data_producers(fp32)
         trial_recipe = replace(recipe, fp32_nodes=tuple(dict.fromkeys(fp32)))
         trial_path = quantizer.quantize(trial_recipe)
         trial_acc, trial_error = _check(trial_path, target, evaluation, reference, settings)

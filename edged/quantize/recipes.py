@@ -22,6 +22,7 @@ import numpy as np
 from backends import ModelError
 from edged.quantize.calibration import Samples
 from edged.quantize.defaults import DEFAULT_MAX_DROP, TARGETS
+from edged.selection.accuracy import ScoreMap
 
 Progress = Callable[[str, int, int], None]
 
@@ -168,6 +169,33 @@ class Quantizer:
 
         self._can_cache = "calibration_cache_path" in inspect.signature(quantize_static).parameters
 
+    reference_target = "onnxruntime"  # where the FP32 reference and the probes run
+
+    def compute_nodes(self) -> list[str]:
+        """The prepared graph's compute nodes (`COMPUTE_OPS`), in graph order."""
+        import onnx
+
+        graph = onnx.load(str(self.prepared), load_external_data=False).graph
+        return [n.name for n in graph.node if n.op_type in COMPUTE_OPS and n.name]
+
+    def data_producers(self, nodes: Sequence[str]) -> list[str]:
+        """The non-compute nodes producing the data input of `nodes`: in the full recipe they
+        would quantize that tensor anyway, so an FP32 node takes its producer along."""
+        import onnx
+
+        graph = onnx.load(str(self.prepared), load_external_data=False).graph
+        producer = {out: n for n in graph.node for out in n.output}
+        by_name = {n.name: n for n in graph.node}
+        extra = []
+        for name in nodes:
+            node = by_name.get(name)
+            if node is None or not node.input:
+                continue
+            src = producer.get(node.input[0])
+            if src is not None and src.op_type not in COMPUTE_OPS:
+                extra.append(src.name)
+        return extra
+
     def quantize(self, recipe: Recipe, keep: bool = True) -> Path:
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
@@ -222,3 +250,10 @@ class Settings:
     runs: int = 200
     time_budget_s: float = 20.0
     recipes: tuple[Recipe, ...] | None = None  # None: `recipes_for` this machine's CPU
+    io: str | None = None  # a .tflite's input/output type: int8, uint8, float (None: float)
+    # An NPU target: the passing INT8 model is written even where it does not beat FP32 on
+    # this CPU (the NPU runs nothing else).
+    require_int8: bool = False
+    # A detector's score output: the gate compares detections (`edged.selection.accuracy`),
+    # and a .tflite's score logits get a clipped range (`tflite_graph.clip_ranges`).
+    scores: ScoreMap | None = None

@@ -65,6 +65,9 @@ class Report:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
     cpu: str = ""  # the ISA the recipes were chosen for and timed on (`isa_summary`)
+    io: str | None = None  # a .tflite's input/output type (int8, uint8, float); None for ONNX
+    compiled: dict[str, Any] | None = None  # the NPU compiler's report (Vela), when one ran
+    notes: list[str] = field(default_factory=list)  # what was done beyond the recipe
 
     @property
     def int8(self) -> bool:
@@ -84,11 +87,18 @@ def decide(
     settings: Settings,
     warnings: list[str],
     cpu: str = "",
+    notes: list[str] | None = None,
 ) -> Report:
     """The report of a measured run, with `output` written: the pick, or the FP32 model and
     why no INT8 recipe was."""
     passing = [a for a in attempts if a.passed and a.speedup is not None]
-    winners = [a for a in passing if a.speedup >= MIN_SPEEDUP]
+    if settings.require_int8:
+        # An NPU target: INT8 is the point, however it runs on this CPU; the fewest float ops
+        # (they would leave the NPU) first, then the fastest here.
+        fewest = min((len(a.recipe.fp32_nodes) for a in passing), default=0)
+        winners = [a for a in passing if len(a.recipe.fp32_nodes) == fewest]
+    else:
+        winners = [a for a in passing if a.speedup >= MIN_SPEEDUP]
     common = {
         "warnings": warnings,
         "method": settings.method,
@@ -97,6 +107,8 @@ def decide(
         "fp32_ms": fp32_ms,
         "attempts": [a.to_dict() for a in attempts],
         "cpu": cpu,
+        "io": settings.io,
+        "notes": notes or [],
     }
     if winners:
         # Across targets: the lowest latency wins (auto); within one, the fastest recipe.

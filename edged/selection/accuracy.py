@@ -10,6 +10,16 @@ the output's range instead. A sample's figure is its worst output's. The gated s
 top-1 agreement for classifiers (a softmax over few classes keeps a high cosine while the
 answer flips) and otherwise the mean of the samples' figures; the worst sample is reported.
 It passes when the score is at least 1 - max_drop.
+
+A detector's raw outputs are a poor thing to hold INT8 to: most of its anchors answer very
+negative logits that no one reads, and a full-integer model's output step (about one logit
+where the range spans hundreds) moves every score near the threshold. Given its score output
+(`ScoreMap`), a sample's figure is what the detector's user sees: the agreement of the two
+models' detections and the cosine of the box outputs at the anchors both detect, the lower
+of the two. The agreement is weighted by score, so that an anchor crossing the threshold
+moves it a little, not all the way: over the anchors either model scores at or above the
+threshold, the sum of the lower of the two scores over the sum of the higher; 1.0 when
+neither detects anything.
 """
 
 from __future__ import annotations
@@ -50,6 +60,21 @@ class Accuracy:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Accuracy:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class ScoreMap:
+    """A detector's score output (per-anchor logits, or probabilities) and how it is read."""
+
+    output: str
+    logits: bool = True  # a sigmoid turns the values into scores
+    threshold: float = 0.5
+
+    def describe(self) -> str:
+        return (
+            f"score-weighted agreement of {self.output} detections (score >= "
+            f"{self.threshold:g}) and box cosine where both detect"
+        )
 
 
 def _pairs(
@@ -106,9 +131,12 @@ def classifier_output(outputs: Mapping[str, np.ndarray]) -> str | None:
 
 
 def accuracy(
-    references: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Mapping[str, np.ndarray]]
+    references: Sequence[Mapping[str, np.ndarray]],
+    outputs: Sequence[Mapping[str, np.ndarray]],
+    scores: ScoreMap | None = None,
 ) -> Accuracy:
-    """The module's rule over evaluation samples (see the docstring)."""
+    """The module's rule over evaluation samples (see the docstring); `scores` reads the
+    outputs as a detector's."""
     per_sample = [_pairs(ref, got) for ref, got in zip(references, outputs, strict=True)]
     if not per_sample:
         raise BackendError("no evaluation samples")
@@ -150,12 +178,55 @@ def accuracy(
         if not flat
         else f"cosine; max-abs/range on {flat} of {len(figures)} nearly constant sample(s)"
     )
-    top1 = _top1(references, outputs)
-    if top1 is not None:
+    top1 = None if scores else _top1(references, outputs)
+    if scores is not None:
+        figures = [
+            _detection_figure(ref, got, scores)
+            for ref, got in zip(references, outputs, strict=True)
+        ]
+        worst = int(np.argmin(figures))
+        score, rule = float(np.mean(figures)), scores.describe()
+    elif top1 is not None:
         score, rule = top1, "top-1 agreement"
     else:
         score = float(np.mean(figures))
     return Accuracy(score, float(np.mean(cosines)), min(cosines), max(diffs), top1, rule, worst)
+
+
+def _detection_figure(
+    reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], spec: ScoreMap
+) -> float:
+    """One sample's figure under a `ScoreMap` (see the module docstring)."""
+    if spec.output not in reference or spec.output not in got:
+        raise BackendError(f"no output {spec.output!r} (outputs: {', '.join(reference)})")
+    ref_raw = np.asarray(reference[spec.output], dtype=np.float64)
+    got_raw = np.asarray(got[spec.output], dtype=np.float64)
+    if ref_raw.shape != got_raw.shape:
+        raise BackendError(f"output {spec.output!r} has shape {got_raw.shape}, not {ref_raw.shape}")
+    anchors = ref_raw.shape[:-1] if ref_raw.ndim > 1 and ref_raw.shape[-1] == 1 else ref_raw.shape
+
+    def score(raw: np.ndarray) -> np.ndarray:
+        flat = raw.reshape(-1)
+        return 1.0 / (1.0 + np.exp(-np.clip(flat, -60, 60))) if spec.logits else flat
+
+    ref_s, got_s = score(ref_raw), score(got_raw)
+    # Score-weighted agreement over the anchors either model scores at or above the threshold.
+    counted = np.maximum(ref_s, got_s) >= spec.threshold
+    union = float(np.sum(np.maximum(ref_s, got_s)[counted]))
+    figure = 1.0 if union == 0 else float(np.sum(np.minimum(ref_s, got_s)[counted])) / union
+    shared = (ref_s >= spec.threshold) & (got_s >= spec.threshold)
+    for name, value in reference.items():
+        if name == spec.output or name not in got:
+            continue
+        a = np.asarray(value, dtype=np.float64)
+        b = np.asarray(got[name], dtype=np.float64)
+        if a.shape[: len(anchors)] == anchors and a.shape == b.shape:  # per-anchor boxes
+            if shared.any():
+                rows = a.reshape(ref_s.size, -1)[shared], b.reshape(ref_s.size, -1)[shared]
+                figure = min(figure, _cosine(rows[0].ravel(), rows[1].ravel()))
+        else:
+            figure = min(figure, _cosine(a.ravel(), b.ravel()))
+    return figure
 
 
 def _top1(
