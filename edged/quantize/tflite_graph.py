@@ -11,17 +11,20 @@
 * `compute_ops`: the ops whose arithmetic INT8 changes most (conv, depthwise, fully
   connected), named by their first output tensor, which LiteRT's quantizer keeps.
 
-Written with LiteRT's generated flatbuffer classes (`ai_edge_litert.schema_py_generated`,
-the object API), imported when used: no flatbuffer tool on the package registries edits a
-.tflite graph, and these are a few dozen lines over the schema LiteRT itself ships.
+* `clip_ranges`: a detector's score logits get a clipped calibrated range.
+* `fuse_activations`: standalone RELUs folded into the op before them.
+
+Written over `backends.tflite_edit` (LiteRT's generated flatbuffer classes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from backends import tflite_edit as tfl
 
 COMPUTE_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV")
 
@@ -30,75 +33,20 @@ class GraphError(ValueError):
     """The graph is not one this module can edit; the message says why."""
 
 
-def _schema():
-    from ai_edge_litert import schema_py_generated as schema
-
-    return schema
-
-
-def _load(data: bytes):
-    return _schema().ModelT.InitFromPackedBuf(bytearray(data), 0)
-
-
-def _dump(model) -> bytes:
-    import flatbuffers
-
-    builder = flatbuffers.Builder(1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
-
-
-def _code(opcode) -> int:
-    # builtin_code is the field since schema 3a; older files only set the deprecated byte.
-    return max(int(opcode.builtinCode), int(opcode.deprecatedBuiltinCode))
-
-
-def _op_names() -> dict[int, str]:
-    ops = _schema().BuiltinOperator
-    return {v: k for k, v in vars(ops).items() if not k.startswith("_") and isinstance(v, int)}
-
-
-def _name(tensor) -> str:
-    name = tensor.name
-    return name.decode() if isinstance(name, bytes) else str(name or "")
-
-
-def _constant(model, tensor) -> bool:
-    buf = model.buffers[tensor.buffer] if 0 < tensor.buffer < len(model.buffers) else None
-    return buf is not None and buf.data is not None and len(buf.data) > 0
-
-
-def op_types(data: bytes) -> list[tuple[str, str]]:
-    """(op type, first output's name) of every op of the main subgraph, in graph order."""
-    model = _load(data)
-    names = _op_names()
-    graph = model.subgraphs[0]
-    result = []
-    for op in graph.operators:
-        opcode = model.operatorCodes[op.opcodeIndex]
-        kind = names.get(_code(opcode), "CUSTOM")
-        if kind == "CUSTOM":
-            custom = opcode.customCode
-            kind = custom.decode() if isinstance(custom, bytes) else str(custom)
-        output = _name(graph.tensors[op.outputs[0]]) if len(op.outputs) else ""
-        result.append((kind, output))
-    return result
-
-
 def compute_ops(data: bytes) -> list[str]:
     """The compute ops (`COMPUTE_OPS`) by their first output's name, in graph order."""
-    return [name for kind, name in op_types(data) if kind in COMPUTE_OPS and name]
+    return [name for kind, name in tfl.op_types(data) if kind in COMPUTE_OPS and name]
 
 
 def fold_float16(data: bytes) -> tuple[bytes, int]:
     """The model with every DEQUANTIZE of a float16 constant replaced by a float32 constant,
     and the count folded; the model unchanged (same bytes) when there are none."""
-    schema = _schema()
-    model = _load(data)
+    schema = tfl.generated()
+    model = tfl.load(data)
     dequantize = [
         i
         for i, c in enumerate(model.operatorCodes)
-        if _code(c) == schema.BuiltinOperator.DEQUANTIZE
+        if tfl.code(c) == schema.BuiltinOperator.DEQUANTIZE
     ]
     if not dequantize:
         return data, 0
@@ -108,78 +56,24 @@ def fold_float16(data: bytes) -> tuple[bytes, int]:
         for op in graph.operators:
             if op.opcodeIndex in dequantize:
                 source = graph.tensors[op.inputs[0]]
-                if source.type == schema.TensorType.FLOAT16 and _constant(model, source):
+                if source.type == schema.TensorType.FLOAT16 and tfl.constant(model, source):
                     raw = np.asarray(model.buffers[source.buffer].data, dtype=np.uint8)
                     widened = raw.view(np.float16).astype(np.float32)
-                    graph.tensors[op.outputs[0]].buffer = _add_buffer(model, widened)
+                    graph.tensors[op.outputs[0]].buffer = tfl.add_buffer(model, widened)
                     folded += 1
                     continue
             kept.append(op)
         graph.operators = kept
     if not folded:
         return data, 0
-    _prune(model)
-    return _dump(model), folded
-
-
-def _add_buffer(model, array: np.ndarray) -> int:
-    buffer = _schema().BufferT()
-    buffer.data = np.frombuffer(np.ascontiguousarray(array).tobytes(), dtype=np.uint8)
-    model.buffers.append(buffer)
-    return len(model.buffers) - 1
-
-
-def _prune(model) -> None:
-    """Drop tensors no op, input or output uses, the buffers no tensor uses and the opcodes
-    no op uses; every index is renumbered."""
-    used_buffers = {0}  # buffer 0 is the schema's empty sentinel
-    for graph in model.subgraphs:
-        used = set(graph.inputs) | set(graph.outputs)
-        for op in graph.operators:
-            used.update(i for i in op.inputs if i >= 0)
-            used.update(i for i in op.outputs if i >= 0)
-            used.update(i for i in (op.intermediates if op.intermediates is not None else ()))
-        order = sorted(used)
-        renumber = {old: new for new, old in enumerate(order)}
-        graph.tensors = [graph.tensors[i] for i in order]
-
-        def remap(indices: Iterable[int], renumber: dict[int, int] = renumber) -> list[int]:
-            return [renumber[i] if i >= 0 else i for i in indices]
-
-        for op in graph.operators:
-            op.inputs = remap(op.inputs)
-            op.outputs = remap(op.outputs)
-            if op.intermediates is not None:
-                op.intermediates = remap(op.intermediates)
-        graph.inputs, graph.outputs = remap(graph.inputs), remap(graph.outputs)
-        for signature in model.signatureDefs or ():
-            if signature.subgraphIndex == model.subgraphs.index(graph):
-                for entry in [*(signature.inputs or ()), *(signature.outputs or ())]:
-                    entry.tensorIndex = renumber[entry.tensorIndex]
-        used_buffers.update(t.buffer for t in graph.tensors)
-    used_buffers.update(m.buffer for m in model.metadata or ())
-    order = sorted(b for b in used_buffers if b < len(model.buffers))
-    renumber = {old: new for new, old in enumerate(order)}
-    model.buffers = [model.buffers[i] for i in order]
-    for graph in model.subgraphs:
-        for tensor in graph.tensors:
-            tensor.buffer = renumber.get(tensor.buffer, 0)
-    for entry in model.metadata or ():
-        entry.buffer = renumber[entry.buffer]
-    if model.metadataBuffer is not None:
-        model.metadataBuffer = [renumber[b] for b in model.metadataBuffer if b in renumber]
-    used_codes = sorted({op.opcodeIndex for g in model.subgraphs for op in g.operators})
-    renumber = {old: new for new, old in enumerate(used_codes)}
-    model.operatorCodes = [model.operatorCodes[i] for i in used_codes]
-    for graph in model.subgraphs:
-        for op in graph.operators:
-            op.opcodeIndex = renumber[op.opcodeIndex]
+    tfl.prune(model)
+    return tfl.dump(model), folded
 
 
 def _opcode_index(model, code: int, version: int) -> int:
-    schema = _schema()
+    schema = tfl.generated()
     for index, opcode in enumerate(model.operatorCodes):
-        if _code(opcode) == code and opcode.version == version:
+        if tfl.code(opcode) == code and opcode.version == version:
             return index
     opcode = schema.OperatorCodeT()
     opcode.builtinCode = code
@@ -191,9 +85,9 @@ def _opcode_index(model, code: int, version: int) -> int:
 
 
 def _float_tensor(graph, like, name: str, buffer: int = 0) -> int:
-    tensor = _schema().TensorT()
+    tensor = tfl.generated().TensorT()
     tensor.name = name
-    tensor.type = _schema().TensorType.FLOAT32
+    tensor.type = tfl.generated().TensorType.FLOAT32
     tensor.shape = like.shape
     tensor.shapeSignature = like.shapeSignature
     tensor.buffer = buffer
@@ -202,7 +96,7 @@ def _float_tensor(graph, like, name: str, buffer: int = 0) -> int:
 
 
 def _operator(opcode: int, inputs: Sequence[int], outputs: Sequence[int], template=None):
-    op = _schema().OperatorT()
+    op = tfl.generated().OperatorT()
     op.opcodeIndex = opcode
     op.inputs, op.outputs = list(inputs), list(outputs)
     if template is not None:
@@ -215,12 +109,16 @@ def keep_float(quantized: bytes, original: bytes, names: Sequence[str]) -> tuple
     """`quantized` with the ops named (by first output) computing in float32 again, taken
     from the float model `original` (after `fold_float16`). Returns the model and the names
     it could not find in both graphs."""
-    schema = _schema()
-    q_model, f_model = _load(quantized), _load(original)
+    schema = tfl.generated()
+    q_model, f_model = tfl.load(quantized), tfl.load(original)
     q_graph, f_graph = q_model.subgraphs[0], f_model.subgraphs[0]
 
     def producers(graph) -> dict[str, Any]:
-        return {_name(graph.tensors[op.outputs[0]]): op for op in graph.operators if op.outputs}
+        return {
+            tfl.tensor_name(graph.tensors[op.outputs[0]]): op
+            for op in graph.operators
+            if op.outputs
+        }
 
     q_ops, f_ops = producers(q_graph), producers(f_graph)
     wanted = [n for n in names if n in q_ops and n in f_ops]
@@ -236,17 +134,19 @@ def keep_float(quantized: bytes, original: bytes, names: Sequence[str]) -> tuple
             rewritten.append(q_op)
             continue
         f_code = f_model.operatorCodes[f_op.opcodeIndex]
-        opcode = _opcode_index(q_model, _code(f_code), f_code.version)
+        opcode = _opcode_index(q_model, tfl.code(f_code), f_code.version)
         inputs = []
         for position, f_index in enumerate(f_op.inputs):
             if f_index < 0:
                 inputs.append(f_index)
                 continue
             f_tensor = f_graph.tensors[f_index]
-            if _constant(f_model, f_tensor):  # weights and bias: the float model's own
+            if tfl.constant(f_model, f_tensor):  # weights and bias: the float model's own
                 data = np.asarray(f_model.buffers[f_tensor.buffer].data, dtype=np.uint8)
-                buffer = _add_buffer(q_model, data)
-                inputs.append(_float_tensor(q_graph, f_tensor, _name(f_tensor) + "/float", buffer))
+                buffer = tfl.add_buffer(q_model, data)
+                inputs.append(
+                    _float_tensor(q_graph, f_tensor, tfl.tensor_name(f_tensor) + "/float", buffer)
+                )
                 continue
             q_index = q_op.inputs[position]
             q_tensor = q_graph.tensors[q_index]
@@ -255,7 +155,7 @@ def keep_float(quantized: bytes, original: bytes, names: Sequence[str]) -> tuple
                 continue
             if q_index not in as_float:
                 as_float[q_index] = _float_tensor(
-                    q_graph, q_tensor, _name(q_tensor) + "/dequantized"
+                    q_graph, q_tensor, tfl.tensor_name(q_tensor) + "/dequantized"
                 )
                 rewritten.append(_operator(dequantize, [q_index], [as_float[q_index]]))
             inputs.append(as_float[q_index])
@@ -265,33 +165,14 @@ def keep_float(quantized: bytes, original: bytes, names: Sequence[str]) -> tuple
             if q_tensor.type == schema.TensorType.FLOAT32:
                 outputs.append(q_index)
                 continue
-            float_out = _float_tensor(q_graph, q_tensor, _name(q_tensor) + "/float")
+            float_out = _float_tensor(q_graph, q_tensor, tfl.tensor_name(q_tensor) + "/float")
             outputs.append(float_out)
             requantize.append(_operator(quantize, [float_out], [q_index]))
         rewritten.append(_operator(opcode, inputs, outputs, f_op))
         rewritten.extend(requantize)
     q_graph.operators = rewritten
-    _prune(q_model)
-    return _dump(q_model), missing
-
-
-def set_metadata(data: bytes, name: str, value: bytes) -> bytes:
-    """The model with metadata entry `name` set to `value` (runtimes ignore entries they do
-    not know; the model's graph is unchanged)."""
-    schema = _schema()
-    model = _load(data)
-    entries = [m for m in model.metadata or () if _metadata_name(m) != name]
-    entry = schema.MetadataT()
-    entry.name = name
-    entry.buffer = _add_buffer(model, np.frombuffer(value, dtype=np.uint8))
-    model.metadata = [*entries, entry]
-    _prune(model)
-    return _dump(model)
-
-
-def _metadata_name(entry) -> str:
-    name = entry.name
-    return name.decode() if isinstance(name, bytes) else str(name or "")
+    tfl.prune(q_model)
+    return tfl.dump(q_model), missing
 
 
 SHAPE_OPS = ("RESHAPE", "CONCATENATION", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE")
@@ -305,10 +186,10 @@ def clip_ranges(calibrated: bytes, output: str, low: float, high: float) -> tupl
     For a detector's score logits: the calibration set's most negative background anchors
     (hundreds below zero) would otherwise set the int8 step, and a step of about one logit
     moves every score near the threshold; below the clip a score is 0 either way."""
-    names = _op_names()
-    model = _load(calibrated)
+    names = tfl.op_names()
+    model = tfl.load(calibrated)
     graph = model.subgraphs[0]
-    by_name = {_name(t): i for i, t in enumerate(graph.tensors)}
+    by_name = {tfl.tensor_name(t): i for i, t in enumerate(graph.tensors)}
     if output not in by_name:
         raise GraphError(f"no tensor {output!r} in the model")
     producer = {o: op for op in graph.operators for o in op.outputs}
@@ -323,15 +204,15 @@ def clip_ranges(calibrated: bytes, output: str, low: float, high: float) -> tupl
         if q is not None and q.min is not None and q.max is not None and len(q.min):
             q.min = np.maximum(np.asarray(q.min, np.float32), np.float32(low))
             q.max = np.minimum(np.asarray(q.max, np.float32), np.float32(high))
-            clipped.append(_name(tensor))
+            clipped.append(tfl.tensor_name(tensor))
         op = producer.get(index)
         if op is not None:
-            kind = names.get(_code(model.operatorCodes[op.opcodeIndex]), "")
+            kind = names.get(tfl.code(model.operatorCodes[op.opcodeIndex]), "")
             if kind in SHAPE_OPS:
                 stack.extend(
-                    i for i in op.inputs if i >= 0 and not _constant(model, graph.tensors[i])
+                    i for i in op.inputs if i >= 0 and not tfl.constant(model, graph.tensors[i])
                 )
-    return _dump(model), clipped
+    return tfl.dump(model), clipped
 
 
 # Ops with a fused activation, and the standalone activations that fold into it.
@@ -345,11 +226,11 @@ def fuse_activations(data: bytes) -> tuple[bytes, int]:
     the count. MediaPipe's detectors have ADD then RELU; XNNPACK takes float RELU but not an
     int8 one, so a full-integer model would leave 17 RELUs on the CPU (17 delegate
     partitions, 6x slower than float on XNNPACK). Vela fuses them itself."""
-    schema = _schema()
-    names = _op_names()
-    model = _load(data)
+    schema = tfl.generated()
+    names = tfl.op_names()
+    model = tfl.load(data)
     graph = model.subgraphs[0]
-    kind = [names.get(_code(model.operatorCodes[op.opcodeIndex]), "") for op in graph.operators]
+    kind = [names.get(tfl.code(model.operatorCodes[op.opcodeIndex]), "") for op in graph.operators]
     readers: dict[int, list[int]] = {}
     for index, op in enumerate(graph.operators):
         for tensor in op.inputs:
@@ -377,5 +258,5 @@ def fuse_activations(data: bytes) -> tuple[bytes, int]:
     if not removed:
         return data, 0
     graph.operators = [op for i, op in enumerate(graph.operators) if i not in removed]
-    _prune(model)
-    return _dump(model), len(removed)
+    tfl.prune(model)
+    return tfl.dump(model), len(removed)
