@@ -4,6 +4,13 @@ Imports `ai_edge_litert` (LiteRT, works with numpy 2) and falls back to `tflite_
 that is the one installed on the board. NPU delegates come from a table keyed by SoC
 compatible and device node; a delegate that fails to load is a candidate marked unavailable
 with the loader's own message, and one that loads reports how much of the graph it took.
+
+Each delegate also says what form of model it runs (`DelegateSpec.needs`): full-integer for
+VX and Neutron, Vela-compiled for Ethos-U, edgetpu-compiled for the Edge TPU. A model in
+another form is an unavailable candidate with the step that would make it right, not a
+failed load; a Vela model carries Vela's estimate (`backends.vela`), shown as an estimate.
+For an image root (offline, e.g. `edgectl backends --root IMG --dtb BOARD.dtb`) a delegate
+library is looked for in the image, never loaded.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from backends.base import Candidate, LoadOptions, check_feeds, dist_version, una
 from backends.errors import BackendError, ModelError
 from backends.model_info import ModelInfo
 from backends.tensors import TensorSpec
+from backends.tflite_form import TfliteForm, tflite_form
 
 NAME = "litert"
 ALIASES = ("tflite",)  # other names config and --backend accept
@@ -38,6 +46,8 @@ class DelegateSpec:
     nodes: tuple[str, ...]  # device nodes the driver creates
     note: str
     options: tuple[tuple[str, str], ...] = ()
+    needs: str = "full-integer"  # the model form it runs: full-integer, vela, edgetpu
+    accelerator: str | None = None  # Vela's name for the board's Ethos-U configuration
 
 
 # Vendor NPU delegates as the board vendors ship them (untested here: no NPU on this machine).
@@ -55,6 +65,8 @@ DELEGATES = (
         ("fsl,imx93",),
         ("/dev/ethosu0",),
         "i.MX93 Ethos-U65 (needs a Vela-compiled model)",
+        needs="vela",
+        accelerator="ethos-u65-256",
     ),
     DelegateSpec(
         "NPU-Neutron",
@@ -70,11 +82,64 @@ DELEGATES = (
         ("/dev/apex_0",),
         "Coral Edge TPU (needs an edgetpu-compiled model)",
         (("device", "pci:0"),),
+        needs="edgetpu",
     ),
     DelegateSpec(
-        "EdgeTPU-USB", "libedgetpu.so.1", (), (), "Coral USB Edge TPU", (("device", "usb"),)
+        "EdgeTPU-USB",
+        "libedgetpu.so.1",
+        (),
+        (),
+        "Coral USB Edge TPU",
+        (("device", "usb"),),
+        needs="edgetpu",
     ),
 )
+# Where a library named without a folder is looked for in an image root.
+LIBRARY_DIRS = ("/usr/lib", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/lib")
+
+
+def form_problem(spec: DelegateSpec, form: TfliteForm) -> str | None:
+    """Why a model in `form` is not what `spec`'s delegate runs, with the step that makes
+    it so; None when it is."""
+    if spec.needs == "vela":
+        if form.compiled_for == "vela":
+            return None
+        if form.compiled_for:
+            return f"the model is compiled for {form.compiled_for}, not for the Ethos-U"
+        step = f"edgectl compile MODEL --target {spec.accelerator}"
+        if not form.full_integer:
+            return (
+                f"not Vela-compiled and not full-integer ({form.precision}): make it with "
+                f"edgectl quantize MODEL --target {spec.accelerator}"
+            )
+        return f"full-integer but not Vela-compiled: {step}"
+    if spec.needs == "edgetpu":
+        if form.compiled_for == "edgetpu":
+            return None
+        if form.compiled_for:
+            return f"the model is compiled for {form.compiled_for}, not for the Edge TPU"
+        base = (
+            "not compiled for the Edge TPU: run Coral's edgetpu_compiler on it (Coral's apt "
+            "repository; not on the package registries edged installs from)"
+        )
+        if not form.full_integer:
+            return f"{base}, after making it full-integer (edgectl quantize MODEL --target edgetpu)"
+        if not form.static_shapes:
+            return f"{base}; it needs static input shapes first"
+        return base
+    if form.compiled_for:
+        return f"the model is compiled for {form.compiled_for}; {spec.name} runs plain .tflite"
+    if not form.full_integer:
+        return (
+            f"a {form.precision} model: the NPU runs full-integer models and leaves float ops "
+            f"to the CPU; make one with edgectl quantize MODEL --target "
+            f"{TARGET_OF.get(spec.name, 'litert')}"
+        )
+    return None
+
+
+# The `edgectl quantize --target` that makes a model for each delegate.
+TARGET_OF = {"NPU-VX": "npu-vx", "NPU-Neutron": "npu-neutron", "EdgeTPU": "edgetpu"}
 
 
 _quiet = False
@@ -124,7 +189,8 @@ def _import():
     return interpreter
 
 
-def _applies(spec: DelegateSpec, hw) -> bool:
+def board_has(spec: DelegateSpec, hw) -> bool:
+    """Whether the board (its SoC compatible, device nodes, USB devices) has this NPU."""
     if spec.name == "EdgeTPU-USB":
         return any(acc.kind == "tpu" and "USB" in acc.name for acc in hw.accelerators)
     return hw.soc_matches(spec.socs) or any(hw.has_node(node) for node in spec.nodes)
@@ -149,6 +215,8 @@ class LiteRtBackend:
                 )
             ]
         wrong_format = model is not None and model.format not in self.formats
+        form = tflite_form(model.path) if model is not None and not wrong_format else None
+        offline = hw.offline
         result = []
         for device, note in (
             ("XNNPACK", "XNNPACK CPU delegate"),
@@ -159,10 +227,19 @@ class LiteRtBackend:
                 result.append(
                     unavailable(NAME, device, f"LiteRT reads only .tflite, not {model.format}")
                 )
+            elif form is not None and form.compiled_for:
+                result.append(
+                    unavailable(
+                        NAME,
+                        device,
+                        f"the model is compiled for {form.compiled_for}: only that NPU's "
+                        "delegate runs it (give the uncompiled model for the CPU)",
+                    )
+                )
             else:
                 result.append(Candidate(NAME, device, "model", note=note))
         for spec in DELEGATES:
-            if not _applies(spec, hw):
+            if not board_has(spec, hw):
                 where = ", ".join(spec.nodes + spec.socs) or "a Coral USB device"
                 result.append(
                     unavailable(
@@ -170,29 +247,72 @@ class LiteRtBackend:
                     )
                 )
                 continue
-            error = _library_error(spec.library)
-            if error:
-                result.append(
-                    unavailable(NAME, spec.name, f"{spec.note}: delegate did not load: {error}")
-                )
-            elif wrong_format:
-                result.append(unavailable(NAME, spec.name, "LiteRT reads only .tflite"))
+            if offline and hw.root == "/":
+                error = None  # a .dtb alone: no image to look in (give --root IMG for that)
+            elif offline:
+                found = _library_in_image(hw.root, spec.library)
+                error = None if found else f"delegate {spec.library} is not in the image"
             else:
-                result.append(
-                    Candidate(
-                        NAME,
-                        spec.name,
-                        "model",
-                        True,
-                        "",
-                        {"delegate": spec.library, "delegate_options": dict(spec.options)},
-                        note=spec.note,
-                    )
+                error = _library_error(spec.library)
+                error = error and f"delegate did not load: {error}"
+            if wrong_format:
+                result.append(unavailable(NAME, spec.name, "LiteRT reads only .tflite"))
+                continue
+            problems = [p for p in (error, form and form_problem(spec, form)) if p]
+            if problems:
+                result.append(unavailable(NAME, spec.name, f"{spec.note}: {'; '.join(problems)}"))
+                continue
+            options: dict[str, Any] = {
+                "delegate": spec.library,
+                "delegate_options": dict(spec.options),
+            }
+            note = spec.note
+            if offline:
+                note += (
+                    " (delegate library not checked: no --root image)"
+                    if hw.root == "/"
+                    else " (delegate in the image; not loaded offline)"
                 )
+            if form is not None and form.compiled_for == "vela":
+                assert model is not None  # form is read from it
+                estimate = vela_estimate(model.path, spec.accelerator)
+                if estimate:
+                    options["estimate"] = estimate
+                    note += f"; {estimate['summary']}"
+            result.append(Candidate(NAME, spec.name, "model", True, "", options, note=note))
         return result
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
         return LiteRtSession(model, candidate, options)
+
+
+def _library_in_image(root: str, library: str) -> bool:
+    """Whether the image at `root` has the delegate library (a bare name is looked for in
+    the usual library folders)."""
+    from pathlib import Path
+
+    folders = ("",) if "/" in library else LIBRARY_DIRS
+    return any(
+        (Path(root) / folder.lstrip("/") / library.lstrip("/")).is_file() for folder in folders
+    )
+
+
+def vela_estimate(path, accelerator: str | None) -> dict[str, Any] | None:
+    """The Vela report embedded in a model compiled by `edgectl compile`/`quantize`: its
+    estimate, marked as one, with a one-line summary; None when it has none."""
+    from backends.vela import read_report
+
+    report = read_report(path)
+    if report is None:
+        return None
+    est = dict(report.estimate)
+    summary = (
+        f"Vela estimate {est.get('inference_ms', float('nan')):.2f} ms per inference on "
+        f"{report.accelerator} (a performance model, not a measurement)"
+    )
+    if accelerator and report.accelerator.lower() != accelerator.lower():
+        summary += f"; compiled for {report.accelerator}, the board has {accelerator}"
+    return {**est, "kind": "estimate", "accelerator": report.accelerator, "summary": summary}
 
 
 def _library_error(library: str) -> str | None:

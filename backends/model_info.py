@@ -268,7 +268,7 @@ class _TfliteTables:
     def table(self, pos: int):
         from flatbuffers.table import Table
 
-        if not 0 <= pos < len(self.data) - 4:
+        if not 0 <= pos <= len(self.data) - 4:  # a table holds at least its vtable offset
             raise IndexError(pos)
         return Table(self._buf, pos)
 
@@ -361,6 +361,20 @@ def _tflite_signature(path: Path, data: bytes) -> tuple[list[TensorSpec], list[T
         )
     except (IndexError, ValueError, struct.error):
         raise _corrupt_tflite(path, data) from None
+
+
+def tflite_custom_codes(path: str | Path, data: bytes | None = None) -> list[str]:
+    """The custom op codes a .tflite declares (Model field 1: operator_codes; OperatorCode
+    field 1: custom_code), e.g. "ethos-u" in a model Vela compiled; `data` is the file's
+    bytes when already read. Builtin codes have none and are left out."""
+    path = Path(path)
+    data = read_model_file(path) if data is None else data
+    reader = _TfliteTables(data)
+    try:
+        codes = [reader.string(code, 1) for code in reader.tables(reader.root(), 1)]
+    except (IndexError, ValueError, struct.error):
+        raise _corrupt_tflite(path, data) from None
+    return [code for code in codes if code]
 
 
 ONNX_DTYPES = {

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import struct
-from dataclasses import asdict, dataclass, field
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from sysconf.cpulist import parse_cpulist
 from sysconf.sysroot import SysRoot
@@ -119,6 +122,12 @@ class HardwareFacts:
     memory_bytes: int | None
     accelerators: list[Accelerator] = field(default_factory=list)
     root: str = "/"
+    dtb: str | None = None  # the .dtb the device-tree facts came from (offline planning)
+
+    @property
+    def offline(self) -> bool:
+        """Facts of another machine (an image root, a board's .dtb), not of this one."""
+        return self.root != "/" or self.dtb is not None
 
     @property
     def cpu_count(self) -> int:
@@ -161,16 +170,31 @@ class HardwareFacts:
         return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def probe(root: SysRoot | None = None) -> HardwareFacts:
+def probe(root: SysRoot | None = None, dtb: str | os.PathLike[str] | None = None) -> HardwareFacts:
+    """The facts of `root` (live `/` by default). `dtb`: a board's .dtb that stands for the
+    root's device tree (an image folder has none of its own): its SoC, board model, CPUs and
+    memory come from the file. FdtError names a .dtb that cannot be read."""
     root = root or SysRoot()
+    if dtb is None:
+        return _probe(root, root)
+    from sysconf.fdt import load_fdt, materialize
+
+    tree = load_fdt(dtb)
+    with tempfile.TemporaryDirectory(prefix="edged-dtb-") as tmp:
+        materialize(tree, Path(tmp) / "proc" / "device-tree")
+        return replace(_probe(root, SysRoot.at(tmp)), dtb=str(dtb))
+
+
+def _probe(root: SysRoot, dt_root: SysRoot) -> HardwareFacts:
+    """`dt_root` is where the device tree is read (the root itself, or a .dtb's folder)."""
     cpuinfo = _parse_cpuinfo(root.read_text("/proc/cpuinfo", ""))
-    dt_base = _device_tree_base(root)
-    compatible = _dt_strings(root, f"{dt_base}/compatible") if dt_base else []
+    dt_base = _device_tree_base(dt_root)
+    compatible = _dt_strings(dt_root, f"{dt_base}/compatible") if dt_base else []
     cpus = _read_cpulist(root, "/sys/devices/system/cpu/online") or _cpuinfo_cpus(cpuinfo)
     if not cpus and dt_base:
-        cpus = list(range(len(_dt_cpu_nodes(root, dt_base))))
+        cpus = list(range(len(_dt_cpu_nodes(dt_root, dt_base))))
     dmi = _read_dmi(root)
-    models = _dt_strings(root, f"{dt_base}/model") if dt_base else []
+    models = _dt_strings(dt_root, f"{dt_base}/model") if dt_base else []
     model = models[0] if models else None
     if model is None and dmi:
         model = " ".join(v for k, v in dmi.items() if k in ("sys_vendor", "product_name")) or None
@@ -178,12 +202,12 @@ def probe(root: SysRoot | None = None) -> HardwareFacts:
         arch=_arch(root, cpuinfo, compatible),
         cpu_model=_cpu_model(cpuinfo),
         cpus_online=cpus,
-        core_types=_core_types(root, cpuinfo, dt_base, cpus),
+        core_types=_core_types(root, cpuinfo, dt_base, cpus, dt_root),
         isa_int8=_isa_int8(cpuinfo, _runtime_features() if root.is_live else None),
         soc_compatible=compatible,
         board_model=model,
         dmi=dmi,
-        memory_bytes=_memory_bytes(root, dt_base),
+        memory_bytes=_memory_bytes(root, dt_base, dt_root),
         accelerators=find_accelerators(root),
         root=str(root.root),
     )
@@ -251,7 +275,11 @@ def _arm_core_name(block: dict[str, str]) -> str:
 
 
 def _core_types(
-    root: SysRoot, cpuinfo: list[dict[str, str]], dt_base: str | None, cpus: list[int]
+    root: SysRoot,
+    cpuinfo: list[dict[str, str]],
+    dt_base: str | None,
+    cpus: list[int],
+    dt_root: SysRoot,
 ) -> dict[str, list[int]]:
     types: dict[str, list[int]] = {}
     # Intel hybrid (Alder Lake and later): the PMU folders list P- and E-cores.
@@ -266,8 +294,8 @@ def _core_types(
         if "CPU part" in block and number is not None:
             types.setdefault(_arm_core_name(block), []).append(number)
     if not types and dt_base:
-        for index, node in enumerate(_dt_cpu_nodes(root, dt_base)):
-            compat = _dt_strings(root, f"{node}/compatible")
+        for index, node in enumerate(_dt_cpu_nodes(dt_root, dt_base)):
+            compat = _dt_strings(dt_root, f"{node}/compatible")
             name = compat[0].split(",")[-1] if compat else "unknown"
             types.setdefault(_DT_CORE_NAMES.get(name.lower(), name), []).append(index)
     if not types and cpuinfo and cpus:
@@ -356,13 +384,13 @@ def _read_dmi(root: SysRoot) -> dict[str, str]:
     return dmi
 
 
-def _memory_bytes(root: SysRoot, dt_base: str | None) -> int | None:
+def _memory_bytes(root: SysRoot, dt_base: str | None, dt_root: SysRoot) -> int | None:
     for line in (root.read_text("/proc/meminfo", "") or "").splitlines():
         fields = line.split()
         if fields[:1] == ["MemTotal:"] and len(fields) > 1 and fields[1].isdecimal():
             return int(fields[1]) * 1024  # meminfo counts kB; facts leave in bytes
     if dt_base:
-        return _dt_memory_bytes(root, dt_base)
+        return _dt_memory_bytes(dt_root, dt_base)
     return None
 
 

@@ -1,6 +1,14 @@
 """`edgectl backends`: the hardware facts, every candidate backend, and with --model the
 measured pick among the model's family (the original, --variant files, and the INT8 variants
-made from --calibration), with the evidence for it."""
+made from --calibration), with the evidence for it.
+
+Offline (`--root IMG` of another machine, or `--dtb BOARD.dtb`), nothing is loaded or timed:
+with --model it is a plan for that board, the NPU delegates its device tree and image have,
+whether the model is in the form each runs, and a compiler's estimate where there is one.
+Exit codes: 0 done (offline: the board has no NPU, or one of its NPUs takes the model as it
+is); 1 no backend ran the model correctly (offline: the board has an NPU and none takes
+the model, each reason given); 2 bad input.
+"""
 
 from __future__ import annotations
 
@@ -43,6 +51,13 @@ def register(sub) -> None:
         type=Path,
         default=None,
         help="probe the hardware of an image/fixture root instead of /",
+    )
+    backends.add_argument(
+        "--dtb",
+        type=Path,
+        default=None,
+        metavar="BOARD.dtb",
+        help="the board's device tree (with --root IMG, or alone): plan offline for it",
     )
     backends.add_argument(
         "--refresh", action="store_true", help="measure again even if a cached decision exists"
@@ -100,11 +115,18 @@ def cmd_backends(args) -> int:
     from edged.selection.candidates import all_candidates, runtime_versions
     from edged.selection.select import SelectionError, select
     from sysconf import SysRoot
+    from sysconf.fdt import FdtError
     from sysconf.hardware import probe
 
     check_threads(args)
     quiet_runtime_logs()
-    hw = probe(SysRoot.at(args.root))
+    root = SysRoot.at(args.root)
+    try:
+        hw = probe(root, args.dtb)
+    except FdtError as exc:
+        raise UsageError(f"--dtb: {exc}") from None
+    if args.model is not None and (args.dtb is not None or not root.is_live):
+        return _offline_plan(args, hw)
     model_info = None
     selection = None
     error = None
@@ -181,6 +203,66 @@ def cmd_backends(args) -> int:
         print(f"edgectl: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _offline_plan(args, hw) -> int:
+    """What the board of --root/--dtb would run --model on, without loading anything."""
+    from backends.litert_backend import DELEGATES, board_has
+    from backends.model_info import inspect_model
+    from edged.selection.candidates import all_candidates
+
+    model = inspect_model(args.model)
+    candidates = all_candidates(hw, model)
+    npus = {spec.name for spec in DELEGATES if board_has(spec, hw)}
+    rows = [
+        {
+            "backend": c.backend,
+            "device": c.device,
+            "runs_model": c.available,
+            "reason": c.reason or None,
+            "note": c.note,
+            "estimate": c.options.get("estimate"),
+        }
+        for c in candidates
+        if c.backend == "litert" and c.device in npus
+    ]
+    takes = [r for r in rows if r["runs_model"]]
+    report = {
+        "hardware": hw.to_dict(),
+        "model": model.to_dict(),
+        "offline": True,
+        "npu": rows,
+        "verdict": (
+            "the board has no NPU edged knows"
+            if not rows
+            else f"runs on {', '.join(r['device'] for r in takes)}"
+            if takes
+            else "the board has an NPU, but the model is not in a form it runs"
+        ),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(format_plan(report))
+    return EXIT_OK if takes or not rows else EXIT_FAILED
+
+
+def format_plan(report: dict[str, Any]) -> str:
+    hw, model = report["hardware"], report["model"]
+    soc = ", ".join(hw["soc_compatible"]) or "no device tree"
+    lines = [
+        f"Board         {hw['board_model'] or '?'} ({soc}; offline: nothing loaded or timed)",
+        f"Model         {model['path']} ({model['format']}, {model['precision']}: "
+        f"{model['precision_detail']})",
+        "NPU",
+    ]
+    for row in report["npu"]:
+        mark = "yes" if row["runs_model"] else "no "
+        lines.append(f"  {mark}  litert:{row['device']:14} {row['reason'] or row['note']}")
+    if not report["npu"]:
+        lines.append("  none: only the CPU backends (not judged offline)")
+    lines.append(f"Verdict       {report['verdict']}")
+    return "\n".join(lines)
 
 
 def _made_variants(args, hw, policy, state_dir: Path, progress):
