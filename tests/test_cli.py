@@ -377,7 +377,14 @@ def test_backends_on_board_root(dtb_corpus: Path, tmp_path: Path) -> None:
     assert "fsl,imx8mp" in hw["soc_compatible"]
     assert [a["name"] for a in hw["accelerators"]] == ["Vivante NPU (galcore)"]
     [vx] = [c for c in report["candidates"] if c["device"] == "NPU-VX"]
-    assert not vx["available"] and "delegate did not load" in vx["reason"]
+    # Offline the delegate library is looked for in the image, never loaded.
+    assert not vx["available"]
+    assert "delegate /usr/lib/libvx_delegate.so is not in the image" in vx["reason"]
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "usr" / "lib" / "libvx_delegate.so").write_bytes(b"\x7fELF not loaded")
+    report = json.loads(edgectl("backends", "--root", str(root), "--json", state=tmp_path).stdout)
+    [vx] = [c for c in report["candidates"] if c["device"] == "NPU-VX"]
+    assert vx["available"] and "not loaded offline" in vx["note"]
 
 
 @pytest.mark.integration
