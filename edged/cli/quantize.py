@@ -1,8 +1,15 @@
 """`edgectl quantize`: the command line and the report around `edged.quantize.quantizer`.
 
-Exit codes: 0 an INT8 model was written; 1 no INT8 recipe passed the accuracy gate and beat
-FP32 on the target (the FP32 model is written to --output instead, and the report says why);
-2 bad input (usage, an unreadable model, calibration data that does not fit the model).
+An ONNX model becomes INT8 QDQ (targets onnxruntime, openvino); a float .tflite becomes
+full-integer TFLite (targets litert, or an NPU: npu-vx, npu-neutron, edgetpu, and Arm's
+Ethos-U configs such as ethos-u65-256, which are then compiled with Vela into
+OUTPUT-stem_vela.tflite). For an NPU target the model's form is checked for its delegate.
+
+Exit codes: 0 an INT8 model was written (and compiled, for an Ethos-U target; operators Vela
+left on the CPU are named in the report); 1 no INT8 recipe passed the accuracy gate and beat
+FP32 on the target (the FP32 model is written to --output instead, and the report says why;
+for an NPU target, no recipe passed the gate); 2 bad input (usage, an unreadable model,
+calibration data that does not fit the model, an unknown target).
 """
 
 from __future__ import annotations
@@ -23,7 +30,16 @@ from edged.cli.common import (
     parse_cpus,
     preprocess_of,
 )
-from edged.quantize.defaults import DEFAULT_MAX_DROP, EVAL_SPLIT, METHODS, TARGETS
+from edged.quantize.defaults import (
+    DEFAULT_MAX_DROP,
+    ETHOS_U_PREFIX,
+    EVAL_SPLIT,
+    IO_TYPES,
+    METHODS,
+    NPU_TARGETS,
+    TARGETS,
+    TFLITE_TARGETS,
+)
 
 ORDER = 100  # place in `edgectl --help`
 EXIT_INT8, EXIT_FP32_KEPT = 0, 1
@@ -32,10 +48,10 @@ EXIT_INT8, EXIT_FP32_KEPT = 0, 1
 def register(sub) -> None:
     q = sub.add_parser(
         "quantize",
-        help="FP32 ONNX -> INT8 QDQ: calibrated, accuracy-gated, the fastest "
-        "recipe on the target backend measured",
+        help="FP32 ONNX -> INT8 QDQ, float TFLite -> full-integer: calibrated, "
+        "accuracy-gated, the fastest recipe on the target measured",
     )
-    q.add_argument("model", type=Path, help="the FP32 ONNX model")
+    q.add_argument("model", type=Path, help="the FP32 ONNX or float TFLite model")
     q.add_argument(
         "--calibration",
         type=Path,
@@ -56,8 +72,25 @@ def register(sub) -> None:
     q.add_argument(
         "--target",
         default="auto",
-        choices=("auto", *TARGETS),
-        help="the backend the model will run on (auto: try each, keep the fastest)",
+        metavar="TARGET",
+        help="where the model will run (auto: try each CPU backend, keep the fastest): "
+        f"for ONNX {', '.join(TARGETS)}; for TFLite litert, {', '.join(NPU_TARGETS)}, or "
+        f"an Ethos-U config ({ETHOS_U_PREFIX}55-128, {ETHOS_U_PREFIX}65-256...: also "
+        "compiled with Vela)",
+    )
+    q.add_argument(
+        "--io",
+        default=None,
+        choices=IO_TYPES,
+        help="a .tflite's input and output type (default: int8 for an NPU target, else "
+        "float, so the model stands in for its float original)",
+    )
+    q.add_argument(
+        "--scores",
+        default=None,
+        metavar="OUTPUT",
+        help="a detector's score output (logits): the gate compares detections, not raw "
+        "values, and a .tflite's score logits get a clipped range",
     )
     q.add_argument(
         "--max-drop",
@@ -109,7 +142,13 @@ def cmd_quantize(args) -> int:
         )
     if args.output.parent.exists() and not os.access(args.output.parent, os.W_OK):
         raise UsageError(f"--output {args.output}: cannot write in {args.output.parent}")
-    targets = TARGETS if args.target == "auto" else (args.target,)
+    from backends.model_info import inspect_model
+
+    fmt = inspect_model(args.model).format
+    targets, npu = _targets(args.target, fmt)
+    if args.io is not None and fmt != "tflite":
+        raise UsageError(f"--io is for a .tflite model; {args.model} is {fmt}")
+    io = (args.io or ("int8" if npu else "float")) if fmt == "tflite" else None
     try:
         calibration, evaluation, warnings = calibration_and_evaluation(
             args.calibration, args.eval, input_specs(args.model), preprocess_of(args)
@@ -124,6 +163,8 @@ def cmd_quantize(args) -> int:
     # per-tensor); the report carries what matters, so only errors get through.
     logging.getLogger().setLevel(logging.ERROR)
     progress = Progress(not args.json)
+    from edged.selection.accuracy import ScoreMap
+
     settings = Settings(
         targets=targets,
         method=args.method,
@@ -132,6 +173,9 @@ def cmd_quantize(args) -> int:
         cpus=parse_cpus(args.cpus),
         runs=args.runs,
         time_budget_s=args.time_budget,
+        io=io,
+        require_int8=npu is not None,
+        scores=ScoreMap(args.scores) if args.scores else None,
     )
     try:
         report = quantize_model(
@@ -143,11 +187,54 @@ def cmd_quantize(args) -> int:
         raise ModelError(str(exc)) from None
     finally:
         progress.close()
+    if npu is not None and report.int8:
+        _for_npu(report, npu, args.output, not args.json)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(format_report(report.to_dict()))
     return EXIT_INT8 if report.int8 else EXIT_FP32_KEPT
+
+
+def _targets(target: str, fmt: str) -> tuple[tuple[str, ...], str | None]:
+    """The gate's targets for `--target` on a model of format `fmt`, and the NPU target (or
+    None for a CPU backend)."""
+    if fmt == "tflite":
+        if target in ("auto", "litert"):
+            return TFLITE_TARGETS, None
+        if target in NPU_TARGETS or target.startswith(ETHOS_U_PREFIX):
+            return TFLITE_TARGETS, target
+        raise UsageError(
+            f"--target {target}: for a .tflite use auto, litert, {', '.join(NPU_TARGETS)} "
+            f"or an Ethos-U config such as {ETHOS_U_PREFIX}65-256"
+        )
+    if target == "auto":
+        return TARGETS, None
+    if target in TARGETS:
+        return (target,), None
+    raise UsageError(f"--target {target}: for an ONNX model use auto, {', '.join(TARGETS)}")
+
+
+def _for_npu(report, npu: str, output: Path, show_progress: bool) -> None:
+    """The written full-integer model checked for its NPU's delegate; an Ethos-U target's
+    compiled with Vela (`report.compiled`)."""
+    from backends.litert_backend import DELEGATES, TARGET_OF, form_problem
+    from backends.tflite_form import tflite_form
+
+    if npu.startswith(ETHOS_U_PREFIX):
+        from backends.vela import compile_model
+
+        vela_output = output.with_name(f"{output.stem}_vela{output.suffix or '.tflite'}")
+        if show_progress:
+            print(f"edgectl: compiling {output} for {npu} with Vela ...", file=sys.stderr)
+        report.compiled = compile_model(output, npu, vela_output).to_dict()
+        return
+    [spec] = [s for s in DELEGATES if TARGET_OF.get(s.name) == npu]
+    problem = form_problem(spec, tflite_form(output))
+    report.notes.append(
+        f"{spec.name}: "
+        + (problem.replace("MODEL", str(output)) if problem else "the model is in the form it runs")
+    )
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -161,14 +248,15 @@ def format_report(report: dict[str, Any]) -> str:
     fp32 = ", ".join(f"{t} {ms:.3f} ms" for t, ms in report["fp32_ms"].items())
     lines.append(f"FP32 p50: {fp32 or '-'}")
     lines.append(
-        f"{'target':<12} {'recipe':<24} {'cosine':>8} {'min':>8} {'max-abs':>8} "
+        f"{'target':<12} {'recipe':<24} {'score':>7} {'cosine':>8} {'min':>8} {'max-abs':>8} "
         f"{'top-1':>6} {'gate':>5} {'p50 ms':>8} {'speedup':>7}"
     )
     for a in report["attempts"]:
         acc = a["accuracy"] or {}
         gate = "pass" if a["passed"] else ("error" if a["error"] else "fail")
         lines.append(
-            f"{a['target']:<12} {a['recipe']:<24} {or_dash(acc.get('cosine'), '.4f'):>8} "
+            f"{a['target']:<12} {a['recipe']:<24} {or_dash(acc.get('score'), '.4f'):>7} "
+            f"{or_dash(acc.get('cosine'), '.4f'):>8} "
             f"{or_dash(acc.get('cosine_min'), '.4f'):>8} "
             f"{or_dash(acc.get('max_abs'), '.3g'):>8} "
             f"{or_dash(acc.get('top1_agreement'), '.3f'):>6} {gate:>5} "
@@ -181,8 +269,37 @@ def format_report(report: dict[str, Any]) -> str:
     else:
         lines.append(
             f"picked: {report['recipe']} on {report['target']}, "
-            f"{report['speedup']:.2f}x FP32, cosine {report['accuracy']['cosine']:.4f}"
+            f"{report['speedup']:.2f}x FP32, score {report['accuracy']['score']:.4f} "
+            f"({report['accuracy']['rule']}), cosine {report['accuracy']['cosine']:.4f}"
             + (f", FP32 nodes: {', '.join(report['fp32_nodes'])}" if report["fp32_nodes"] else "")
         )
-    lines.append(f"written: {report['output']}")
+    for note in report.get("notes") or ():
+        lines.append(f"note: {note}")
+    lines.append(
+        f"written: {report['output']}" + (f" (io {report['io']})" if report.get("io") else "")
+    )
+    compiled = report.get("compiled")
+    if compiled:
+        lines.append(format_compiled(compiled))
+    return "\n".join(lines)
+
+
+def format_compiled(compiled: dict[str, Any]) -> str:
+    """Vela's result in a few lines: where the operators run, the estimate, the file."""
+    est = compiled.get("estimate") or {}
+    cpu = compiled.get("cpu_ops") or []
+    lines = [
+        f"Vela {compiled.get('vela_version', '?')} for {compiled['accelerator']}: "
+        f"{compiled['npu_ops']} operator(s) on the NPU, {len(cpu)} on the CPU"
+    ]
+    for op in cpu:
+        lines.append(f"  on the CPU: {op['op']} {op['name']}: {op['reason']}")
+    if est:
+        lines.append(
+            f"  estimate: {est.get('inference_ms', float('nan')):.3f} ms per inference at "
+            f"{est.get('clock_mhz', '?')} MHz, SRAM {est.get('sram_used_kib', '?')} KiB, "
+            f"DRAM {est.get('dram_used_kib', '?')} KiB (Vela's performance model, not a "
+            "measurement)"
+        )
+    lines.append(f"compiled: {compiled['output']}")
     return "\n".join(lines)

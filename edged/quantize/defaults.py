@@ -3,5 +3,12 @@ show them in `--help`, and building a parser must not import numpy or the quanti
 
 DEFAULT_MAX_DROP = 0.01  # accuracy budget against the FP32 original (selection and quantize)
 EVAL_SPLIT = 0.2  # share of the calibration samples held out for the accuracy gate
-TARGETS = ("onnxruntime", "openvino")  # the backends `edgectl quantize` can gate on
+TARGETS = ("onnxruntime", "openvino")  # the backends `edgectl quantize` gates an ONNX model on
+# A .tflite is gated on LiteRT with XNNPACK and with its built-in (reference) kernels.
+TFLITE_TARGETS = ("litert", "litert:CPU")
+# NPU targets of a .tflite: the full-integer model is written even where it does not beat
+# float on this CPU, its form is checked for the delegate, and Ethos-U's go through Vela.
+NPU_TARGETS = ("npu-vx", "npu-neutron", "edgetpu")
+ETHOS_U_PREFIX = "ethos-u"  # ethos-u55-128, ethos-u65-256...: Vela's accelerator configs
+IO_TYPES = ("int8", "uint8", "float")  # a full-integer .tflite's inputs and outputs
 METHODS = ("minmax", "entropy", "percentile")  # activation range calibration
