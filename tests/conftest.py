@@ -81,3 +81,58 @@ def cls_u8s8(models_dir: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("u8s8") / "ppocr_cls_u8s8.onnx"
     quantize_qdq(models_dir / "ppocr_cls.onnx", out, (1, 3, 48, 192), "half", reduce_range=False)
     return out
+
+
+# The MediaPipe face detector's preprocessing (128x128 RGB scaled to [-1, 1]) and its score
+# output: what the full-integer TFLite tests quantize it with.
+FACE_PRE = {"size": (128, 128), "scale": 1 / 255, "mean": (0.5,), "std": (0.5,)}
+FACE_SCORES = "classificators"
+FACE_MAX_DROP = 0.05  # the detection rule's budget for this model (docs/BENCHMARKS.md)
+
+
+def face_samples(test_data: Path):
+    """Calibration and held-out evaluation samples for the face detector (the fetched,
+    derived detector image sets)."""
+    from edged.quantize.calibration import calibration_and_evaluation
+    from edged.quantize.calibration_spec import Preprocess
+    from edged.quantize.quantizer import input_specs
+
+    model = test_data / "models" / "face_detection_short_range.tflite"
+    images = test_data / "images"
+    return calibration_and_evaluation(
+        images / "detector-calibration",
+        images / "detector-eval",
+        input_specs(model),
+        Preprocess(**FACE_PRE),
+    )
+
+
+@pytest.fixture(scope="session")
+def face_full_integer(test_data: Path, tmp_path_factory) -> dict[str, Path]:
+    """The face detector made full-integer by edged's quantizer, once per session: "int8"
+    with int8 inputs and outputs (what an NPU delegate wants) and "float" with float32 ones
+    (int8 inside; a variant of the float original, same interface)."""
+    from edged.quantize.quantizer import quantize_model
+    from edged.quantize.recipes import Settings
+    from edged.selection.accuracy import ScoreMap
+
+    calibration, evaluation, warnings = face_samples(test_data)
+    model = test_data / "models" / "face_detection_short_range.tflite"
+    folder = tmp_path_factory.mktemp("face-full-integer")
+    made = {}
+    for io in ("int8", "float"):
+        settings = Settings(
+            targets=("litert",),
+            runs=20,
+            time_budget_s=2.0,
+            io=io,
+            require_int8=True,
+            scores=ScoreMap(FACE_SCORES),
+            max_drop=FACE_MAX_DROP,
+            recipes=None,
+        )
+        out = folder / f"face_full_integer_{io}.tflite"
+        report = quantize_model(model, out, calibration, evaluation, settings, warnings)
+        assert report.int8, report.reason
+        made[io] = out
+    return made
