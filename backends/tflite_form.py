@@ -9,18 +9,16 @@ partition), Coral's edgetpu_compiler writes "edgetpu-custom-op".
 
 from __future__ import annotations
 
-import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from backends.errors import ModelError
 from backends.model_info import (
-    _corrupt_tflite,
     _tflite_signature,
-    _TfliteTables,
     inspect_model,
     read_model_file,
+    tflite_custom_codes,
 )
 
 COMPILERS = {"ethos-u": "vela", "edgetpu-custom-op": "edgetpu"}
@@ -43,17 +41,6 @@ class TfliteForm:
         return {**asdict(self), "full_integer": self.full_integer}
 
 
-def custom_codes(path: Path, data: bytes) -> list[str]:
-    """The custom op codes of a .tflite (Model field 1: operator_codes; OperatorCode field
-    1: custom_code)."""
-    reader = _TfliteTables(data)
-    try:
-        codes = [reader.string(c, 1) for c in reader.tables(reader.root(), 1)]
-    except (IndexError, ValueError, struct.error):
-        raise _corrupt_tflite(path, data) from None
-    return [c for c in codes if c]
-
-
 def tflite_form(path: str | Path) -> TfliteForm:
     path = Path(path)
     info = inspect_model(path)
@@ -61,7 +48,7 @@ def tflite_form(path: str | Path) -> TfliteForm:
         raise ModelError(f"{path}: not a TFLite model ({info.format})")
     data = read_model_file(path)
     inputs, outputs = _tflite_signature(path, data)
-    codes = tuple(custom_codes(path, data))
+    codes = tuple(tflite_custom_codes(path, data))
     compiled = next((COMPILERS[c] for c in codes if c in COMPILERS), None)
     return TfliteForm(
         info.precision,

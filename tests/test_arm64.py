@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 
 from edged.quantize.defaults import DEFAULT_MAX_DROP
-from edged.selection.accuracy import Accuracy, accuracy
+from edged.selection.accuracy import Accuracy, ScoreMap, accuracy
+from tests.conftest import FACE_SCORES, face_samples
 from tests.support import REPO
 from tests.support import daemon_harness as harness
 from tests.support.arm64 import (
@@ -236,15 +237,28 @@ def test_outputs_match_x86_and_the_original(
     models_dir: Path,
     arm64_state: Path,
     backends_runs: dict,
+    face_full_integer: dict[str, Path],
+    test_data: Path,
     tmp_path: Path,
 ) -> None:
-    """Each model (the FP32 originals, their INT8 variants, the face TFLite) on every
+    """Each model (the FP32 originals, their INT8 variants, the face TFLite and its
+    full-integer version made by edgectl quantize, float IO) on every
     candidate that runs its own arithmetic or float32, on the inputs selection makes, in the
     root and on the host. With edged.selection.accuracy (selection's rule, budget
     DEFAULT_MAX_DROP): the same inputs on both (numpy's seeded generator); aarch64 against
     x86 where both ran the same precision; and against the original (its float32 reference,
     made on the same machine, as selection does) wherever x86 passes that way too."""
-    names = [CLS, CLS_INT8, DET, DET_INT8, FACE]
+    face_int8 = str(face_full_integer["float"])  # absolute: models_dir / it is itself
+    names = [CLS, CLS_INT8, DET, DET_INT8, FACE, face_int8]
+    original_of = {**ORIGINAL, face_int8: FACE}
+    # The face detector and its full-integer version see the held-out detector photos and
+    # are judged as detectors (raw logits of a full-integer model step by about one).
+    rule = {FACE: ScoreMap(FACE_SCORES), face_int8: ScoreMap(FACE_SCORES)}
+    _, evaluation, _ = face_samples(test_data)
+    photos = tmp_path / "face-eval.npz"
+    np.savez(
+        photos, **{k: np.concatenate([f[k] for f in evaluation.feeds]) for k in evaluation.feeds[0]}
+    )
     jobs = tmp_path / "jobs.json"
     jobs.write_text(
         json.dumps(
@@ -254,6 +268,7 @@ def test_outputs_match_x86_and_the_original(
                     "shapes": {"x": [int(d) for d in SHAPES[n][2:].split("x")]}
                     if n in SHAPES
                     else None,
+                    "inputs": str(photos) if n in rule else None,
                 }
                 for n in names
             ]
@@ -268,7 +283,7 @@ def test_outputs_match_x86_and_the_original(
         jobs,
         arm_out,
         arm64_state / "openvino-cache",
-        label="outputs of 5 models on every runtime",
+        label="outputs of 6 models on every runtime",
     )
     assert run.returncode == 0, run.why()
     host = subprocess.run(
@@ -289,10 +304,10 @@ def test_outputs_match_x86_and_the_original(
         path = str(models_dir / name)
         a, x = arm["models"][path], x86["models"][path]
         assert a["inputs_sha256"] == x["inputs_sha256"], f"{name}: other inputs on aarch64"
-        original = str(models_dir / ORIGINAL[name])
+        original = str(models_dir / original_of[name])
         ref_arm = arm["models"][original]["runs"]["reference"]["outputs"]
         ref_x86 = x86["models"][original]["runs"]["reference"]["outputs"]
-        if name == ORIGINAL[name]:
+        if name == original_of[name]:
             refs = accuracy(ref_x86, ref_arm)
             print(f"arm64-figure: {name} float32 reference: aarch64 vs x86 {_fig(refs)}")
             assert refs.passes(DEFAULT_MAX_DROP), f"{name}: the references differ: {refs}"
@@ -302,9 +317,10 @@ def test_outputs_match_x86_and_the_original(
             assert "error" not in got, f"{name} {key} on aarch64: {got['error']}"
             theirs = x["runs"].get(key)
             assert theirs is not None and "error" not in theirs, f"{name} {key} on x86: {theirs}"
-            vs_x86 = accuracy(theirs["outputs"], got["outputs"])
-            vs_orig = accuracy(ref_arm, got["outputs"])
-            x86_orig = accuracy(ref_x86, theirs["outputs"])
+            scores = rule.get(name)
+            vs_x86 = accuracy(theirs["outputs"], got["outputs"], scores)
+            vs_orig = accuracy(ref_arm, got["outputs"], scores)
+            x86_orig = accuracy(ref_x86, theirs["outputs"], scores)
             same = got["precision"] == theirs["precision"]
             print(
                 f"arm64-figure: {name} {key} ran {got['precision']} (x86 {theirs['precision']}): "

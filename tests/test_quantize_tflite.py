@@ -239,3 +239,38 @@ def test_already_full_integer_is_refused(
 
 def test_the_recipes_are_full_integer_only() -> None:
     assert [r.label for r in RECIPES] == ["full-s8s8"]
+
+
+@pytest.mark.slow
+def test_one_command_from_float_to_ethos_u65(
+    test_data: Path, models_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """The issue's whole path: the float face detector in, a full-integer model that passes
+    the gate and its Vela model for the i.MX93's Ethos-U65 out, every operator on the NPU,
+    Vela's estimate in the report and inside the compiled model."""
+    from backends.vela import is_vela_compiled, read_report
+
+    out = tmp_path / "face_int8.tflite"
+    argv = ["quantize", str(models_dir / FACE), *images(test_data), *FACE_ARGS, *QUICK]
+    argv += ["--target", "ethos-u65-256", "--max-drop", str(FACE_MAX_DROP)]
+    assert main([*argv, "--output", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    compiled = report["compiled"]
+    assert compiled["accelerator"].lower().replace("_", "-") == "ethos-u65-256"
+    assert compiled["cpu_ops"] == [] and compiled["npu_ops"] > 0
+    assert compiled["estimate"]["inference_ms"] > 0 and compiled["kind"] == "estimate"
+    vela_model = tmp_path / "face_int8_vela.tflite"
+    assert compiled["output"] == str(vela_model) and is_vela_compiled(vela_model)
+    assert not is_vela_compiled(out) and tflite_form(out).full_integer
+    embedded = read_report(vela_model)
+    assert embedded is not None and embedded.estimate == compiled["estimate"]
+
+
+def test_ethos_u_target_checked_before_any_work(
+    test_data: Path, models_dir: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "face.tflite"
+    argv = ["quantize", str(models_dir / FACE), *images(test_data), "--output", str(out)]
+    assert main([*argv, "--target", "ethos-u99-1"]) == 2
+    assert "Vela compiles for ethos-u55-32" in capsys.readouterr().err
+    assert not out.exists()

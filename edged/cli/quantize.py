@@ -149,6 +149,15 @@ def cmd_quantize(args) -> int:
     if args.io is not None and fmt != "tflite":
         raise UsageError(f"--io is for a .tflite model; {args.model} is {fmt}")
     io = (args.io or ("int8" if npu else "float")) if fmt == "tflite" else None
+    if npu is not None and npu.startswith(ETHOS_U_PREFIX):  # said now, not after quantizing
+        from backends.vela import VelaNotInstalled, accelerators
+
+        try:
+            known = accelerators()
+        except VelaNotInstalled as exc:
+            raise UsageError(str(exc)) from None
+        if npu not in known:
+            raise UsageError(f"--target {npu}: Vela compiles for {', '.join(known)}")
     try:
         calibration, evaluation, warnings = calibration_and_evaluation(
             args.calibration, args.eval, input_specs(args.model), preprocess_of(args)

@@ -163,8 +163,10 @@ def _qemu_aarch64() -> Path:
 def record_outputs(
     jobs: list[dict], out: Path, cache_dir: Path | None = None, threads: int = 1
 ) -> None:
-    """For each job {"model": path, "shapes": {name: dims} | None}: the evaluation inputs
-    selection makes (edged.selection.inputs, seeds 0..VERIFY_SAMPLES-1), the outputs of the
+    """For each job {"model": path, "shapes": {name: dims} | None, "inputs": path.npz
+    (optional)}: the evaluation inputs selection makes (edged.selection.inputs, seeds
+    0..VERIFY_SAMPLES-1), or the .npz's (arrays named after the inputs, one sample per
+    index of the first axis: real images, for a detector), the outputs of the
     model's float32 reference (selection's: the first of reference_candidates that loads) and
     of every available candidate that runs the model's own arithmetic or float32 (precision
     "model" or "fp32": OpenVINO's bf16/fp16 are selection's business, and each INT8 compile
@@ -197,6 +199,19 @@ def record_outputs(
                 continue  # the first reference runtime that loads, as selection takes
             start = time.perf_counter()
             try:
+                if samples is None and job.get("inputs"):
+                    import numpy as np
+
+                    with np.load(job["inputs"]) as arrays:
+                        count = len(next(iter(arrays.values())))
+                        samples = [
+                            {k: v[i : i + 1] for k, v in arrays.items()} for i in range(count)
+                        ]
+                    shapes = {k: tuple(v.shape) for k, v in samples[0].items()}
+                    entry["inputs_sha256"] = hashlib.sha256(
+                        b"".join(f[k].tobytes() for f in samples for k in sorted(f))
+                    ).hexdigest()
+                    entry["shapes"] = {k: list(v) for k, v in shapes.items()}
                 if samples is None:
                     probe_session = get_backend(candidate.backend).load(model, candidate, base)
                     shapes = resolve_shapes(probe_session.inputs, job.get("shapes"), model.name)
