@@ -274,3 +274,40 @@ def test_ethos_u_target_checked_before_any_work(
     assert main([*argv, "--target", "ethos-u99-1"]) == 2
     assert "Vela compiles for ethos-u55-32" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_selection_judges_a_detector_variant_on_detections(
+    models_dir: Path, face_full_integer: dict[str, Path], tmp_path: Path
+) -> None:
+    """The full-integer face model (float IO) as a variant of its float original: on raw
+    outputs it fails the default budget, judged as a detector (`scores`, per model in the
+    config, --scores for edgectl backends) it is measured and may be picked."""
+    from edged.selection.policy import Policy
+    from edged.selection.select import select
+    from sysconf.hardware import probe
+
+    hw = probe()
+    quick = {"runs": 20, "time_budget_s": 1.0, "backend": "litert:XNNPACK", "max_drop": 0.05}
+    variant = [face_full_integer["float"]]
+    raw = select(models_dir / FACE, hw, Policy(**quick), tmp_path, variants=variant)
+    as_detector = select(
+        models_dir / FACE, hw, Policy(**quick, scores=FACE_SCORES), tmp_path, variants=variant
+    )
+    status = {
+        name: {Path(e.variant).name: e.status for e in sel.evidence if e.status != "unavailable"}
+        for name, sel in (("raw", raw), ("detector", as_detector))
+    }
+    int8 = face_full_integer["float"].name
+    assert status["raw"][int8] == "rejected"
+    assert status["detector"][int8] in ("passed", "selected")
+    assert raw.cache_key != as_detector.cache_key  # the rule is part of the decision's cache key
+
+
+def test_config_scores_must_be_an_output(models_dir: Path, tmp_path: Path) -> None:
+    from edged.config import ConfigError, parse_config
+
+    model = models_dir / FACE
+    good = f'[[models]]\nname = "face"\npath = "{model}"\nscores = "classificators"\n'
+    assert parse_config(good, tmp_path / "edged.toml").models[0].scores == "classificators"
+    with pytest.raises(ConfigError, match=r"models\[0\]\.scores.*'boxes' is not an output"):
+        parse_config(good.replace("classificators", "boxes"), tmp_path / "edged.toml")

@@ -106,6 +106,12 @@ def register(sub) -> None:
         "--min-cosine", type=float, default=None, help="older spelling of 1 - --max-drop"
     )
     backends.add_argument("--max-abs", type=float, default=None)
+    backends.add_argument(
+        "--scores",
+        default=None,
+        metavar="OUTPUT",
+        help="a detector's score output (logits): variants are judged on detections",
+    )
 
     add_preprocess_arguments(backends)
     backends.set_defaults(func=cmd_backends)
@@ -144,6 +150,7 @@ def cmd_backends(args) -> int:
             max_drop=_max_drop(args),
             max_abs=args.max_abs,
             precision=args.precision,
+            scores=args.scores,
         )
         progress = Progress(not args.json)
         variants, evaluation = list(args.variant), None
@@ -270,13 +277,7 @@ def _made_variants(args, hw, policy, state_dir: Path, progress):
     import logging
 
     from edged.quantize.calibration_spec import CalibrationError, CalibrationSpec
-    from edged.quantize.recipes import Settings
-    from edged.quantize.variants import (
-        evaluation_of,
-        load_data,
-        make_variants,
-        present_targets,
-    )
+    from edged.quantize.variants import evaluation_of, load_data, make_variants, settings_for
 
     try:
         spec = CalibrationSpec(args.calibration, args.eval, preprocess_of(args))
@@ -287,12 +288,7 @@ def _made_variants(args, hw, policy, state_dir: Path, progress):
         for warning in warnings:
             print(f"edgectl: warning: {warning}", file=sys.stderr)
     logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization's per-node noise
-    settings = Settings(
-        targets=present_targets(hw),
-        max_drop=policy.max_drop,
-        threads=policy.threads,
-        cpus=policy.cpus,
-    )
+    settings = settings_for(policy, hw, policy.cpus)
     made = make_variants(
         args.model, calibration, evaluation, state_dir, hw, settings, warnings, progress
     )

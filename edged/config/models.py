@@ -78,6 +78,7 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
         calibration=t.read("calibration", _calibration, check, path, shapes),
         precision=precision,
         backend=_backend(check, t.string("backend"), f"{prefix}.backend"),
+        scores=_scores(check, t.string("scores"), path, f"{prefix}.scores"),
         threads=threads,
         cpus=t.read("cpus", check.cpus),
         shapes=shapes,
@@ -117,6 +118,18 @@ def _sniff(check: Checker, path: Path, key: str) -> None:
         inspect_model(path)
     except ModelError as exc:
         raise check.fail(key, str(exc)) from None
+
+
+def _scores(check: Checker, output: str | None, path: Path, key: str) -> str | None:
+    """A detector's score output: one of the model's outputs (read from the file)."""
+    from backends.model_info import signature
+
+    if output is None:
+        return None
+    outputs = [spec.name for spec in (signature(path) or ([], []))[1]]
+    if outputs and output not in outputs:
+        raise check.fail(key, f"{output!r} is not an output of the model ({', '.join(outputs)})")
+    return output
 
 
 def _variants(check: Checker, t: Table, original: Path) -> tuple[Path, ...]:

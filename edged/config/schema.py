@@ -88,6 +88,8 @@ class ModelConfig:
     calibration: CalibrationSpec | None = None
     precision: str = "auto"  # "int8": serve an INT8 variant only
     backend: str = "auto"  # or "backend[:device[:precision]]", backend name canonical
+    # A detector's score output (logits): accuracy is judged on detections, not raw values.
+    scores: str | None = None
     threads: int | None = None
     cpus: tuple[int, ...] | None = None  # sorted, unique
     # A plain dict (not a MappingProxyType: that breaks dataclasses.asdict, pickle and
@@ -119,6 +121,7 @@ class ModelConfig:
             shapes=self.shapes,
             backend=self.backend,
             precision=self.precision,
+            scores=self.scores,
         )
 
 

@@ -161,6 +161,7 @@ def variants_key(original: Path, calibration: Samples, evaluation: Samples, hw, 
             "targets": list(settings.targets),
             "method": settings.method,
             "max_drop": settings.max_drop,
+            "scores": settings.scores.output if settings.scores else None,
         },
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
@@ -260,6 +261,21 @@ def present_targets(hw) -> tuple[str, ...]:
     return tuple(t for t in CPU_TARGETS if get_backend(t).version() is not None) or CPU_TARGETS[:1]
 
 
+def settings_for(policy, hw, cpus=None):
+    """The quantize `Settings` a model's variants are made with under its selection policy
+    (one place: the key the daemon looks the variants up by must be the child's)."""
+    from edged.quantize.recipes import Settings
+    from edged.selection.accuracy import ScoreMap
+
+    return Settings(
+        targets=present_targets(hw),
+        max_drop=policy.max_drop,
+        threads=policy.threads,
+        cpus=cpus,
+        scores=ScoreMap(policy.scores) if policy.scores else None,
+    )
+
+
 def evaluation_of(samples: Samples, spec: CalibrationSpec):
     from edged.selection.decision import Evaluation
 
@@ -341,14 +357,7 @@ def run_request(request: dict[str, Any], progress: Progress | None = None) -> di
     housekeeping = tuple(request.get("housekeeping") or ()) or None
     hw = probe()
     calibration, evaluation, warnings = load_data(original, spec, dict(policy.shapes or {}))
-    from edged.quantize.recipes import Settings
-
-    settings = Settings(
-        targets=present_targets(hw),
-        max_drop=policy.max_drop,
-        threads=policy.threads,
-        cpus=housekeeping,
-    )
+    settings = settings_for(policy, hw, housekeeping)
     with pinned_thread(housekeeping):
         made = make_variants(
             original, calibration, evaluation, state_dir, hw, settings, warnings, progress

@@ -42,6 +42,9 @@ class Policy:
     backend: str = field(default="auto", metadata=_PER_MODEL)
     # "int8": choose among the INT8 variants only
     precision: str = field(default="auto", metadata=_PER_MODEL)
+    # A detector's score output (logits): the accuracy rule compares detections
+    # (edged.selection.accuracy.ScoreMap), not raw values.
+    scores: str | None = field(default=None, metadata=_PER_MODEL)
 
     def key_parts(self) -> dict[str, Any]:
         return {
@@ -52,5 +55,6 @@ class Policy:
             "shapes": {k: list(v) for k, v in sorted((self.shapes or {}).items())},
             "backend": self.backend,
             "precision": self.precision,
+            "scores": self.scores,
             "verify_samples": VERIFY_SAMPLES,
         }

@@ -36,7 +36,7 @@ from backends import Candidate, LoadOptions, get_backend
 from backends.base import Session
 from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo, inspect_model, signature, signature_mismatch
-from edged.selection.accuracy import accuracy, constant_outputs
+from edged.selection.accuracy import ScoreMap, accuracy, constant_outputs
 from edged.selection.bench import benchmark, pinned_thread
 from edged.selection.candidates import backend_candidates, matches, reference_candidates
 from edged.selection.decision import Evaluation, Evidence, Selection, cache_key, load_cached, store
@@ -336,7 +336,7 @@ def _verify(
     load_s = round(time.perf_counter() - start, 4)
     info = session.info()
     try:
-        acc = accuracy(reference, outputs)
+        acc = accuracy(reference, outputs, ScoreMap(policy.scores) if policy.scores else None)
     except BackendError as exc:
         session.close()
         return Evidence(

@@ -293,12 +293,11 @@ def made_variants(
     is the background job's. CalibrationError (an InputError to the caller) names the
     data."""
     from edged.quantize.calibration_spec import CalibrationError
-    from edged.quantize.recipes import Settings
     from edged.quantize.variants import (
         cached_variants,
         evaluation_of,
         load_data,
-        present_targets,
+        settings_for,
         variants_key,
     )
 
@@ -306,7 +305,7 @@ def made_variants(
         calib, evaluation, _ = load_data(path, calibration, dict(policy.shapes or {}))
     except CalibrationError as exc:
         raise InputError(str(exc)) from None
-    settings = Settings(targets=present_targets(hw), max_drop=policy.max_drop)
+    settings = settings_for(policy, hw)
     made = cached_variants(state_dir, variants_key(path, calib, evaluation, hw, settings))
     return (made.variants if made else None), evaluation_of(evaluation, calibration)
 
