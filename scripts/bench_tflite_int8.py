@@ -328,7 +328,8 @@ def format_quantize(rows: list[dict[str, Any]]) -> str:
             )
     for r in rows:
         for note in r["notes"]:
-            lines.append(f"  note ({r['model']} io={r['io']}): {note}")
+            short = note if len(note) <= 120 else note[:117] + "..."
+            lines.append(f"  note ({r['model']} io={r['io']}): {short}")
     return "\n".join(lines)
 
 
@@ -337,11 +338,13 @@ def format_latency(groups: list[dict[str, Any]], args) -> str:
         f"latency (ms; medians over {args.rounds} rounds of interleaved runs, up to "
         f"{args.runs} per callable per round within {args.time_budget:g} s per round, "
         f"{args.warmup} warm-up; x = float p50 / that p50, median (min-max) over rounds)",
-        f"  {'model':5} {'target':9} {'thr':>3} {'float p50':>9} {'p99':>7} "
+        f"  {'model':5} {'target':9} {'thr':>3} {'runs':>7} {'float p50':>9} {'p99':>7} "
         + " ".join(f"{VARIANTS[k]:>31}" for k in ("int8io", "int8raw", "floatio")),
     ]
     for g in groups:
         v = g["variants"]
+        counts = [n for row in v.values() for n in row["runs"]]
+        runs = f"{min(counts)}-{max(counts)}" if min(counts) != max(counts) else str(counts[0])
         cells = []
         for key in ("int8io", "int8raw", "floatio"):
             lo, hi = v[key]["ratio_p50_range"]
@@ -351,10 +354,13 @@ def format_latency(groups: list[dict[str, Any]], args) -> str:
             )
         lines.append(
             f"  {g['model']:5} {TARGET_NAMES[g['target']]:9} {g['threads']:>3} "
-            f"{v['float']['p50_ms']:9.3f} {v['float']['p99_ms']:7.3f} "
+            f"{runs:>7} {v['float']['p50_ms']:9.3f} {v['float']['p99_ms']:7.3f} "
             + " ".join(f"{c:>31}" for c in cells)
         )
-    lines.append("  (int8 cells: p50/p99 x ratio; loadavg per group in --json)")
+    lines.append(
+        "  (runs: timed runs per callable per round, min-max; int8 cells: p50/p99 x ratio; "
+        "loadavg per group in --json)"
+    )
     seen = set()
     for g in groups:
         if g["target"] != "litert" or g["model"] in seen:
