@@ -505,16 +505,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
             if not args.json:
                 print(format_vela(report["vela"]), flush=True)
-    report["wall_s"] = round(time.perf_counter() - t_all, 1)
-    report["loadavg_1min_end"] = benchlib.loadavg()
-    if args.json:
-        benchlib.write_json(report)
-    else:
-        print(
-            f"total wall {report['wall_s']:.1f} s; loadavg {report['loadavg_1min_start']} -> "
-            f"{report['loadavg_1min_end']}"
-        )
-    return 0
+    return benchlib.finish(report, t_all, args.json)
 
 
 if __name__ == "__main__":

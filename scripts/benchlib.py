@@ -102,3 +102,18 @@ def report_header(
 def write_json(report: Mapping[str, Any]) -> None:
     """The --json report, on stdout."""
     print(json.dumps(report, indent=2))
+
+
+def finish(report: dict[str, Any], started: float, as_json: bool) -> int:
+    """The end of a run: its wall time (from `started`, a perf_counter reading) and the load
+    at the end go into `report`; then the JSON report, or the line that says both. Exit 0."""
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    report["loadavg_1min_end"] = loadavg()
+    if as_json:
+        write_json(report)
+    else:
+        print(
+            f"total wall {report['wall_s']:.1f} s; loadavg {report['loadavg_1min_start']} -> "
+            f"{report['loadavg_1min_end']}"
+        )
+    return 0
