@@ -52,7 +52,7 @@ test: data system-deps
 	@$(BIN)/python scripts/qemu_user.py --print-path x86_64 >/dev/null  # fetched before, not by both
 	@lane_log=$$(mktemp); \
 	( $(ISA_AVX2_LANE_SH) ) >"$$lane_log" 2>&1 & lane=$$!; \
-	trap 'kill $$lane 2>/dev/null; rm -f "$$lane_log"' INT TERM; \
+	trap 'pkill -TERM -P $$lane 2>/dev/null; kill $$lane 2>/dev/null; rm -f "$$lane_log"; exit 130' INT TERM HUP; \
 	echo "isa-avx2 lane: running alongside the suite (its output follows the suite's)"; \
 	$(BIN)/pytest -q; suite=$$?; \
 	wait $$lane; lane_rc=$$?; cat "$$lane_log"; rm -f "$$lane_log"; \

@@ -161,11 +161,13 @@ class FloatIO:
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         converted = {}
         for name, value in feeds.items():
-            if name in self._q and value.dtype == np.float32:
+            if name in self._q and np.issubdtype(value.dtype, np.floating):
                 scale, zero = self._q[name]
                 limits = np.iinfo(self._dtypes[name])
-                value = np.clip(np.rint(value / scale) + zero, limits.min, limits.max)
-                value = value.astype(self._dtypes[name])
+                scaled = np.asarray(value, np.float32) / np.float32(scale)
+                # Half away from zero, as LiteRT's QUANTIZE rounds (np.rint rounds to even).
+                rounded = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)
+                value = np.clip(rounded + zero, limits.min, limits.max).astype(self._dtypes[name])
             converted[name] = value
         outputs = self.session.run(converted)
         for name, value in outputs.items():

@@ -302,7 +302,10 @@ def vela_estimate(path, accelerator: str | None) -> dict[str, Any] | None:
     estimate, marked as one, with a one-line summary; None when it has none."""
     from backends.vela import read_report
 
-    report = read_report(path)
+    try:
+        report = read_report(path)
+    except ImportError:  # reading the report needs ai-edge-litert's schema (not tflite_runtime)
+        return None
     if report is None:
         return None
     est = dict(report.estimate)

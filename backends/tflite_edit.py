@@ -124,20 +124,6 @@ def prune(model) -> None:
             op.opcodeIndex = renumber[op.opcodeIndex]
 
 
-def set_metadata(data: bytes, name: str, value: bytes) -> bytes:
-    """The model with metadata entry `name` set to `value` (runtimes ignore entries they do
-    not know; the model's graph is unchanged)."""
-    schema = generated()
-    model = load(data)
-    entries = [m for m in model.metadata or () if metadata_name(m) != name]
-    entry = schema.MetadataT()
-    entry.name = name
-    entry.buffer = add_buffer(model, np.frombuffer(value, dtype=np.uint8))
-    model.metadata = [*entries, entry]
-    prune(model)
-    return dump(model)
-
-
 def metadata_name(entry) -> str:
     name = entry.name
     return name.decode() if isinstance(name, bytes) else str(name or "")

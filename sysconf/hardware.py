@@ -173,7 +173,8 @@ class HardwareFacts:
 def probe(root: SysRoot | None = None, dtb: str | os.PathLike[str] | None = None) -> HardwareFacts:
     """The facts of `root` (live `/` by default). `dtb`: a board's .dtb that stands for the
     root's device tree (an image folder has none of its own): its SoC, board model, CPUs and
-    memory come from the file. FdtError names a .dtb that cannot be read."""
+    memory come from the file; with `dtb` and no image root, nothing is read from this
+    machine (its CPUs, ISA and devices are not the board's). FdtError names a bad .dtb."""
     root = root or SysRoot()
     if dtb is None:
         return _probe(root, root)
@@ -182,7 +183,9 @@ def probe(root: SysRoot | None = None, dtb: str | os.PathLike[str] | None = None
     tree = load_fdt(dtb)
     with tempfile.TemporaryDirectory(prefix="edged-dtb-") as tmp:
         materialize(tree, Path(tmp) / "proc" / "device-tree")
-        return replace(_probe(root, SysRoot.at(tmp)), dtb=str(dtb))
+        board = SysRoot.at(tmp)
+        facts = _probe(board if root.is_live else root, board)
+        return replace(facts, dtb=str(dtb), root=str(root.root))  # "/": no image given
 
 
 def _probe(root: SysRoot, dt_root: SysRoot) -> HardwareFacts:

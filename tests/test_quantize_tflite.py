@@ -311,3 +311,45 @@ def test_config_scores_must_be_an_output(models_dir: Path, tmp_path: Path) -> No
     assert parse_config(good, tmp_path / "edged.toml").models[0].scores == "classificators"
     with pytest.raises(ConfigError, match=r"models\[0\]\.scores.*'boxes' is not an output"):
         parse_config(good.replace("classificators", "boxes"), tmp_path / "edged.toml")
+
+
+def test_float_io_rounds_as_litert_quantize_does() -> None:
+    """Half away from zero (LiteRT's QUANTIZE), not numpy's half to even; any float dtype."""
+    from backends.base import FloatIO
+    from backends.tensors import TensorSpec
+
+    class Int8Session:  # an int8 model that returns its input: the conversions alone
+        def __init__(self) -> None:
+            self.candidate = None
+            self.inputs = [TensorSpec("x", "int8", (4,))]
+            self.outputs = [TensorSpec("y", "int8", (4,))]
+            self.io_quantization = {"x": (0.5, 0), "y": (0.5, 0)}
+
+        def run(self, feeds):
+            return {"y": feeds["x"]}
+
+    session = FloatIO(Int8Session())
+    out = session.run({"x": np.array([0.25, -0.25, 0.75, 100.0], np.float64)})
+    assert out["y"].tolist() == [0.5, -0.5, 1.0, 63.5]  # 0.5 -> 1, -0.5 -> -1, clipped at 127
+
+
+def test_clipped_ranges_stay_ranges(test_data: Path, models_dir: Path, tmp_path: Path) -> None:
+    """A score output calibrated wholly below -10 (no detection in any photo) is clipped
+    to a range that is still one: min <= max, both within +-10."""
+    calibration, _, _ = face_samples(test_data)
+    quantizer = TfliteQuantizer(models_dir / FACE, tmp_path, calibration, "minmax", "float")
+    data, clipped = tflite_graph.clip_ranges(quantizer.calibrated(), FACE_SCORES, -10.0, -20.0)
+    assert FACE_SCORES in clipped
+    graph = tflite_edit.load(data).subgraphs[0]
+    for tensor in graph.tensors:
+        if tflite_edit.tensor_name(tensor) in clipped:
+            q = tensor.quantization
+            assert np.all(q.min <= q.max) and np.all(q.min >= -20.0)
+
+
+def test_scores_must_name_an_output(test_data: Path, models_dir: Path, tmp_path, capsys) -> None:
+    out = tmp_path / "out.tflite"
+    argv = ["quantize", str(models_dir / FACE), *images(test_data), "--output", str(out)]
+    assert main([*argv, "--scores", "boxes"]) == 2
+    assert "--scores boxes: not an output of" in capsys.readouterr().err
+    assert not out.exists()

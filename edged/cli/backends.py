@@ -3,7 +3,7 @@ measured pick among the model's family (the original, --variant files, and the I
 made from --calibration), with the evidence for it.
 
 Offline (`--root IMG` of another machine, or `--dtb BOARD.dtb`), nothing is loaded or timed:
-with --model it is a plan for that board, the NPU delegates its device tree and image have,
+with --model it is a plan for that board: LiteRT's NPU delegates its device tree and image have,
 whether the model is in the form each runs, and a compiler's estimate where there is one.
 Exit codes: 0 done (offline: the board has no NPU, or one of its NPUs takes the model as it
 is); 1 no backend ran the model correctly (offline: the board has an NPU and none takes
@@ -23,6 +23,7 @@ from edged.cli.common import (
     Progress,
     UsageError,
     add_preprocess_arguments,
+    check_output_name,
     check_threads,
     default_state_dir,
     or_dash,
@@ -143,6 +144,7 @@ def cmd_backends(args) -> int:
         from backends.model_info import inspect_model
 
         model_info = inspect_model(args.model)
+        check_output_name(args.model, args.scores, "--scores")
         state_dir = args.state_dir or default_state_dir()
         policy = policy_of(
             args,
@@ -219,6 +221,10 @@ def _offline_plan(args, hw) -> int:
     from edged.selection.candidates import all_candidates
 
     model = inspect_model(args.model)
+    if not hw.soc_compatible:
+        raise UsageError(
+            f"{args.root or args.dtb}: no device tree to plan for; give the board's --dtb BOARD.dtb"
+        )
     candidates = all_candidates(hw, model)
     npus = {spec.name for spec in DELEGATES if board_has(spec, hw)}
     rows = [

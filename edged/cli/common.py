@@ -30,6 +30,18 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edged"
 
 
+def check_output_name(model: Path, name: str | None, flag: str) -> None:
+    """`name` (a flag's value) is one of the model's outputs, read from the file; UsageError
+    naming both otherwise (formats without a file-level signature are not checked)."""
+    if name is None:
+        return
+    from backends.model_info import signature
+
+    outputs = [spec.name for spec in (signature(model) or ([], []))[1]]
+    if outputs and name not in outputs:
+        raise UsageError(f"{flag} {name}: not an output of {model} ({', '.join(outputs)})")
+
+
 def parse_cpu_list(text: str, flag: str) -> list[int]:
     """A CPU list such as 2-3,6 given to `flag`; a malformed one is a usage error."""
     from sysconf.cpulist import parse_cpulist

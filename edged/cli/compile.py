@@ -2,7 +2,8 @@
 (`backends.vela`), with what stays on the CPU and why, and Vela's performance estimate.
 
 Exit codes: 0 compiled, every operator on the NPU; 1 compiled, but some operators are left
-on the CPU (each named, with Vela's reason); 2 bad input (usage, a float or an already
+on the CPU (each named, with Vela's reason), or Vela itself failed or timed out (its last
+lines are shown, nothing is written); 2 bad input (usage, a float or an already
 compiled model, an unknown accelerator or Vela configuration, Vela not installed).
 """
 

@@ -8,8 +8,10 @@ OUTPUT-stem_vela.tflite). For an NPU target the model's form is checked for its 
 Exit codes: 0 an INT8 model was written (and compiled, for an Ethos-U target; operators Vela
 left on the CPU are named in the report); 1 no INT8 recipe passed the accuracy gate and beat
 FP32 on the target (the FP32 model is written to --output instead, and the report says why;
-for an NPU target, no recipe passed the gate); 2 bad input (usage, an unreadable model,
-calibration data that does not fit the model, an unknown target).
+for an NPU target, no recipe passed the gate), or for an Ethos-U target the full-integer
+model was written but Vela did not compile it (the report's notes say why); 2 bad input
+(usage, an unreadable model, calibration data that does not fit the model, an unknown
+target).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from edged.cli.common import (
     Progress,
     UsageError,
     add_preprocess_arguments,
+    check_output_name,
     check_threads,
     or_dash,
     parse_cpus,
@@ -138,7 +141,7 @@ def cmd_quantize(args) -> int:
     if args.output.is_dir():  # said now, not after minutes of quantizing
         raise UsageError(
             f"--output {args.output} is a folder; give the model file's path "
-            f"(e.g. {args.output / (args.model.stem + '_int8.onnx')})"
+            f"(e.g. {args.output / (args.model.stem + '_int8' + args.model.suffix)})"
         )
     if args.output.parent.exists() and not os.access(args.output.parent, os.W_OK):
         raise UsageError(f"--output {args.output}: cannot write in {args.output.parent}")
@@ -149,6 +152,7 @@ def cmd_quantize(args) -> int:
     if args.io is not None and fmt != "tflite":
         raise UsageError(f"--io is for a .tflite model; {args.model} is {fmt}")
     io = (args.io or ("int8" if npu else "float")) if fmt == "tflite" else None
+    check_output_name(args.model, args.scores, "--scores")
     if npu is not None and npu.startswith(ETHOS_U_PREFIX):  # said now, not after quantizing
         from backends.vela import VelaNotInstalled, accelerators
 
@@ -202,6 +206,8 @@ def cmd_quantize(args) -> int:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(format_report(report.to_dict()))
+    if npu is not None and npu.startswith(ETHOS_U_PREFIX) and report.int8 and not report.compiled:
+        return EXIT_FP32_KEPT  # the full-integer model is written; Vela failed (notes say why)
     return EXIT_INT8 if report.int8 else EXIT_FP32_KEPT
 
 
@@ -231,12 +237,16 @@ def _for_npu(report, npu: str, output: Path, show_progress: bool) -> None:
     from backends.tflite_form import tflite_form
 
     if npu.startswith(ETHOS_U_PREFIX):
+        from backends import BackendError, ModelError
         from backends.vela import compile_model
 
         vela_output = output.with_name(f"{output.stem}_vela{output.suffix or '.tflite'}")
         if show_progress:
             print(f"edgectl: compiling {output} for {npu} with Vela ...", file=sys.stderr)
-        report.compiled = compile_model(output, npu, vela_output).to_dict()
+        try:
+            report.compiled = compile_model(output, npu, vela_output).to_dict()
+        except (ModelError, BackendError) as exc:  # the INT8 model stays written; say why
+            report.notes.append(f"Vela did not compile {output}: {exc}")
         return
     [spec] = [s for s in DELEGATES if TARGET_OF.get(s.name) == npu]
     problem = form_problem(spec, tflite_form(output))

@@ -133,7 +133,8 @@ def decide(
         best = max((a for a in attempts if a.accuracy), key=lambda a: a.accuracy.score)
         reason = (
             f"no INT8 recipe passes the accuracy gate (max drop {settings.max_drop}; best: "
-            f"{best.recipe.label} on {best.target}, cosine {best.accuracy.cosine:.4f}"
+            f"{best.recipe.label} on {best.target}, {best.accuracy.rule} "
+            f"{best.accuracy.score:.4f}, cosine {best.accuracy.cosine:.4f}"
             + (
                 f", top-1 agreement {best.accuracy.top1_agreement:.3f}"
                 if best.accuracy.top1_agreement is not None

@@ -9,7 +9,7 @@
   model's op with its float weights, DEQUANTIZE before it and QUANTIZE after it, to and from
   the int8 tensors the rest of the graph uses. On an NPU those ops then run on the CPU.
 * `compute_ops`: the ops whose arithmetic INT8 changes most (conv, depthwise, fully
-  connected), named by their first output tensor, which LiteRT's quantizer keeps.
+  connected, transposed conv), named by their first output tensor, which LiteRT's quantizer keeps.
 
 * `clip_ranges`: a detector's score logits get a clipped calibrated range.
 * `fuse_activations`: standalone RELUs folded into the op before them.
@@ -84,10 +84,11 @@ def _opcode_index(model, code: int, version: int) -> int:
     return len(model.operatorCodes) - 1
 
 
-def _float_tensor(graph, like, name: str, buffer: int = 0) -> int:
+def _float_tensor(graph, like, name: str, buffer: int = 0, kind: int | None = None) -> int:
+    """A new tensor shaped like `like`: float32, or `kind` (a constant's own type)."""
     tensor = tfl.generated().TensorT()
     tensor.name = name
-    tensor.type = tfl.generated().TensorType.FLOAT32
+    tensor.type = tfl.generated().TensorType.FLOAT32 if kind is None else kind
     tensor.shape = like.shape
     tensor.shapeSignature = like.shapeSignature
     tensor.buffer = buffer
@@ -103,6 +104,12 @@ def _operator(opcode: int, inputs: Sequence[int], outputs: Sequence[int], templa
         op.builtinOptionsType = template.builtinOptionsType
         op.builtinOptions = template.builtinOptions
     return op
+
+
+def _quantized(tensor) -> bool:
+    """An integer tensor with a scale (int8/uint8 activations), not an index or shape."""
+    q = tensor.quantization
+    return q is not None and q.scale is not None and len(q.scale) > 0
 
 
 def keep_float(quantized: bytes, original: bytes, names: Sequence[str]) -> tuple[bytes, list[str]]:
@@ -144,14 +151,15 @@ def keep_float(quantized: bytes, original: bytes, names: Sequence[str]) -> tuple
             if tfl.constant(f_model, f_tensor):  # weights and bias: the float model's own
                 data = np.asarray(f_model.buffers[f_tensor.buffer].data, dtype=np.uint8)
                 buffer = tfl.add_buffer(q_model, data)
-                inputs.append(
-                    _float_tensor(q_graph, f_tensor, tfl.tensor_name(f_tensor) + "/float", buffer)
-                )
+                name = tfl.tensor_name(f_tensor) + "/float"
+                inputs.append(_float_tensor(q_graph, f_tensor, name, buffer, f_tensor.type))
                 continue
-            q_index = q_op.inputs[position]
+            q_index = q_op.inputs[position] if position < len(q_op.inputs) else -1
+            if q_index < 0:  # the quantized op lacks this input: not the same op
+                raise GraphError(f"op {tfl.tensor_name(f_tensor)}: the graphs' inputs differ")
             q_tensor = q_graph.tensors[q_index]
-            if q_tensor.type == schema.TensorType.FLOAT32:
-                inputs.append(q_index)
+            if q_tensor.type == schema.TensorType.FLOAT32 or not _quantized(q_tensor):
+                inputs.append(q_index)  # float already, or an index/shape tensor
                 continue
             if q_index not in as_float:
                 as_float[q_index] = _float_tensor(
@@ -162,7 +170,7 @@ def keep_float(quantized: bytes, original: bytes, names: Sequence[str]) -> tuple
         outputs, requantize = [], []
         for q_index in q_op.outputs:
             q_tensor = q_graph.tensors[q_index]
-            if q_tensor.type == schema.TensorType.FLOAT32:
+            if q_tensor.type == schema.TensorType.FLOAT32 or not _quantized(q_tensor):
                 outputs.append(q_index)
                 continue
             float_out = _float_tensor(q_graph, q_tensor, tfl.tensor_name(q_tensor) + "/float")
@@ -202,8 +210,10 @@ def clip_ranges(calibrated: bytes, output: str, low: float, high: float) -> tupl
         tensor = graph.tensors[index]
         q = tensor.quantization
         if q is not None and q.min is not None and q.max is not None and len(q.min):
-            q.min = np.maximum(np.asarray(q.min, np.float32), np.float32(low))
-            q.max = np.minimum(np.asarray(q.max, np.float32), np.float32(high))
+            # Both ends into [low, high], so a range wholly outside it stays a range.
+            q.min = np.clip(np.asarray(q.min, np.float32), low, high).astype(np.float32)
+            q.max = np.clip(np.asarray(q.max, np.float32), low, high).astype(np.float32)
+            q.max = np.maximum(q.max, q.min)
             clipped.append(tfl.tensor_name(tensor))
         op = producer.get(index)
         if op is not None:

@@ -37,11 +37,12 @@ from backends import ModelError
 from backends.model_info import inspect_model, read_model_file, signature
 from edged.quantize import tflite_graph
 from edged.quantize.calibration import Samples
+from edged.quantize.defaults import IO_TYPES as IO_NAMES
 from edged.quantize.recipes import Progress, QuantizeError, Recipe
 from edged.selection.accuracy import ScoreMap
 
 TESTED_LITERT = "2.3.0"  # the ai-edge-litert whose private calibration wrapper is tested
-IO_TYPES = {"int8": np.int8, "uint8": np.uint8, "float": np.float32}
+IO_TYPES = dict(zip(IO_NAMES, (np.int8, np.uint8, np.float32), strict=True))
 # A score logit's calibrated range is clipped to +-this (sigmoid(-10) < 5e-5).
 LOGIT_CLIP = 10.0
 RECIPES = (Recipe("full", None, scheme="s8s8"),)  # int8 weights per channel, int8 activations
@@ -208,9 +209,12 @@ class TfliteQuantizer:
                 ) from None
         data = bytes(data)
         if recipe.fp32_nodes:
-            data, missing = tflite_graph.keep_float(
-                data, self.prepared.read_bytes(), recipe.fp32_nodes
-            )
+            try:
+                data, missing = tflite_graph.keep_float(
+                    data, self.prepared.read_bytes(), recipe.fp32_nodes
+                )
+            except tflite_graph.GraphError as exc:
+                raise QuantizeError(f"recipe {recipe.label}: {exc}") from None
             if missing:
                 raise QuantizeError(
                     f"recipe {recipe.label}: no op makes {', '.join(missing)} in both graphs"
@@ -221,5 +225,9 @@ class TfliteQuantizer:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     partial = path.with_name(path.name + ".part")
-    partial.write_bytes(data)
-    partial.replace(path)
+    try:
+        partial.write_bytes(data)
+        partial.replace(path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
