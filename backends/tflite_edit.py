@@ -43,8 +43,9 @@ def op_names() -> dict[int, str]:
     return {v: k for k, v in vars(ops).items() if not k.startswith("_") and isinstance(v, int)}
 
 
-def tensor_name(tensor) -> str:
-    name = tensor.name
+def tensor_name(table) -> str:
+    """The `name` of a tensor or a metadata entry (bytes in the object API) as text."""
+    name = table.name
     return name.decode() if isinstance(name, bytes) else str(name or "")
 
 
@@ -124,16 +125,11 @@ def prune(model) -> None:
             op.opcodeIndex = renumber[op.opcodeIndex]
 
 
-def metadata_name(entry) -> str:
-    name = entry.name
-    return name.decode() if isinstance(name, bytes) else str(name or "")
-
-
 def metadata(data: bytes) -> dict[str, bytes]:
     """The model's metadata entries, by name."""
     model = load(data)
     return {
-        metadata_name(m): bytes(np.asarray(model.buffers[m.buffer].data, dtype=np.uint8))
+        tensor_name(m): bytes(np.asarray(model.buffers[m.buffer].data, dtype=np.uint8))
         for m in model.metadata or ()
         if model.buffers[m.buffer].data is not None
     }

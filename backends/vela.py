@@ -434,7 +434,7 @@ def _with_report(model: Path, vela_data: bytes, report: VelaReport) -> bytes:
     entry = schema.MetadataT()
     entry.name = METADATA_NAME
     entry.buffer = len(buffers) - 1
-    kept = [m for m in parsed.metadata or () if tflite_edit.metadata_name(m) != METADATA_NAME]
+    kept = [m for m in parsed.metadata or () if tflite_edit.tensor_name(m) != METADATA_NAME]
     parsed.metadata = [*kept, entry]
     data = tflite_edit.dump(parsed)
     _check_written(model, vela_data, data)

@@ -92,7 +92,7 @@ def cmd_compile(args) -> int:
         progress.close()
     data = report.to_dict()
     print(json.dumps(data, indent=2) if args.json else format_report(data))
-    return EXIT_OK if not report.cpu_ops else EXIT_FAILED
+    return EXIT_OK if report.all_on_npu else EXIT_FAILED
 
 
 def format_report(report: dict[str, Any]) -> str:

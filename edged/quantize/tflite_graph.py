@@ -227,7 +227,7 @@ def clip_ranges(calibrated: bytes, output: str, low: float, high: float) -> tupl
 
 # Ops with a fused activation, and the standalone activations that fold into it.
 FUSABLE = ("ADD", "SUB", "MUL", "CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
-ACTIVATIONS = {"RELU": "RELU", "RELU6": "RELU6", "RELU_N1_TO_1": "RELU_N1_TO_1"}
+ACTIVATIONS = ("RELU", "RELU6", "RELU_N1_TO_1")  # each is also its ActivationFunctionType
 
 
 def fuse_activations(data: bytes) -> tuple[bytes, int]:
@@ -262,7 +262,7 @@ def fuse_activations(data: bytes) -> tuple[bytes, int]:
             or getattr(options, "fusedActivationFunction", None) != activation["NONE"]
         ):
             continue
-        options.fusedActivationFunction = activation[ACTIVATIONS[kind[index]]]
+        options.fusedActivationFunction = activation[kind[index]]
         graph.operators[before].outputs = list(op.outputs)
         removed.add(index)
     if not removed:
