@@ -215,7 +215,7 @@ class LiteRtBackend:
                 )
             ]
         wrong_format = model is not None and model.format not in self.formats
-        form = tflite_form(model.path) if model is not None and not wrong_format else None
+        form = tflite_form(model.path, model) if model is not None and not wrong_format else None
         offline = hw.offline
         result = []
         for device, note in (

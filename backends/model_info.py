@@ -99,6 +99,21 @@ def read_model_file(path: Path) -> bytes:
             raise ModelError(f"{path}: cannot read: {exc.strerror}") from None
 
 
+def write_model_file(path: Path, data: bytes) -> None:
+    """Write a model whole or not at all: via PATH.part (synced, then renamed over `path`),
+    which a failure removes. OSError is the caller's to word."""
+    part = path.with_name(path.name + ".part")
+    try:
+        with part.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
 def inspect_model(path: str | Path) -> ModelInfo:
     path = Path(path)
     data = read_model_file(path)

@@ -15,6 +15,7 @@ from typing import Any
 
 from backends.errors import ModelError
 from backends.model_info import (
+    ModelInfo,
     _tflite_signature,
     inspect_model,
     read_model_file,
@@ -41,9 +42,11 @@ class TfliteForm:
         return {**asdict(self), "full_integer": self.full_integer}
 
 
-def tflite_form(path: str | Path) -> TfliteForm:
+def tflite_form(path: str | Path, info: ModelInfo | None = None) -> TfliteForm:
+    """The form of the .tflite at `path`; `info`: its `inspect_model`, when the caller has it
+    (the file is then read once here, not twice)."""
     path = Path(path)
-    info = inspect_model(path)
+    info = info or inspect_model(path)
     if info.format != "tflite":
         raise ModelError(f"{path}: not a TFLite model ({info.format})")
     data = read_model_file(path)

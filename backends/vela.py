@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import csv
 import json
-import os
 import re
 import subprocess
 import sys
@@ -28,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import BackendError, ModelError
-from backends.model_info import inspect_model, read_model_file, tflite_custom_codes
+from backends.model_info import (
+    inspect_model,
+    read_model_file,
+    tflite_custom_codes,
+    write_model_file,
+)
 
 TESTED_VELA = "5.2.0"
 CUSTOM_CODE = "ethos-u"  # the op code Vela 5.2 gives every NPU partition
@@ -209,7 +213,7 @@ def compile_model(
         model, info.sha256, accelerator, version, output, config, stdout, vela_data, rows[0]
     )
     data = _with_report(model, vela_data, report)
-    _write_atomically(output, data)
+    write_model_file(output, data)
     return report
 
 
@@ -469,16 +473,3 @@ def _check_written(model: Path, vela_data: bytes, data: bytes) -> None:
         )
     except (ValueError, RuntimeError) as exc:
         raise BackendError(f"{model}: LiteRT cannot parse the Vela model ({exc})") from None
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    part = path.with_name(path.name + ".part")
-    try:
-        with part.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(part, path)
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise

@@ -299,26 +299,7 @@ def format_report(report: dict[str, Any]) -> str:
     )
     compiled = report.get("compiled")
     if compiled:
+        from edged.cli.compile import format_report as format_compiled
+
         lines.append(format_compiled(compiled))
-    return "\n".join(lines)
-
-
-def format_compiled(compiled: dict[str, Any]) -> str:
-    """Vela's result in a few lines: where the operators run, the estimate, the file."""
-    est = compiled.get("estimate") or {}
-    cpu = compiled.get("cpu_ops") or []
-    lines = [
-        f"Vela {compiled.get('vela_version', '?')} for {compiled['accelerator']}: "
-        f"{compiled['npu_ops']} operator(s) on the NPU, {len(cpu)} on the CPU"
-    ]
-    for op in cpu:
-        lines.append(f"  on the CPU: {op['op']} {op['name']}: {op['reason']}")
-    if est:
-        lines.append(
-            f"  estimate: {est.get('inference_ms', float('nan')):.3f} ms per inference at "
-            f"{est.get('clock_mhz', '?')} MHz, SRAM {est.get('sram_used_kib', '?')} KiB, "
-            f"DRAM {est.get('dram_used_kib', '?')} KiB (Vela's performance model, not a "
-            "measurement)"
-        )
-    lines.append(f"compiled: {compiled['output']}")
     return "\n".join(lines)

@@ -70,7 +70,7 @@ SENSITIVITY_SAMPLES = 8
 # A target is BACKEND[:DEVICE]; without a device, the backend's CPU path.
 DEFAULT_DEVICE = {"litert": "XNNPACK"}
 # Where each format's float reference runs, and so where its inputs are read.
-REFERENCE_TARGET = {"onnx": "onnxruntime", "tflite": TfliteQuantizer.reference_target}
+REFERENCE_TARGET = {"onnx": Quantizer.reference_target, "tflite": TfliteQuantizer.reference_target}
 
 
 def split_target(target: str) -> tuple[str, str]:

@@ -5,11 +5,11 @@ kept, with the reason), and the output file written whole or not at all.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backends.model_info import write_model_file
 from edged.quantize.calibration import Samples
 from edged.quantize.recipes import QuantizeError, Recipe
 from edged.selection.accuracy import Accuracy
@@ -151,12 +151,9 @@ def decide(
 
 
 def _write(source: Path, output: Path) -> None:
-    """Copy to `output` whole or not at all (via OUTPUT.part, which a failure removes)."""
-    partial = output.with_name(output.name + ".part")
+    """Copy to `output` whole or not at all (`write_model_file`)."""
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, partial)
-        partial.replace(output)
+        write_model_file(output, source.read_bytes())
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise QuantizeError(f"cannot write {output}: {exc.strerror or exc}") from None

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from backends import ModelError
-from backends.model_info import inspect_model, read_model_file, signature
+from backends.model_info import inspect_model, read_model_file, signature, write_model_file
 from edged.quantize import tflite_graph
 from edged.quantize.calibration import Samples
 from edged.quantize.defaults import IO_TYPES as IO_NAMES
@@ -219,15 +219,5 @@ class TfliteQuantizer:
                 raise QuantizeError(
                     f"recipe {recipe.label}: no op makes {', '.join(missing)} in both graphs"
                 )
-        _write_atomic(out, data)
+        write_model_file(out, data)
         return out
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    partial = path.with_name(path.name + ".part")
-    try:
-        partial.write_bytes(data)
-        partial.replace(path)
-    except OSError:
-        partial.unlink(missing_ok=True)
-        raise
