@@ -56,6 +56,9 @@ class LoadOptions:
     # Keep the batch dim dynamic when compiling `shapes` (the daemon batches requests).
     dynamic_batch: bool = False
     cache_dir: Path | None = None
+    # NPU cores to run on, for runtimes with several (RK3588's three: the per-model
+    # `npu_cores`); None lets the runtime choose.
+    npu_cores: tuple[int, ...] | None = None
 
     def thread_count(self) -> int:
         if self.threads:
@@ -78,8 +81,15 @@ class Session(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: `sensors() -> dict[str, float]`, the device's readings in base units for
+    # telemetry ({"temperature_celsius": .., "power_watts": ..}); cheap, never raises.
+
 
 class Backend(Protocol):
+    """What a backend module's BACKEND is. The module also declares NAME, ALIASES, ORDER,
+    FORMATS (the formats it owns: `backends.formats.ModelFormat`) and DEVICES (vendor device
+    nodes: `sysconf.hardware.DeviceNode`); see `backends/__init__.py`."""
+
     name: str
     formats: tuple[str, ...]  # model formats (ModelInfo.format) this runtime reads
 
@@ -90,6 +100,12 @@ class Backend(Protocol):
     def candidates(self, hw: HardwareFacts, model: ModelInfo | None) -> list[Candidate]: ...
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions) -> Session: ...
+
+    def reference(self, model: ModelInfo) -> Candidate | None:
+        """Its float32 CPU candidate that computes `model` most literally (the accuracy
+        reference), or None when it has none (an NPU-only runtime: the family's original
+        is the reference)."""
+        ...
 
 
 def dist_version(*dists: str) -> str | None:

@@ -27,15 +27,38 @@ from typing import Any
 
 import numpy as np
 
+from backends import tflite_file
 from backends.base import Candidate, LoadOptions, check_feeds, dist_version, unavailable
 from backends.errors import BackendError, ModelError
+from backends.formats import ModelFormat
 from backends.model_info import ModelInfo
 from backends.tensors import TensorSpec
 from backends.tflite_form import TfliteForm, tflite_form
+from sysconf.hardware import DeviceNode
 
 NAME = "litert"
 ALIASES = ("tflite",)  # other names config and --backend accept
 ORDER = 30  # place among the candidates (backends.REGISTRY)
+FORMATS = (
+    ModelFormat(
+        "tflite",
+        "TFLite",
+        (".tflite",),
+        "tensorflow_lite",
+        tflite_file.read,
+        recognise=tflite_file.recognise,
+        not_it=f"no {tflite_file.MAGIC.decode()} identifier at byte 4",
+        signature=tflite_file.signature,
+    ),
+)
+# The delegates' drivers make only a character device (no udev class lists them; an image
+# root's /dev still has them). The USB Coral is found by its USB id (sysconf.hardware).
+DEVICES = (
+    DeviceNode("npu", "/dev/galcore", "Vivante NPU (galcore)", "misc"),
+    DeviceNode("npu", "/dev/ethosu*", "Arm Ethos-U NPU", "misc"),
+    DeviceNode("npu", "/dev/neutron*", "NXP Neutron NPU", "misc"),
+    DeviceNode("tpu", "/dev/apex_*", "Coral Edge TPU (PCIe)", "apex"),
+)
 
 
 @dataclass(frozen=True)
@@ -284,6 +307,9 @@ class LiteRtBackend:
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
         return LiteRtSession(model, candidate, options)
+
+    def reference(self, model: ModelInfo) -> Candidate | None:
+        return Candidate(NAME, "CPU", "model")  # built-in kernels: no delegate rewrites it
 
 
 def _library_in_image(root: str, library: str) -> bool:

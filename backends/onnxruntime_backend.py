@@ -12,14 +12,27 @@ from typing import Any
 
 import numpy as np
 
+from backends import onnx_file
 from backends.base import Candidate, LoadOptions, check_feeds, dist_version, unavailable
 from backends.errors import BackendError, ModelError
+from backends.formats import ModelFormat
 from backends.model_info import ModelInfo
 from backends.tensors import TensorSpec
 
 NAME = "onnxruntime"
 ALIASES = ("ort",)  # other names config and --backend accept
 ORDER = 10  # place among the candidates (backends.REGISTRY)
+FORMATS = (
+    ModelFormat(
+        "onnx",
+        "ONNX",
+        (".onnx",),
+        "onnxruntime_onnx",  # Triton's platform name for its onnxruntime backend
+        onnx_file.read,
+        signature=onnx_file.signature,  # protobuf has no magic: the suffix tells
+    ),
+)
+DEVICES = ()  # its execution providers find their own devices
 # EP name -> (device label, note). EPs not listed here are offered under their own name.
 PROVIDERS = {
     "CPUExecutionProvider": ("CPU", ""),
@@ -90,6 +103,16 @@ class OnnxRuntimeBackend:
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
         return OrtSession(model, candidate, options)
+
+    def reference(self, model: ModelInfo) -> Candidate | None:
+        # Optimisations off: an FP32 graph runs as written; in a QDQ graph the pairs stay
+        # unfused, i.e. the quantized arithmetic in float32 (the lone-INT8 reference).
+        return Candidate(
+            NAME,
+            "CPU",
+            "model",
+            options={"provider": "CPUExecutionProvider", "optimization": "disable_all"},
+        )
 
 
 def _affinity_string(cpus: list[int], threads: int) -> str:

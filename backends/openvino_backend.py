@@ -8,20 +8,64 @@ the compiled model's runtime graph (per-layer `runtimePrecision`) and reported.
 from __future__ import annotations
 
 import os
+import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from backends.base import Candidate, LoadOptions, check_feeds, dist_version, unavailable
 from backends.errors import BackendError, ModelError
+from backends.formats import FormatFacts, ModelFormat
 from backends.model_info import ModelInfo
 from backends.tensors import TensorSpec
 
 NAME = "openvino"
 ALIASES = ("ov",)  # other names config and --backend accept
 ORDER = 20  # place among the candidates (backends.REGISTRY)
+
+
+def read_ir(path: Path, data: bytes) -> FormatFacts:
+    """An IR's precision from its .xml (the weights file must be beside it): FakeQuantize
+    layers are INT8, 8/4-bit Const layers int8-compressed weights, else f16 or f32."""
+    weights = path.with_suffix(".bin")
+    if not weights.exists():
+        raise ModelError(f"{path}: OpenVINO IR weights {weights.name} are missing")
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError as exc:
+        raise ModelError(f"{path}: not a valid OpenVINO IR ({exc})") from None
+    layers = root.findall("./layers/layer")
+    if root.tag != "net" or not layers:
+        raise ModelError(f"{path}: not an OpenVINO IR (no <net> with layers)")
+    types = Counter(layer.get("type") for layer in layers)
+    const_types = Counter(
+        (node.get("element_type") if (node := layer.find("data")) is not None else None)
+        for layer in layers
+        if layer.get("type") == "Const"
+    )
+    if types["FakeQuantize"]:
+        return FormatFacts("int8", f"OpenVINO IR with {types['FakeQuantize']} FakeQuantize")
+    if sum(const_types[t] for t in ("i8", "u8", "i4", "u4")):
+        return FormatFacts("int8", "OpenVINO IR with int8-compressed weights (activations float)")
+    if const_types["f16"] > const_types["f32"]:
+        return FormatFacts("fp16", "OpenVINO IR with f16 weights")
+    return FormatFacts("fp32", "OpenVINO IR, float32")
+
+
+FORMATS = (
+    ModelFormat(
+        "openvino-ir",
+        "OpenVINO IR",
+        (".xml",),
+        "openvino",  # Triton's OpenVINO backend name
+        read_ir,
+        recognise=lambda data: True if data.lstrip()[:5] == b"<?xml" else None,
+    ),
+)
+DEVICES = ()  # its plugins find their own devices (CPU, GPU via DRM, NPU via accel)
 # edged precision name -> OpenVINO INFERENCE_PRECISION_HINT
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 # Runtime layer precisions -> edged names.
@@ -94,6 +138,9 @@ class OpenVinoBackend:
 
     def load(self, model: ModelInfo, candidate: Candidate, options: LoadOptions):
         return OvSession(model, candidate, options)
+
+    def reference(self, model: ModelInfo) -> Candidate | None:
+        return Candidate(NAME, "CPU", "fp32")  # the hint set to f32: never bf16 on AMX
 
 
 def _capabilities(device: str) -> set[str]:

@@ -14,13 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import ModelError
-from backends.model_info import (
-    ModelInfo,
-    _tflite_signature,
-    inspect_model,
-    read_model_file,
-    tflite_custom_codes,
-)
+from backends.model_info import ModelInfo, inspect_model, read_model_file
+from backends.tflite_file import custom_codes, signature
 
 COMPILERS = {"ethos-u": "vela", "edgetpu-custom-op": "edgetpu"}
 
@@ -50,8 +45,8 @@ def tflite_form(path: str | Path, info: ModelInfo | None = None) -> TfliteForm:
     if info.format != "tflite":
         raise ModelError(f"{path}: not a TFLite model ({info.format})")
     data = read_model_file(path)
-    inputs, outputs = _tflite_signature(path, data)
-    codes = tuple(tflite_custom_codes(path, data))
+    inputs, outputs = signature(path, data)
+    codes = tuple(custom_codes(path, data))
     compiled = next((COMPILERS[c] for c in codes if c in COMPILERS), None)
     return TfliteForm(
         info.precision,

@@ -27,12 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import BackendError, ModelError
-from backends.model_info import (
-    inspect_model,
-    read_model_file,
-    tflite_custom_codes,
-    write_model_file,
-)
+from backends.model_info import inspect_model, read_model_file, write_model_file
+from backends.tflite_file import custom_codes
 
 TESTED_VELA = "5.2.0"
 CUSTOM_CODE = "ethos-u"  # the op code Vela 5.2 gives every NPU partition
@@ -135,7 +131,7 @@ def is_vela_compiled(model: str | Path | bytes) -> bool:
     else:
         path = Path(model)
         data = read_model_file(path)
-    return data[4:8] == b"TFL3" and CUSTOM_CODE in tflite_custom_codes(path, data)
+    return data[4:8] == b"TFL3" and CUSTOM_CODE in custom_codes(path, data)
 
 
 def read_report(path: str | Path) -> VelaReport | None:

@@ -46,13 +46,14 @@ log = logging.getLogger("edged")
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 DRAIN_S = 10.0  # bound on finishing in-flight requests at shutdown or after a swap
 SUPERVISE_S = 0.1  # how often stalled backends are looked for
+RECOVER_S = 30.0  # how often a model on a fall-back tries its pick again
 
 
 class Daemon:
     def __init__(self, config: Config, root: SysRoot | None = None) -> None:
         """`root`: where CPU sets, cpufreq and throttle state are read (the live system; a
         fixture tree in tests). Nothing is ever written there."""
-        from sysconf.hardware import probe
+        from backends import probe_hardware
 
         self.root = root or SysRoot()
         self.cpu_plan: CpuPlan | None = None
@@ -60,7 +61,7 @@ class Daemon:
         # Before pin_housekeeping narrows this thread (reloads run on a pinned thread).
         self._allowed = set(os.sched_getaffinity(0))
         self.config = self.with_cpu_plan(config)
-        self.hw = probe()
+        self.hw = probe_hardware()
         self.notifier = Notifier()
         self.metrics = ServingMetrics()
         self.models: dict[str, ServedModel] = {}
@@ -91,7 +92,16 @@ class Daemon:
 
         def on_failover(reason: str) -> None:  # called from the worker or supervisor thread
             counter.inc()
-            self._event("backend_switch", model=name, reason=reason)
+            served = self.models.get(name)
+            detail: dict[str, Any] = {"reason": reason}
+            if served is not None:
+                worker = served.worker
+                detail |= {
+                    "to": worker.session.candidate.key,
+                    "pick": worker.primary,
+                    "degraded": worker.degraded,
+                }
+            self._event("backend_switch", model=name, **detail)
 
         return on_failover
 
@@ -293,11 +303,11 @@ class Daemon:
     async def _hardware_changed(self, action: str, path: str) -> None:
         """Re-probe; when what decides backend speed changed, let every model adapt (in a
         thread: it may load a backend and measure). Serialized with reloads."""
-        from sysconf.hardware import probe
+        from backends import probe_hardware
 
         assert self._reload_lock is not None
         async with self._reload_lock:
-            hw = await asyncio.to_thread(probe)
+            hw = await asyncio.to_thread(probe_hardware)
             if hw.fingerprint() == self.hw.fingerprint():
                 return
             log.info(
@@ -344,6 +354,9 @@ class Daemon:
 
     def _status_line(self) -> str:
         text = f"serving {len(self.models)} model(s)"
+        degraded = sorted(name for name, m in self.models.items() if m.worker.degraded)
+        if degraded:
+            text += f"; degraded (on a fall-back): {', '.join(degraded)}"
         if self.failed:
             text += f"; not loaded: {', '.join(sorted(self.failed))}"
         return text
@@ -364,13 +377,43 @@ class Daemon:
 
     async def _supervise(self) -> None:
         """Fail a model over when its backend stalls (a batch over the model's watchdog_ms).
-        The take-over loads the next backend, so it runs in a thread, one at a time."""
+        The take-over loads the next backend, so it runs in a thread, one at a time. A
+        model serving on a fall-back while its pick's device is still listed (it failed or
+        hung, it was not unplugged) tries its pick again every RECOVER_S, in the background."""
         while True:
             for served in list(self.models.values()):
                 worker = served.worker
                 if worker.stalled(worker.batching.watchdog_ms / 1000.0):
                     await asyncio.to_thread(worker.take_over_if_stalled)
+                elif (
+                    worker.degraded
+                    and not served.recovering
+                    and time.monotonic() - served.last_recovery > RECOVER_S
+                ):
+                    served.last_recovery = time.monotonic()
+                    self._spawn(self._recover(served))
             await asyncio.sleep(SUPERVISE_S)
+
+    async def _recover(self, served: ServedModel) -> None:
+        """Re-verify a degraded model's pick on a thread (a recompile may take minutes;
+        serving goes on), and say what came of it."""
+        try:
+            outcome = await asyncio.to_thread(served.recover, self.hw)
+        except Exception as exc:  # keep serving on the fall-back; say why
+            outcome = f"could not switch back: {exc}"
+        if outcome is None:
+            return
+        log.info("model %s: %s", served.name, outcome)
+        if not served.worker.degraded:
+            self._event(
+                "backend_restored", model=served.name, to=served.worker.primary, outcome=outcome
+            )
+            self.notifier.notify(f"STATUS={self._status_line()}")
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def reload(self) -> None:
         log.info("reloading %s", self.config.source)

@@ -11,13 +11,19 @@ import logging
 import threading
 from collections.abc import Callable
 
+from backends import device_nodes
 from sysconf.hardware import ACCELERATOR_SUBSYSTEMS
 
 log = logging.getLogger("edged.hotplug")
 
-# Character devices of vendor NPU drivers (galcore, ethosu) appear under "misc" or their own
-# class; "misc" is cheap to include (rare events) and the probe decides what they are.
-WATCHED_SUBSYSTEMS = (*ACCELERATOR_SUBSYSTEMS, "misc")
+# Character devices of vendor NPU drivers (galcore, ethosu, hailo) appear under "misc" or
+# their own class, which the backend declaring the node names; "misc" is cheap to include
+# (rare events) and the probe decides what they are.
+WATCHED_SUBSYSTEMS = tuple(
+    dict.fromkeys(
+        [*ACCELERATOR_SUBSYSTEMS, "misc", *(n.subsystem for n in device_nodes() if n.subsystem)]
+    )
+)
 
 
 class AcceleratorMonitor:

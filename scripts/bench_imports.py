@@ -121,8 +121,8 @@ from backends import LoadOptions, get_backend
 from edged.selection.inputs import make_inputs
 from edged.selection.policy import Policy
 from edged.selection.select import select
-from sysconf.hardware import probe
-hw = probe()
+from backends import probe_hardware
+hw = probe_hardware()
 sel = select({tflite!r}, hw, Policy(backend="litert", threads={threads}), Path({state!r}))
 assert sel.from_cache
 c = sel.load_candidate(hw)
@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             "from pathlib import Path\n"
             "from edged.selection.policy import Policy\n"
             "from edged.selection.select import select\n"
-            "from sysconf.hardware import probe\n"
-            f"select({str(tflite)!r}, probe(), Policy(backend='litert', "
+            "from backends import probe_hardware\n"
+            f"select({str(tflite)!r}, probe_hardware(), Policy(backend='litert', "
             f"threads={args.threads}), Path({str(state)!r}))",
         ],
         cwd=ROOT,

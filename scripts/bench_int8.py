@@ -27,7 +27,7 @@ import numpy as np
 from benchlib import log
 from fetch_test_data import models_dir
 
-from backends import LoadOptions, get_backend
+from backends import LoadOptions, get_backend, probe_hardware
 from backends.base import Candidate, Session
 from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo, inspect_model
@@ -35,7 +35,6 @@ from edged.selection.accuracy import compare
 from edged.selection.bench import LatencyStats, benchmark
 from edged.selection.candidates import all_candidates, matches
 from edged.selection.inputs import make_inputs, resolve_shapes
-from sysconf.hardware import probe
 
 FP32_MODEL = "ppocrv4_det.onnx"
 INT8_MODEL = "ppocrv4_det_int8.onnx"
@@ -287,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if models["int8"].precision != "int8":
         log(f"warning: {models['int8'].name} is not INT8 ({models['int8'].precision_detail})")
-    hw = probe()
+    hw = probe_hardware()
     candidates = [
         c for c in all_candidates(hw, models["fp32"]) if c.available and matches(c, args.backend)
     ]

@@ -580,10 +580,10 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
 
 
 def machine_facts(root: SysRoot) -> dict[str, Any]:
+    from backends import probe_hardware
     from sysconf.cpusets import read_cpusets
-    from sysconf.hardware import probe
 
-    hw = probe(root)
+    hw = probe_hardware(root)
     sets = read_cpusets(root)
     report = read_irq_report(root)
     on_core = [

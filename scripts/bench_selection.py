@@ -33,7 +33,7 @@ from benchlib import log
 from fetch_test_data import models_dir
 
 import edged.selection.select as selection_mod
-from backends import LoadOptions, get_backend
+from backends import LoadOptions, get_backend, probe_hardware
 from backends.errors import BackendError, ModelError
 from backends.model_info import inspect_model
 from edged.selection.bench import benchmark, pinned_thread
@@ -41,7 +41,7 @@ from edged.selection.candidates import all_candidates
 from edged.selection.inputs import make_inputs
 from edged.selection.policy import Policy
 from edged.selection.select import SelectionError
-from sysconf.hardware import HardwareFacts, probe
+from sysconf.hardware import HardwareFacts
 
 WITHIN = 0.10  # the pick should be within 10 % of the best p99
 
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--model {unknown[0]}: one of {', '.join(table)}")
     folder = models_dir([f for n in names for f in (table[n][0], *table[n][1])])
-    hw = probe()
+    hw = probe_hardware()
     report: dict[str, Any] = {
         **benchlib.report_header("selection_vs_best", hw, runtimes=True),
         "loadavg_1min_start": benchlib.loadavg(),

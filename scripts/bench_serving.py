@@ -92,12 +92,12 @@ def median(values) -> float:
 
 def load_session(path: Path):
     """The backend loaded as the daemon is pinned to run it: onnxruntime CPU, one thread."""
-    from sysconf.hardware import probe
+    from backends import probe_hardware
 
     info = inspect_model(path)
     backend = get_backend(BACKEND)
     candidate = next(
-        c for c in backend.candidates(probe(), info) if c.available and c.device == "CPU"
+        c for c in backend.candidates(probe_hardware(), info) if c.available and c.device == "CPU"
     )
     return backend.load(info, candidate, LoadOptions(threads=THREADS))
 

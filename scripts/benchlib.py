@@ -62,9 +62,9 @@ def machine(hw: HardwareFacts | None = None, runtimes: bool = False) -> dict[str
     and their summary, kernel and Python; with `runtimes`, the inference runtimes' versions
     (that asks each backend, so only the scripts that time runtimes ask)."""
     if hw is None:
-        from sysconf.hardware import probe
+        from backends import probe_hardware
 
-        hw = probe()
+        hw = probe_hardware()
     facts: dict[str, Any] = {
         "cpu_model": hw.cpu_model,
         "cpus": hw.cpu_count,

@@ -14,6 +14,7 @@ import os
 import platform
 import struct
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -102,6 +103,18 @@ CORAL_USB_IDS = {("1a6e", "089a"): "Coral USB (no firmware yet)", ("18d1", "9302
 
 
 @dataclass(frozen=True)
+class DeviceNode:
+    """A vendor driver's character device, which no udev class describes (galcore, ethosu,
+    rknpu, hailo): declared by the backend that uses it (`DEVICES` in its module) and listed
+    by the probe as an Accelerator when a node matches."""
+
+    kind: str  # "npu", "tpu"
+    pattern: str  # a /dev glob: "/dev/hailo*"
+    name: str  # for people: "Hailo AI accelerator"
+    subsystem: str | None = None  # the udev subsystem its hot-plug events come from
+
+
+@dataclass(frozen=True)
 class Accelerator:
     kind: str  # "npu", "gpu", "tpu"
     name: str
@@ -170,25 +183,31 @@ class HardwareFacts:
         return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def probe(root: SysRoot | None = None, dtb: str | os.PathLike[str] | None = None) -> HardwareFacts:
+def probe(
+    root: SysRoot | None = None,
+    dtb: str | os.PathLike[str] | None = None,
+    nodes: Sequence[DeviceNode] = (),
+) -> HardwareFacts:
     """The facts of `root` (live `/` by default). `dtb`: a board's .dtb that stands for the
     root's device tree (an image folder has none of its own): its SoC, board model, CPUs and
     memory come from the file; with `dtb` and no image root, nothing is read from this
-    machine (its CPUs, ISA and devices are not the board's). FdtError names a bad .dtb."""
+    machine (its CPUs, ISA and devices are not the board's). FdtError names a bad .dtb.
+    `nodes`: the vendor device nodes to look for besides the udev classes (the backends
+    declare theirs: `backends.probe_hardware` passes them all)."""
     root = root or SysRoot()
     if dtb is None:
-        return _probe(root, root)
+        return _probe(root, root, nodes)
     from sysconf.fdt import load_fdt, materialize
 
     tree = load_fdt(dtb)
     with tempfile.TemporaryDirectory(prefix="edged-dtb-") as tmp:
         materialize(tree, Path(tmp) / "proc" / "device-tree")
         board = SysRoot.at(tmp)
-        facts = _probe(board if root.is_live else root, board)
+        facts = _probe(board if root.is_live else root, board, nodes)
         return replace(facts, dtb=str(dtb), root=str(root.root))  # "/": no image given
 
 
-def _probe(root: SysRoot, dt_root: SysRoot) -> HardwareFacts:
+def _probe(root: SysRoot, dt_root: SysRoot, nodes: Sequence[DeviceNode]) -> HardwareFacts:
     """`dt_root` is where the device tree is read (the root itself, or a .dtb's folder)."""
     cpuinfo = _parse_cpuinfo(root.read_text("/proc/cpuinfo", ""))
     dt_base = _device_tree_base(dt_root)
@@ -211,7 +230,7 @@ def _probe(root: SysRoot, dt_root: SysRoot) -> HardwareFacts:
         board_model=model,
         dmi=dmi,
         memory_bytes=_memory_bytes(root, dt_base, dt_root),
-        accelerators=find_accelerators(root),
+        accelerators=find_accelerators(root, nodes),
         root=str(root.root),
     )
 
@@ -431,7 +450,7 @@ class DeviceRecord:
     usb_id: tuple[str, str] | None = None
 
 
-def find_accelerators(root: SysRoot) -> list[Accelerator]:
+def find_accelerators(root: SysRoot, nodes: Sequence[DeviceNode] = ()) -> list[Accelerator]:
     found: list[Accelerator] = []
     records = _udev_records() if root.is_live else None
     if records is None:
@@ -442,16 +461,10 @@ def find_accelerators(root: SysRoot) -> list[Accelerator]:
             found.append(acc)
     # Vendor drivers that register only a character device, not a class udev lists (and an
     # image root whose /sys is not populated still has its /dev nodes, e.g. Coral's apex).
-    for kind, pattern, name in (
-        ("npu", "/dev/galcore", "Vivante NPU (galcore)"),
-        ("npu", "/dev/ethosu*", "Arm Ethos-U NPU"),
-        ("npu", "/dev/neutron*", "NXP Neutron NPU"),
-        ("npu", "/dev/rknpu", "Rockchip NPU (rknpu)"),
-        ("tpu", "/dev/apex_*", "Coral Edge TPU (PCIe)"),
-    ):
-        for node in root.glob(pattern):
+    for device in nodes:
+        for node in root.glob(device.pattern):
             if not any(a.node == node for a in found):
-                found.append(Accelerator(kind, name, node, None))
+                found.append(Accelerator(device.kind, device.name, node, None))
     return found
 
 

@@ -13,13 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends import LoadOptions, get_backend
+from backends import LoadOptions, get_backend, probe_hardware
 from backends.base import Candidate
 from backends.errors import InputError
 from backends.model_info import inspect_model
 from edged.selection.accuracy import compare
 from edged.selection.inputs import make_inputs
-from sysconf.hardware import probe
 
 CLS_SHAPE = {"x": (1, 3, 48, 192)}
 
@@ -33,7 +32,7 @@ def candidate(hw, backend: str, device: str, model, precision: str | None = None
 
 @pytest.fixture(scope="module")
 def hw():
-    return probe()
+    return probe_hardware()
 
 
 @pytest.mark.isa

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from backends import device_nodes, probe_hardware
 from sysconf.cpulist import parse_cpulist
 from sysconf.fdt import DeviceTree, Node, load_fdt, materialize
-from sysconf.hardware import Accelerator, HardwareFacts, probe
+from sysconf.hardware import Accelerator, DeviceNode, HardwareFacts, probe
 from sysconf.sysroot import SysRoot
 
 DT_BASE = "sys/firmware/devicetree/base"
@@ -213,7 +214,7 @@ def _live_flags() -> set[str]:
 
 @pytest.fixture(scope="module")
 def live() -> HardwareFacts:
-    return probe(SysRoot())
+    return probe_hardware(SysRoot())
 
 
 def test_live_identity(live: HardwareFacts) -> None:
@@ -299,7 +300,7 @@ def test_live_accelerators_match_dev(live: HardwareFacts) -> None:
 
 
 def test_live_fingerprint_and_json(live: HardwareFacts) -> None:
-    again = probe()
+    again = probe_hardware()
     assert again.fingerprint() == live.fingerprint()
     assert re.fullmatch(r"[0-9a-f]{16}", live.fingerprint())
     data = json.loads(json.dumps(live.to_dict()))
@@ -313,7 +314,7 @@ def test_live_fingerprint_and_json(live: HardwareFacts) -> None:
 
 def test_imx8mp(board_root: Callable[..., Path], dtb_corpus: Path) -> None:
     root = board_root("imx8mp")
-    facts = probe(SysRoot(root))
+    facts = probe_hardware(SysRoot(root))
     tree = load_fdt(dtb_corpus / BOARDS["imx8mp"].dtb)
     assert facts.arch == "aarch64"
     assert facts.soc_compatible[0] == "fsl,imx8mp-evk"
@@ -330,7 +331,7 @@ def test_imx8mp(board_root: Callable[..., Path], dtb_corpus: Path) -> None:
     assert facts.root == str(root)
 
     write(root, "dev/galcore")
-    npu = probe(SysRoot(root))
+    npu = probe_hardware(SysRoot(root))
     assert npu.accelerators == [Accelerator("npu", "Vivante NPU (galcore)", "/dev/galcore", None)]
     assert npu.has_node("/dev/galcore")
 
@@ -339,11 +340,11 @@ def test_imx8mp_memory_from_device_tree(board_root: Callable[..., Path], dtb_cor
     root = board_root("imx8mp")
     expected = dt_memory(load_fdt(dtb_corpus / BOARDS["imx8mp"].dtb))
     assert expected == 6 << 30  # the EVK's 6 GiB LPDDR4, in two banks: 3 GiB below 4 GiB + 3
-    assert probe(SysRoot(root)).memory_bytes == expected
+    assert probe_hardware(SysRoot(root)).memory_bytes == expected
 
     # Live, the kernel's count wins over the DT (it excludes firmware and reserved memory).
     write(root, "proc/meminfo", "MemTotal:        5896560 kB\nMemFree:         5201124 kB\n")
-    assert probe(SysRoot(root)).memory_bytes == 5896560 * 1024
+    assert probe_hardware(SysRoot(root)).memory_bytes == 5896560 * 1024
 
 
 @pytest.mark.parametrize(
@@ -365,12 +366,30 @@ def test_memory_from_device_tree(
 ) -> None:
     shutil.copytree(materialized(dtb, False), tmp_path / DT_BASE, copy_function=os.link)
     assert dt_memory(load_fdt(dtb_corpus / dtb)) == size
-    assert probe(SysRoot(tmp_path)).memory_bytes == size
+    assert probe_hardware(SysRoot(tmp_path)).memory_bytes == size
+
+
+def test_vendor_nodes_are_the_ones_the_caller_names(tmp_path: Path) -> None:
+    """sysconf knows no vendor driver by itself: the backends declare their device nodes
+    (`DEVICES`) and edged's probe passes them; a bare probe lists only the udev classes."""
+    write(tmp_path, "dev/galcore")
+    write(tmp_path, "dev/rknpu")
+    write(tmp_path, "dev/hailo0")
+    assert probe(SysRoot(tmp_path)).accelerators == []
+    own = DeviceNode("npu", "/dev/rknpu", "an NPU")
+    assert probe(SysRoot(tmp_path), nodes=[own]).accelerators == [
+        Accelerator("npu", "an NPU", "/dev/rknpu", None)
+    ]
+    found = {a.node for a in probe_hardware(SysRoot(tmp_path)).accelerators}
+    assert found == {"/dev/galcore", "/dev/rknpu", "/dev/hailo0"} & {
+        node for d in device_nodes() for node in SysRoot(tmp_path).glob(d.pattern)
+    }
+    assert "/dev/galcore" in found
 
 
 def test_imx93(board_root: Callable[..., Path], dtb_corpus: Path) -> None:
     root = board_root("imx93")
-    facts = probe(SysRoot(root))
+    facts = probe_hardware(SysRoot(root))
     assert facts.arch == "aarch64"
     assert facts.soc_compatible == ["fsl,imx93-11x11-evk", "fsl,imx93"]
     assert facts.board_model == load_fdt(dtb_corpus / BOARDS["imx93"].dtb).model()
@@ -380,18 +399,18 @@ def test_imx93(board_root: Callable[..., Path], dtb_corpus: Path) -> None:
     assert facts.accelerators == []
 
     write(root, "dev/ethosu0")  # NXP's Ethos-U65 driver: a char device, no accel class
-    npu = probe(SysRoot(root))
+    npu = probe_hardware(SysRoot(root))
     assert npu.accelerators == [Accelerator("npu", "Arm Ethos-U NPU", "/dev/ethosu0", None)]
 
 
 def test_coral_pcie_node_without_sysfs(tmp_path: Path) -> None:
     """An image root with Coral's /dev/apex_0 but no populated /sys/class/apex (a rootfs
     folder, a container): the node alone still shows the Edge TPU, once per node."""
-    assert probe(SysRoot(tmp_path)).accelerators == []
+    assert probe_hardware(SysRoot(tmp_path)).accelerators == []
     write(tmp_path, "dev/apex_0")
     write(tmp_path, "dev/apex_1")
     write(tmp_path, "dev/apexd")  # not an apex_N node
-    assert probe(SysRoot(tmp_path)).accelerators == [
+    assert probe_hardware(SysRoot(tmp_path)).accelerators == [
         Accelerator("tpu", "Coral Edge TPU (PCIe)", "/dev/apex_0", None),
         Accelerator("tpu", "Coral Edge TPU (PCIe)", "/dev/apex_1", None),
     ]
@@ -400,7 +419,7 @@ def test_coral_pcie_node_without_sysfs(tmp_path: Path) -> None:
     (tmp_path / "drivers" / "apex").mkdir(parents=True)
     (tmp_path / "sys/class/apex/apex_0/device").mkdir()
     (tmp_path / "sys/class/apex/apex_0/device/driver").symlink_to(tmp_path / "drivers/apex")
-    accs = probe(SysRoot(tmp_path)).accelerators
+    accs = probe_hardware(SysRoot(tmp_path)).accelerators
     assert [(a.node, a.driver) for a in accs] == [("/dev/apex_0", "apex"), ("/dev/apex_1", None)]
 
 
@@ -408,7 +427,7 @@ def test_rk3568_vendor_npu_and_mali(board_root: Callable[..., Path]) -> None:
     """Rockchip's vendor kernel: RKNPU in DRM mode (render node, platform driver "RKNPU", in
     capitals) next to the Mali-G52 under panfrost."""
     root = board_root("rk3568")
-    facts = probe(SysRoot(root))
+    facts = probe_hardware(SysRoot(root))
     assert facts.arch == "aarch64"
     assert facts.soc_matches(("rockchip,rk3568",))
     assert facts.board_model == "Radxa ROCK3 Model A"
@@ -423,7 +442,7 @@ def test_rk3568_vendor_npu_and_mali(board_root: Callable[..., Path]) -> None:
     write(root, "sys/class/drm/version", "drm 1.1.0 20060810\n")
     for node in ("card0", "card1", "renderD128", "renderD129"):
         write(root, f"dev/dri/{node}")
-    accs = probe(SysRoot(root)).accelerators
+    accs = probe_hardware(SysRoot(root)).accelerators
     assert accs == [
         Accelerator("gpu", "Arm Mali GPU", "/dev/dri/renderD128", "panfrost"),
         Accelerator("npu", "Rockchip NPU (rknpu)", "/dev/dri/renderD129", "RKNPU"),
@@ -459,15 +478,15 @@ def test_big_little_from_device_tree_alone(
     for index, node in enumerate(cpu_nodes):
         from_tree.setdefault(names[node.prop_strings("compatible")[0]], []).append(index)
     assert from_tree == expected
-    facts = probe(SysRoot(tmp_path))
+    facts = probe_hardware(SysRoot(tmp_path))
     assert facts.core_types == expected
     assert facts.cpus_online == list(range(6))
     assert facts.arch == "arm"  # a DT alone does not say whether the kernel is 32 or 64 bit
 
 
 def test_device_tree_and_cpuinfo_name_cores_alike(board_root: Callable[..., Path]) -> None:
-    with_cpuinfo = probe(SysRoot(board_root("rk3399")))
-    image = probe(SysRoot(board_root("rk3399", cpuinfo=False, online=False)))
+    with_cpuinfo = probe_hardware(SysRoot(board_root("rk3399")))
+    image = probe_hardware(SysRoot(board_root("rk3399", cpuinfo=False, online=False)))
     assert with_cpuinfo.core_types == {"Cortex-A53": [0, 1, 2, 3], "Cortex-A72": [4, 5]}
     assert image.core_types == with_cpuinfo.core_types
     assert image.cpus_online == with_cpuinfo.cpus_online == [0, 1, 2, 3, 4, 5]
@@ -488,10 +507,12 @@ def test_accel_class(tmp_path: Path, parent: str, bus: str, driver: str, name: s
     class_device(tmp_path, "accel", "accel0", parent, bus, driver)
     link = tmp_path / "sys/class/accel/accel0/device/driver"
     assert not os.path.isabs(os.readlink(link))
-    assert probe(SysRoot(tmp_path)).accelerators == [Accelerator("npu", name, None, driver)]
+    assert probe_hardware(SysRoot(tmp_path)).accelerators == [
+        Accelerator("npu", name, None, driver)
+    ]
 
     write(tmp_path, "dev/accel/accel0")
-    assert probe(SysRoot(tmp_path)).accelerators == [
+    assert probe_hardware(SysRoot(tmp_path)).accelerators == [
         Accelerator("npu", name, "/dev/accel/accel0", driver)
     ]
 
@@ -499,7 +520,7 @@ def test_accel_class(tmp_path: Path, parent: str, bus: str, driver: str, name: s
 def test_unknown_accel_driver_is_still_an_npu(tmp_path: Path) -> None:
     class_device(tmp_path, "accel", "accel0", "platform/1000000.npu", "platform", "newnpu")
     write(tmp_path, "dev/accel/accel0")
-    (acc,) = probe(SysRoot(tmp_path)).accelerators
+    (acc,) = probe_hardware(SysRoot(tmp_path)).accelerators
     assert (acc.kind, acc.driver, acc.node) == ("npu", "newnpu", "/dev/accel/accel0")
     assert "newnpu" in acc.name
 
@@ -573,7 +594,7 @@ def test_intel_hybrid_pc_with_igpu(tmp_path: Path) -> None:
     write(tmp_path, "dev/dri/card0")
     write(tmp_path, "dev/dri/renderD128")
 
-    facts = probe(SysRoot(tmp_path))
+    facts = probe_hardware(SysRoot(tmp_path))
     assert facts.arch == "x86_64"  # from the ` lm ` (long mode) flag
     assert facts.cpu_model == "12th Gen Intel(R) Core(TM) i5-1240P"
     assert facts.cpus_online == list(range(16))
@@ -590,7 +611,7 @@ def test_intel_hybrid_pc_with_igpu(tmp_path: Path) -> None:
 
 def test_x86_without_long_mode_is_i686(tmp_path: Path) -> None:
     write(tmp_path, "proc/cpuinfo", intel_cpuinfo(2).replace(" lm ", " "))
-    assert probe(SysRoot(tmp_path)).arch == "i686"
+    assert probe_hardware(SysRoot(tmp_path)).arch == "i686"
 
 
 @pytest.mark.parametrize(
@@ -601,13 +622,13 @@ def test_coral_usb(tmp_path: Path, vendor: str, product: str, name: str) -> None
     usb_device(tmp_path, "usb2", "pci0000:00/0000:00:14.0", "1d6b", "0003")  # root hub
     usb_device(tmp_path, "2-1", "pci0000:00/0000:00:14.0/usb2", vendor, product)
     usb_device(tmp_path, "2-1:1.0", "pci0000:00/0000:00:14.0/usb2/2-1", None, None)  # interface
-    assert probe(SysRoot(tmp_path)).accelerators == [Accelerator("tpu", name, None, "usb")]
+    assert probe_hardware(SysRoot(tmp_path)).accelerators == [Accelerator("tpu", name, None, "usb")]
 
 
 def test_other_usb_devices_are_not_accelerators(tmp_path: Path) -> None:
     usb_device(tmp_path, "usb1", "pci0000:00/0000:00:14.0", "1d6b", "0002")
     usb_device(tmp_path, "1-2", "pci0000:00/0000:00:14.0/usb1", "046d", "c52b")  # a receiver
-    assert probe(SysRoot(tmp_path)).accelerators == []
+    assert probe_hardware(SysRoot(tmp_path)).accelerators == []
 
 
 # --- nothing, or damage ----------------------------------------------------------------------
@@ -618,7 +639,7 @@ def test_empty_root(tmp_path: Path, make: bool) -> None:
     root = tmp_path / "image"
     if make:
         root.mkdir()
-    facts = probe(SysRoot(root))
+    facts = probe_hardware(SysRoot(root))
     assert facts.arch == "unknown"
     assert facts.cpu_model == "unknown"
     assert facts.cpus_online == [] and facts.cpu_count == 0
@@ -645,7 +666,7 @@ GARBAGE_CPUINFO = {
 @pytest.mark.parametrize("content", GARBAGE_CPUINFO.values(), ids=GARBAGE_CPUINFO.keys())
 def test_garbage_cpuinfo(tmp_path: Path, content: str | bytes) -> None:
     write(tmp_path, "proc/cpuinfo", content)
-    facts = probe(SysRoot(tmp_path))
+    facts = probe_hardware(SysRoot(tmp_path))
     json.dumps(facts.to_dict())
     facts.fingerprint()
     assert facts.accelerators == []
@@ -656,7 +677,7 @@ def test_garbage_cpuinfo_on_a_board(board_root: Callable[..., Path]) -> None:
     """Damaged cpuinfo in a board image: the device tree still answers."""
     root = board_root("rk3399", online=False)
     write(root, "proc/cpuinfo", GARBAGE_CPUINFO["bad-numbers"])
-    facts = probe(SysRoot(root))
+    facts = probe_hardware(SysRoot(root))
     assert facts.cpus_online == [0, 1, 2, 3, 4, 5]
     assert facts.soc_matches(("rockchip,rk3399",))
 
@@ -666,7 +687,7 @@ def test_damaged_kernel_files(tmp_path: Path) -> None:
     write(tmp_path, "sys/devices/system/cpu/online", "0-\n")
     write(tmp_path, "sys/devices/cpu_core/cpus", "P-cores\n")
     write(tmp_path, "proc/meminfo", "MemTotal:       lots kB\nMemTotal:\n")
-    facts = probe(SysRoot(tmp_path))
+    facts = probe_hardware(SysRoot(tmp_path))
     assert facts.cpus_online == [0, 1, 2, 3]  # from cpuinfo, as if `online` were missing
     assert facts.core_types == {"12th Gen Intel(R) Core(TM) i5-1240P": [0, 1, 2, 3]}
     assert facts.memory_bytes is None
@@ -678,28 +699,28 @@ def test_damaged_kernel_files(tmp_path: Path) -> None:
 def test_fingerprint_follows_accelerators_not_memory(board_root: Callable[..., Path]) -> None:
     root = board_root("imx8mp")
     write(root, "proc/meminfo", "MemTotal:        5896560 kB\n")
-    base = probe(SysRoot(root))
+    base = probe_hardware(SysRoot(root))
     assert re.fullmatch(r"[0-9a-f]{16}", base.fingerprint())
 
     write(root, "proc/meminfo", "MemTotal:        1871660 kB\n")  # the 2 GiB EVK variant
-    less_memory = probe(SysRoot(root))
+    less_memory = probe_hardware(SysRoot(root))
     assert less_memory.memory_bytes != base.memory_bytes
     assert less_memory.fingerprint() == base.fingerprint()
 
     galcore = write(root, "dev/galcore")
-    with_npu = probe(SysRoot(root))
+    with_npu = probe_hardware(SysRoot(root))
     assert with_npu.fingerprint() != base.fingerprint()
 
     galcore.unlink()
-    assert probe(SysRoot(root)).fingerprint() == base.fingerprint()
+    assert probe_hardware(SysRoot(root)).fingerprint() == base.fingerprint()
 
     # Another folder with the same board gives the same id: the root path is not part of it.
-    assert probe(SysRoot(board_root("imx8mp"))).fingerprint() == base.fingerprint()
+    assert probe_hardware(SysRoot(board_root("imx8mp"))).fingerprint() == base.fingerprint()
 
 
 def test_fingerprint_tells_boards_apart(board_root: Callable[..., Path]) -> None:
     prints = {
-        name: probe(SysRoot(board_root(name))).fingerprint()
+        name: probe_hardware(SysRoot(board_root(name))).fingerprint()
         for name in ("imx8mp", "imx93", "rk3568")
     }
     assert len(set(prints.values())) == 3

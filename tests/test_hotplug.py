@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backends import probe_hardware
 from backends.base import Candidate
 from edged.hotplug import AcceleratorMonitor
 from edged.selection.policy import Policy
 from edged.serving.models import load_model
 from edged.serving.requests import BatchingConfig
 from sysconf import SysRoot
-from sysconf.hardware import probe
 
 CLS = {"x": (1, 3, 48, 192)}
 FAST = Policy(runs=10, warmup=1, time_budget_s=1.0, threads=1, shapes=CLS)
@@ -71,7 +71,12 @@ class StandIn:
 @pytest.fixture
 def served(models_dir: Path, tmp_path: Path):
     model = load_model(
-        "cls", models_dir / "ppocr_cls.onnx", FAST, BatchingConfig(), probe(), tmp_path / "state"
+        "cls",
+        models_dir / "ppocr_cls.onnx",
+        FAST,
+        BatchingConfig(),
+        probe_hardware(),
+        tmp_path / "state",
     )
     yield model
     model.worker.stop(1.0)
@@ -80,7 +85,7 @@ def served(models_dir: Path, tmp_path: Path):
 def test_removed_accelerator_fails_over_at_once(served) -> None:
     npu = Candidate("openvino", "NPU", "fp16")
     served.worker.swap_session(StandIn(served.worker.session, npu))
-    outcome = served.adapt(probe())  # this machine: no NPU among OpenVINO's devices
+    outcome = served.adapt(probe_hardware())  # this machine: no NPU among OpenVINO's devices
     assert "openvino:NPU:fp16 gone, failed over" in outcome
     assert served.worker.session.candidate.key != npu.key
     assert served.worker.failovers == 1
@@ -89,7 +94,7 @@ def test_removed_accelerator_fails_over_at_once(served) -> None:
 
 
 def test_arrived_accelerator_triggers_a_new_selection(served, tmp_path: Path) -> None:
-    live = probe()
+    live = probe_hardware()
     root = tmp_path / "root"
     (root / "dev" / "accel").mkdir(parents=True)
     (root / "dev" / "accel" / "accel0").touch()
@@ -99,7 +104,7 @@ def test_arrived_accelerator_triggers_a_new_selection(served, tmp_path: Path) ->
     (device / "driver").symlink_to("../../../bus/pci/drivers/intel_vpu")
     (root / "sys" / "class" / "accel" / "accel0").mkdir(parents=True)
     (root / "sys" / "class" / "accel" / "accel0" / "device").symlink_to(device)
-    with_npu = dataclasses.replace(live, accelerators=probe(SysRoot(root)).accelerators)
+    with_npu = dataclasses.replace(live, accelerators=probe_hardware(SysRoot(root)).accelerators)
     assert [a.name for a in with_npu.accelerators] == ["Intel NPU"]
     assert with_npu.fingerprint() != live.fingerprint()
     before = served.selection
@@ -187,7 +192,7 @@ shapes = {{ x = [1, 3, 48, 192] }}
     daemon.publisher = LogPublisher(logger)
     served = daemon.models["cls"]
     with_npu = dataclasses.replace(
-        live, accelerators=probe(SysRoot(_npu_root(tmp_path))).accelerators
+        live, accelerators=probe_hardware(SysRoot(_npu_root(tmp_path))).accelerators
     )
     seen: list[object] = []
 

@@ -287,11 +287,11 @@ def test_selection_judges_a_detector_variant_on_detections(
     """The full-integer face model (float IO) as a variant of its float original: on raw
     outputs it fails the default budget, judged as a detector (`scores`, per model in the
     config, --scores for edgectl backends) it is measured and may be picked."""
+    from backends import probe_hardware
     from edged.selection.policy import Policy
     from edged.selection.select import select
-    from sysconf.hardware import probe
 
-    hw = probe()
+    hw = probe_hardware()
     quick = {"runs": 20, "time_budget_s": 1.0, "backend": "litert:XNNPACK", "max_drop": 0.05}
     variant = [face_full_integer["float"]]
     raw = select(models_dir / FACE, hw, Policy(**quick), tmp_path, variants=variant)

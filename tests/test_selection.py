@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 import edged.selection.select as selection_mod
+from backends import probe_hardware
 from backends.errors import InputError, ModelError
 from edged.selection.decision import cache_key
 from edged.selection.explain import TIE_FRACTION
 from edged.selection.policy import Policy
 from edged.selection.select import SelectionError, select
-from sysconf.hardware import probe
 
 FAST = {"runs": 12, "warmup": 2, "time_budget_s": 2.0, "threads": 1}
 CLS = {"x": (1, 3, 48, 192)}
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def hw():
-    return probe()
+    return probe_hardware()
 
 
 @pytest.mark.isa
@@ -299,8 +299,8 @@ def test_cached_decision_imports_only_its_runtime(hw, models_dir: Path, tmp_path
         from backends import LoadOptions, get_backend
         from edged.selection.policy import Policy
         from edged.selection.select import select
-        from sysconf.hardware import probe
-        hw = probe()
+        from backends import probe_hardware
+        hw = probe_hardware()
         sel = select({str(model)!r}, hw, Policy(**{policy!r}), Path({str(tmp_path)!r}))
         cand = sel.load_candidate(hw)
         session = get_backend(cand.backend).load(sel.model, cand, LoadOptions(threads=1))
@@ -362,7 +362,7 @@ def test_failover_loads_on_the_model_cpus(hw, models_dir: Path, tmp_path: Path) 
         from edged.selection.policy import Policy
         from edged.selection.select import select
         from edged.serving.models import _fallback_provider
-        from sysconf.hardware import probe
+        from backends import probe_hardware
 
         def tasks():
             out = {{}}
@@ -372,7 +372,7 @@ def test_failover_loads_on_the_model_cpus(hw, models_dir: Path, tmp_path: Path) 
                                 if line.startswith("Cpus_allowed_list"))
             return out
 
-        hw = probe()
+        hw = probe_hardware()
         sel = select({str(models_dir / "ppocr_cls.onnx")!r}, hw, Policy(**{policy!r}),
                      Path({str(tmp_path)!r}))
         assert sel.from_cache

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backends import probe_hardware
 from edged.selection.policy import Policy
 from edged.serving.models import load_model
 from edged.serving.requests import BatchingConfig
 from edged.telemetry.loop import IntruderWatch, TelemetryLoop
 from edged.telemetry.sampler import SAMPLER_HZ, CoreSampler
-from sysconf.hardware import probe
 
 CLS = {"x": (1, 3, 48, 192)}
 
@@ -45,7 +45,7 @@ def _load(models_dir: Path, tmp_path: Path, cpus: tuple[int, ...] | None = None)
         models_dir / "ppocr_cls.onnx",
         Policy(runs=10, warmup=1, time_budget_s=1.0, threads=1, shapes=CLS, cpus=cpus),
         BatchingConfig(),
-        probe(),
+        probe_hardware(),
         tmp_path / "state",
     )
 

@@ -48,10 +48,10 @@ def test_data_is_read_at_the_served_shape(models_dir: Path, cls_images: Path) ->
 def test_variants_are_made_once_per_cpu_backend_and_cached(
     models_dir: Path, cls_images: Path, tmp_path: Path
 ) -> None:
+    from backends import probe_hardware
     from edged.quantize.recipes import Settings
-    from sysconf.hardware import probe
 
-    hw = probe()
+    hw = probe_hardware()
     original = models_dir / "ppocr_cls.onnx"
     calibration, evaluation, _ = load_data(
         original, CalibrationSpec(cls_images, None, CLS_PRE), CLS_SHAPE

@@ -119,17 +119,17 @@ def register(sub) -> None:
 
 
 def cmd_backends(args) -> int:
+    from backends import probe_hardware
     from edged.selection.candidates import all_candidates, runtime_versions
     from edged.selection.select import SelectionError, select
     from sysconf import SysRoot
     from sysconf.fdt import FdtError
-    from sysconf.hardware import probe
 
     check_threads(args)
     quiet_runtime_logs()
     root = SysRoot.at(args.root)
     try:
-        hw = probe(root, args.dtb)
+        hw = probe_hardware(root, args.dtb)
     except FdtError as exc:
         raise UsageError(f"--dtb: {exc}") from None
     if args.model is not None and (args.dtb is not None or not root.is_live):

@@ -40,20 +40,19 @@ def register(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    from backends import BackendError, LoadOptions, get_backend
+    from backends import BackendError, LoadOptions, get_backend, probe_hardware
     from backends.model_info import inspect_model
     from edged.selection.bench import LatencyStats, benchmark, pinned_thread
     from edged.selection.candidates import backend_candidates
     from edged.selection.inputs import make_inputs, resolve_shapes
     from edged.selection.select import SelectionError, select
-    from sysconf.hardware import probe
 
     check_threads(args)
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be at least 1 and --warmup at least 0")
     quiet_runtime_logs()
     model = inspect_model(args.model)
-    hw = probe()
+    hw = probe_hardware()
     policy = policy_of(args)
     state_dir = args.state_dir or default_state_dir()
     progress = Progress(not args.json)

@@ -15,6 +15,7 @@ from edged.config.schema import (
     CALIBRATION_KEYS,
     MAX_BATCH,
     MAX_MS,
+    MAX_NPU_CORE,
     MAX_THREADS,
     MODEL_NAME,
     ModelConfig,
@@ -94,7 +95,20 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
             lambda x: 0 < x <= MAX_MS,
             f"a number of milliseconds above 0, at most {MAX_MS}",
         ),
+        standby=t.boolean("standby") if "standby" in t.data else None,
+        npu_cores=_npu_cores(check, t),
     )
+
+
+def _npu_cores(check: Checker, t: Table) -> tuple[int, ...] | None:
+    """NPU core numbers, each once (whether the board's NPU has them is the backend's to
+    say: it knows the SoC)."""
+    if "npu_cores" not in t.data:
+        return None
+    cores = t.read("npu_cores", check.int_list, 0, MAX_NPU_CORE)
+    if not cores or len(set(cores)) != len(cores):
+        raise check.fail(t.key("npu_cores"), f"must list NPU cores, each once, got {list(cores)}")
+    return tuple(sorted(cores))
 
 
 def _model_file(check: Checker, raw: str, key: str) -> Path:

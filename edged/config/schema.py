@@ -30,6 +30,7 @@ MAX_SOCKET_PATH = 107
 MAX_THREADS = 256
 MAX_BATCH = 1024
 MAX_MS = 3_600_000  # one hour, for timeouts, watchdogs and periods
+MAX_NPU_CORE = 15  # the highest NPU core number a config may name (RK3588 has 0-2)
 MIB = 2**20  # the spool's size is configured in MiB, its age in days
 DAY_S = 86400
 MQTT_PROTOCOLS = ("5", "3.1.1")
@@ -106,6 +107,10 @@ class ModelConfig:
     # when they arrive. Lets latency be measured from each scheduled start (coordinated
     # omission): a stall delays the requests that should have been sent during it too.
     period_ms: float | None = None
+    # Keep the next verified candidate loaded for an instant fail-over; None: on when the
+    # pick is an accelerator and the standby's memory fits.
+    standby: bool | None = None
+    npu_cores: tuple[int, ...] | None = None  # NPU cores to run on (RK3588: 0-2); sorted
 
     @property
     def period_s(self) -> float | None:
@@ -122,6 +127,7 @@ class ModelConfig:
             backend=self.backend,
             precision=self.precision,
             scores=self.scores,
+            npu_cores=self.npu_cores,
         )
 
 

@@ -186,9 +186,9 @@ def measure(
     wrong = [t for t in settings.targets if (split_target(t)[0] == "litert") != (fmt == "tflite")]
     if wrong:
         raise QuantizeError(f"{model_path}: a {fmt} model cannot be gated on {', '.join(wrong)}")
-    from sysconf.hardware import probe
+    from backends import probe_hardware
 
-    hw = probe()
+    hw = probe_hardware()
     if settings.recipes is None:
         recipes = TFLITE_RECIPES if fmt == "tflite" else recipes_for(hw.int8_dot_product)
         settings = replace(settings, recipes=recipes)

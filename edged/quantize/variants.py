@@ -344,10 +344,10 @@ def become_background() -> None:
 def run_request(request: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
     """The child's work: make (or reuse) the variants, select over the family on the
     housekeeping CPUs, store the decision under the served policy's key."""
+    from backends import probe_hardware
     from edged.selection.bench import pinned_thread
     from edged.selection.decision import cache_key, store
     from edged.selection.select import family_of, select
-    from sysconf.hardware import probe
 
     start = time.perf_counter()
     original = Path(request["original"])
@@ -355,7 +355,7 @@ def run_request(request: dict[str, Any], progress: Progress | None = None) -> di
     state_dir = Path(request["state_dir"])
     policy = _policy_of(request["policy"])
     housekeeping = tuple(request.get("housekeeping") or ()) or None
-    hw = probe()
+    hw = probe_hardware()
     calibration, evaluation, warnings = load_data(original, spec, dict(policy.shapes or {}))
     settings = settings_for(policy, hw, housekeeping)
     with pinned_thread(housekeeping):

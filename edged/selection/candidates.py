@@ -1,12 +1,13 @@
 """The candidates a model can run on here: every backend's (backend, device, precision)
-offers, a backend spec ("auto", "openvino:CPU:bf16") matched against them, and the float32
-CPU references that accuracy is judged against. A named backend is asked alone, so pinning
-one (or loading a cached decision) imports only its runtime.
+offers and a backend spec ("auto", "openvino:CPU:bf16") matched against them (the float32
+references accuracy is judged against are each backend's: `backends.reference_candidates`).
+A named backend is asked alone, so pinning one (or loading a cached decision) imports only
+its runtime.
 """
 
 from __future__ import annotations
 
-from backends import Candidate, backend_names, canonical_name, get_backend
+from backends import Candidate, backend_names, canonical_name, get_backend, probe_hardware
 from backends.model_info import ModelInfo
 from sysconf.hardware import HardwareFacts
 
@@ -17,9 +18,7 @@ def runtime_versions() -> dict[str, str | None]:
 
 def all_candidates(hw: HardwareFacts | None, model: ModelInfo | None) -> list[Candidate]:
     if hw is None:
-        from sysconf.hardware import probe
-
-        hw = probe()
+        hw = probe_hardware()
     result: list[Candidate] = []
     for name in backend_names():
         result.extend(get_backend(name).candidates(hw, model))
@@ -37,9 +36,7 @@ def backend_candidates(
     if name not in backend_names():
         return []
     if hw is None:
-        from sysconf.hardware import probe
-
-        hw = probe()
+        hw = probe_hardware()
     return [c for c in get_backend(name).candidates(hw, model) if matches(c, spec)]
 
 
@@ -63,23 +60,3 @@ def matches(candidate: Candidate, spec: str) -> bool:
     if len(parts) > 1 and parts[1].upper() != candidate.device.upper():
         return False
     return len(parts) <= 2 or parts[2].lower() == candidate.precision.lower()
-
-
-def reference_candidates(model: ModelInfo) -> list[Candidate]:
-    """Float32 CPU references, best first: each runtime's most literal CPU path."""
-    ov_cpu = Candidate("openvino", "CPU", "fp32")
-    if model.format == "onnx":
-        # Optimisations off: an FP32 graph runs as written; in a QDQ graph the pairs stay
-        # unfused, i.e. the quantized arithmetic in float32 (the lone-INT8 reference).
-        return [
-            Candidate(
-                "onnxruntime",
-                "CPU",
-                "model",
-                options={"provider": "CPUExecutionProvider", "optimization": "disable_all"},
-            ),
-            ov_cpu,
-        ]
-    if model.format == "tflite":
-        return [Candidate("litert", "CPU", "model"), ov_cpu]
-    return [ov_cpu]

@@ -45,9 +45,12 @@ class Policy:
     # A detector's score output (logits): the accuracy rule compares detections
     # (edged.selection.accuracy.ScoreMap), not raw values.
     scores: str | None = field(default=None, metadata=_PER_MODEL)
+    # The NPU cores the model runs on where the NPU has several (RK3588: 0, 1, 2).
+    npu_cores: tuple[int, ...] | None = field(default=None, metadata=_PER_MODEL)
 
     def key_parts(self) -> dict[str, Any]:
-        return {
+        parts: dict[str, Any] = {"npu_cores": list(self.npu_cores)} if self.npu_cores else {}
+        return parts | {
             "max_drop": self.max_drop,
             "max_abs": self.max_abs,
             "threads": self.threads,

@@ -32,13 +32,13 @@ from pathlib import Path
 
 import psutil
 
-from backends import Candidate, LoadOptions, get_backend
+from backends import Candidate, LoadOptions, get_backend, reference_candidates
 from backends.base import Session
 from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo, inspect_model, signature, signature_mismatch
 from edged.selection.accuracy import ScoreMap, accuracy, constant_outputs
 from edged.selection.bench import benchmark, pinned_thread
-from edged.selection.candidates import backend_candidates, matches, reference_candidates
+from edged.selection.candidates import backend_candidates, matches
 from edged.selection.decision import Evaluation, Evidence, Selection, cache_key, load_cached, store
 from edged.selection.explain import choose, explain, record_speedups, variant_label
 from edged.selection.inputs import make_inputs, resolve_shapes
@@ -182,6 +182,7 @@ def _measure(
         threads=policy.threads,
         cpus=policy.cpus,
         cache_dir=state_dir / "openvino-cache" if state_dir else None,
+        npu_cores=policy.npu_cores,
     )
     models = {str(m.path): m for m in family}
     with pinned_thread(policy.cpus):
@@ -259,6 +260,36 @@ def _measure(
     if state_dir is not None:
         store(state_dir, selection)
     return selection
+
+
+def reverify(
+    selection: Selection,
+    candidate: Candidate,
+    hw: HardwareFacts,
+    policy: Policy,
+    options: LoadOptions,
+    evaluation: Evaluation | None = None,
+) -> tuple[Evidence, Session | None]:
+    """The pick checked again before it serves again (its device came back after an unplug
+    or a failure): the original's reference outputs on the evaluation inputs, then the
+    pick's, held to the same budget as at selection. No benchmark: its speed is known.
+    Returns the evidence and, when it passed, the loaded session (ready to swap in)."""
+    assert selection.selected is not None
+    original = selection.original or selection.model
+    member = selection.model_of(selection.selected)
+    with pinned_thread(policy.cpus):
+        _, samples, reference, specs = _reference(original, policy, options, evaluation)
+        return _verify(
+            member,
+            candidate,
+            options,
+            samples,
+            reference,
+            specs,
+            policy,
+            hw,
+            selection.against_original,
+        )
 
 
 def _reference(

@@ -22,7 +22,7 @@ from backends.tensors import TensorSpec
 from edged import __version__
 from edged.serving.http_limits import BODY_TIMED_OUT
 from edged.serving.metrics import ServingMetrics
-from edged.serving.models import ServedModel
+from edged.serving.models import ServedModel, device_used
 from edged.serving.protocol import InferRequest, ProtocolError, decode_request, json_decode_bytes
 from edged.serving.requests import EngineError
 from edged.serving.responses import encode_response, json_output_values, tensor_metadata
@@ -165,14 +165,20 @@ class Api:
         for name, served in self._models().items():
             worker = served.worker
             self.metrics.queue_depth.labels(name).set(worker.queue_depth)
-            candidate = worker.session.candidate
+            session = worker.session
+            candidate, info = session.candidate, session.info()
+            standby = worker.standby
             self.metrics.backend.labels(name).info(
                 {
                     "backend": candidate.backend,
                     "device": candidate.device,
-                    "precision": str(worker.session.info().get("precision")),
+                    "device_used": device_used(candidate, info),
+                    "precision": str(info.get("precision")),
+                    "pick": worker.primary,
+                    "standby": standby.candidate.key if standby is not None else "",
                 }
             )
+            self.metrics.degraded.labels(name).set(1 if worker.degraded else 0)
 
     # -- infer -------------------------------------------------------------------------------
     async def _infer(self, scope, receive, send, path: str) -> None:

@@ -59,6 +59,12 @@ class ModelWorker:
         self.cpus = tuple(cpus) if cpus else None
         self._next_session = fallbacks
         self._on_failover = on_failover
+        # A verified session on another device, loaded and warmed before it is needed
+        # (`standby = true`): a fail-over to it costs a pointer swap, not a model load.
+        self.standby: Session | None = None
+        # The selection's pick; serving on anything else is degraded (a fall-back).
+        self.primary = session.candidate.key
+        self._retired: list[Session] = []  # switched away from; closed between batches
         self.recorder = recorder  # per-request latency for telemetry (HDR histograms)
         self._queue: collections.deque[Pending] = collections.deque()
         self._cond = threading.Condition()
@@ -126,24 +132,50 @@ class ModelWorker:
         return len(self._queue) + self.admitting
 
     # -- switching backends ------------------------------------------------------------------
-    def fail_over(self, reason: str, usable: Callable[[Candidate], bool] | None = None) -> bool:
-        """Switch to the next verified backend (that `usable` accepts). False if none loads;
-        then the current session stays."""
+    @property
+    def degraded(self) -> bool:
+        """Serving on a fall-back, not on the selection's pick."""
+        return self.session.candidate.key != self.primary
+
+    def fail_over(
+        self,
+        reason: str,
+        usable: Callable[[Candidate], bool] | None = None,
+        retire: bool = True,
+    ) -> bool:
+        """Switch to the warm standby, else the next verified backend (that `usable`
+        accepts). False if none loads; then the current session stays. The session left is
+        closed once no batch runs on it (`retire`; a stalled one is left alone: its thread
+        is still inside it)."""
         with self._switch_lock:
-            replacement = self._next_session(usable) if self._next_session else None
+            failed = self.session
+            replacement = self.standby
+            if replacement is not None and (
+                replacement.candidate.key == failed.candidate.key
+                or (usable is not None and not usable(replacement.candidate))
+            ):
+                replacement = None  # on the device that failed, or gone with it
+            warm = replacement is not None
+            if warm:
+                self.standby = None
+            elif self._next_session is not None:
+                replacement = self._next_session(usable)
             if replacement is None:
                 log.error("%s: %s; no other verified backend to fail over to", self.name, reason)
                 return False
             log.warning(
-                "%s: %s; failing over from %s to %s",
+                "%s: %s; failing over from %s to %s%s",
                 self.name,
                 reason,
-                self.session.candidate.key,
+                failed.candidate.key,
                 replacement.candidate.key,
+                " (the warm standby)" if warm else "",
             )
             self.last_error = reason
             self.failovers += 1
             self.session = replacement  # the worker reads it per batch: the next batch uses it
+            if retire:
+                self._retired.append(failed)
         if self._on_failover is not None:
             self._on_failover(reason)
         return True
@@ -152,10 +184,40 @@ class ModelWorker:
         with self._switch_lock:
             self._next_session = fallbacks
 
-    def swap_session(self, session: Session) -> None:
-        """Use `session` from the next batch on (a better backend appeared)."""
+    def set_standby(self, session: Session | None) -> None:
+        """Keep `session` loaded for the next fail-over (None: keep none); the one it
+        replaces is closed (no batch runs on a standby)."""
         with self._switch_lock:
-            self.session = session
+            old, self.standby = self.standby, session
+        if old is not None and old is not session:
+            close_later(old)
+
+    def swap_session(
+        self, session: Session, primary: bool = True, keep_as_standby: bool = False
+    ) -> None:
+        """Use `session` from the next batch on (a better backend appeared, or the pick came
+        back). `primary`: it is the selection's pick. `keep_as_standby`: the session it
+        replaces stays loaded as the standby; else it is closed once its batch is done."""
+        with self._switch_lock:
+            old, self.session = self.session, session
+            if primary:
+                self.primary = session.candidate.key
+            if old is not session:
+                if keep_as_standby:
+                    old, self.standby = self.standby, old
+                if old is not None:
+                    self._retired.append(old)
+
+    def _close_retired(self) -> None:
+        """Close the sessions switched away from: called by the worker between batches, so
+        none is closed while a batch runs on it."""
+        if not self._retired:
+            return
+        with self._switch_lock:
+            retired, self._retired = self._retired, []
+        for session in retired:
+            if session is not self.session and session is not self.standby:
+                close_later(session)
 
     def take_over_if_stalled(self) -> bool:
         """Called by a supervisor: when one batch has run longer than `watchdog_ms`, abandon
@@ -171,6 +233,7 @@ class ModelWorker:
         if not self.fail_over(
             f"backend stalled: one batch ran for more than {bound:g} s",
             lambda c: c.key != stuck_session.candidate.key,
+            retire=False,  # the stuck thread is still inside it
         ):
             return False  # keep waiting; the systemd watchdog is the last resort
         with self._cond:
@@ -347,6 +410,7 @@ class ModelWorker:
             return batch
 
     def _run(self, batch: list[Pending], generation: int) -> None:
+        self._close_retired()
         now = time.monotonic()
         live = []
         for item in batch:
@@ -456,6 +520,19 @@ class ModelWorker:
         finally:
             reference.close()
         return None
+
+
+def close_later(session: Session) -> None:
+    """Close a session on a thread of its own: releasing a device that hung or went away can
+    block in its driver, and nothing that serves may wait for that."""
+
+    def close() -> None:
+        try:
+            session.close()
+        except Exception as exc:  # a dead device's release may fail; nothing depends on it
+            log.warning("closing %s failed: %s", session.candidate.key, exc)
+
+    threading.Thread(target=close, name="edged-close", daemon=True).start()
 
 
 def _expire(future: asyncio.Future, name: str, timeout_s: float) -> None:

@@ -61,7 +61,16 @@ class ServingMetrics:
             registry=self.registry,
         )
         self.backend = Info(
-            "edged_backend", "Active backend per model", ["model"], registry=self.registry
+            "edged_backend",
+            "Active backend per model: what really runs it, the pick and the standby",
+            ["model"],
+            registry=self.registry,
+        )
+        self.degraded = Gauge(
+            "edged_model_degraded",
+            "1 while the model serves on a fall-back, not on its selected backend",
+            ["model"],
+            registry=self.registry,
         )
         self.failovers = Counter(
             "edged_failovers",

@@ -48,6 +48,8 @@ def model_key(mc: ModelConfig) -> tuple:
         mc.watchdog_ms,
         mc.rt_priority,
         mc.period_ms,
+        mc.standby,
+        mc.npu_cores,
     )
 
 
@@ -100,6 +102,7 @@ def load_models(
                 period_s=mc.period_s,
                 variants=mc.variants,
                 calibration=mc.calibration,
+                standby=mc.standby,
             )
         except Exception as exc:  # any failure: this model is not served, others are
             reason = str(exc) or exc.__class__.__name__

@@ -16,18 +16,16 @@ from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo
 from edged.quantize.calibration_spec import CalibrationSpec
 from edged.selection.bench import pinned_thread
-from edged.selection.candidates import all_candidates, backend_candidates
-from edged.selection.decision import Evaluation, Selection
+from edged.selection.candidates import all_candidates, backend_candidates, find_candidate
+from edged.selection.decision import Evaluation, Evidence, Selection
 from edged.selection.policy import Policy
-from edged.selection.select import select
+from edged.selection.select import reverify, select
 from edged.serving.engine import ModelWorker
 from edged.serving.requests import BatchingConfig
 from edged.telemetry.latency import LatencyRecorder
 from sysconf.hardware import HardwareFacts
 
 log = logging.getLogger("edged.serving.models")
-
-PLATFORMS = {"onnx": "onnxruntime_onnx", "tflite": "tensorflow_lite", "openvino-ir": "openvino"}
 
 
 @dataclass
@@ -45,19 +43,138 @@ class ServedModel:
     # Calibration given and its variants not made yet: the daemon starts `job` for them.
     variants_pending: bool = False
     job: Any = None  # edged.quantize.job.VariantJob while or after it runs
+    # Config `standby`: keep the next verified candidate loaded. None: on when the pick is an
+    # accelerator and the standby's measured memory fits (`standby_wanted`).
+    standby_mode: bool | None = None
+    standby_note: str = ""  # why there is no standby, for status
+    recovering: bool = False  # a re-verification of the pick is running
+    last_recovery: float = 0.0  # time.monotonic() of the last attempt
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _recover_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # -- warm standby and switching back -----------------------------------------------------
+    def standby_wanted(self) -> tuple[Evidence | None, str]:
+        """The verified candidate to keep loaded beside the pick, and why none when none:
+        the next in p99 order on another device (one on the same NPU fails with it)."""
+        pick = self.selection.selected
+        if self.standby_mode is False:
+            return None, "off (standby = false)"
+        if pick is None:
+            return None, "no selection"
+        if self.standby_mode is None and not is_accelerator(pick.candidate):
+            return None, "off: the pick runs on the CPU (standby = true keeps one anyway)"
+        others = [
+            e
+            for e in _verified(self.selection)
+            if e.candidate.device != pick.candidate.device
+            or e.candidate.backend != pick.candidate.backend
+        ]
+        if not others:
+            return None, "no other verified candidate"
+        best = others[0]
+        if self.standby_mode is None:
+            import psutil
+
+            available = psutil.virtual_memory().available
+            need = best.rss_growth_bytes or 0
+            if need > available * STANDBY_MEMORY_SHARE:
+                return None, (
+                    f"off: {best.candidate.key} grew memory by {need / 2**20:.0f} MiB at "
+                    f"selection, more than {STANDBY_MEMORY_SHARE:.0%} of the "
+                    f"{available / 2**20:.0f} MiB available (standby = true keeps it anyway)"
+                )
+        return best, ""
+
+    def load_standby(self, hw: HardwareFacts) -> str:
+        """Load and warm the standby (one run of its model, so its first request is not a
+        compile), or say why there is none. Returns what was done, for the log."""
+        wanted, why = self.standby_wanted()
+        if wanted is None:
+            self.standby_note = why
+            self.worker.set_standby(None)
+            return f"no standby: {why}"
+        current = self.worker.standby
+        if current is not None and current.candidate.key == wanted.candidate.key:
+            return f"standby {wanted.candidate.key} kept"
+        options = _load_options(self.policy, self.worker.batching, self.selection, self.state_dir)
+        model = self.selection.model_of(wanted)
+        try:
+            with pinned_thread(self.policy.cpus):
+                candidate = find_candidate(hw, model, wanted.candidate)
+                session = get_backend(candidate.backend).load(model, candidate, options)
+                _warm_up(session, self.selection)
+        except (ModelError, BackendError, InputError, ImportError) as exc:
+            self.standby_note = f"{wanted.candidate.key} did not load: {exc}"
+            return f"no standby: {self.standby_note}"
+        self.worker.set_standby(session)
+        self.standby_note = ""
+        return f"standby {candidate.key} loaded"
+
+    def recover(self, hw: HardwareFacts) -> str | None:
+        """Back to the pick after a fall-back, once its device is offered again and it
+        passes verification against the original once more; the session serving meanwhile
+        becomes the standby again. Runs on a thread of its own (a recompile can take
+        minutes): serving goes on meanwhile. None when not degraded."""
+        if not self.worker.degraded:
+            return None
+        if not self._recover_lock.acquire(blocking=False):
+            return "a re-verification of the pick is already running"
+        try:
+            return self._recover(hw)
+        finally:
+            self._recover_lock.release()
+
+    def _recover(self, hw: HardwareFacts) -> str | None:
+        self.last_recovery = time.monotonic()
+        pick = self.selection.selected
+        assert pick is not None
+        model = self.selection.model_of(pick)
+        offered = find_candidate(hw, model, pick.candidate)
+        if not offered.available or offered.key != self.worker.primary:
+            return f"{self.worker.primary} is not offered here yet"
+        options = _load_options(self.policy, self.worker.batching, self.selection, self.state_dir)
+        self.recovering = True
+        try:
+            ev, session = reverify(
+                self.selection, offered, hw, self.policy, options, self.evaluation
+            )
+        finally:
+            self.recovering = False
+        if session is None:
+            return f"{offered.key} did not verify again: {ev.reason}"
+        with self._lock:
+            self.worker.swap_session(session, primary=True, keep_as_standby=True)
+            wanted, _ = self.standby_wanted()
+            standby = self.worker.standby
+            if wanted is None or (
+                standby is not None and standby.candidate.key != wanted.candidate.key
+            ):
+                self.worker.set_standby(None)  # not the one the policy keeps
+        score = f"{ev.accuracy.rule} {ev.accuracy.score:.4f}" if ev.accuracy else "passed"
+        return f"switched back to {offered.key} (verified again against the original: {score})"
 
     def adapt(self, hw: HardwareFacts) -> str:
-        """The hardware changed (an accelerator came or went): switch away at once from a
-        backend that is no longer there, then select again for the new hardware (its new
-        fingerprint means a fresh measurement) and switch when the pick differs.
-        Returns what was done, for the log."""
+        """The hardware changed (an accelerator came or went). A backend that is no longer
+        there is switched away from at once (to the warm standby when there is one). When
+        the pick's own device came back, it is verified again and serves again
+        (`recover`); while it stays away, the model serves on its fall-back, degraded. Any
+        other change selects again for the new hardware (its new fingerprint means a fresh
+        measurement) and switches when the pick differs. Returns what was done, for the log."""
         usable = {c.key for c in all_candidates(hw, self.selection.model) if c.available}
         done = []
         active = self.worker.session.candidate.key
         if active not in usable:
             moved = self.worker.fail_over(f"{active} is gone", lambda c: c.key in usable)
             done.append(f"{active} gone, " + ("failed over" if moved else "no fallback"))
+        if self.worker.degraded:
+            if self.worker.primary in usable:
+                done.append(self.recover(hw) or "not degraded")
+            else:
+                done.append(
+                    f"serving on {self.worker.session.candidate.key} until "
+                    f"{self.worker.primary} returns"
+                )
+            return "; ".join(done)
         selection = select(
             self.original.path,
             hw,
@@ -85,10 +202,12 @@ class ServedModel:
             ):
                 with pinned_thread(self.policy.cpus):
                     session = get_backend(pick.backend).load(selection.model, pick, options)
-                self.worker.swap_session(session)
+                self.worker.swap_session(session, keep_as_standby=True)
                 done = f"switched to {selection.model.name} on {pick.key}"
             self.worker.set_fallbacks(_fallback_provider(self.name, selection, hw, options))
             self.selection = selection
+            self.worker.primary = pick.key
+            done += "; " + self.load_standby(hw)
             if variants is not None:
                 self.variants = variants
             return done
@@ -127,7 +246,9 @@ class ServedModel:
 
     @property
     def platform(self) -> str:
-        return PLATFORMS.get(self.selection.model.format, self.selection.model.format)
+        from backends.formats import platform_of
+
+        return platform_of(self.selection.model.format)
 
     @property
     def session(self) -> Session:
@@ -136,6 +257,8 @@ class ServedModel:
     def status(self) -> dict:
         sel = self.selection.selected
         session = self.worker.session
+        standby = self.worker.standby
+        info = session.info()
         return {
             "name": self.name,
             "path": str(self.selection.model.path),
@@ -144,7 +267,15 @@ class ServedModel:
             "model_precision": self.selection.model.precision,
             "backend": session.candidate.backend,
             "device": session.candidate.device,
-            "precision": session.info().get("precision"),
+            # What the runtime says really ran it (OpenVINO's execution devices, a
+            # delegate's share of the graph, the NPU core mask), beside the label.
+            "device_used": device_used(session.candidate, info),
+            "precision": info.get("precision"),
+            "pick": self.worker.primary,
+            "degraded": self.worker.degraded,
+            "standby": standby.candidate.key if standby is not None else None,
+            "standby_note": self.standby_note if standby is None else "",
+            "recovering": self.recovering,
             "selected_p99_ms": sel.latency.p99_ms if sel and sel.latency else None,
             "why": self.selection.why,
             "from_cache": self.selection.from_cache,
@@ -159,6 +290,45 @@ class ServedModel:
         }
 
 
+# The most of the available memory a standby may take when `standby` is left to edged.
+STANDBY_MEMORY_SHARE = 0.25
+# Device labels that are the CPU itself (a runtime's CPU paths), not an accelerator.
+CPU_DEVICES = ("CPU", "XNNPACK", "ACL", "ARMNN")
+
+
+def is_accelerator(candidate: Candidate) -> bool:
+    return not candidate.device.upper().startswith(CPU_DEVICES)
+
+
+def device_used(candidate: Candidate, info: dict[str, Any]) -> str:
+    """One line on the device a session really runs on, from what its runtime reports."""
+    if info.get("execution_devices"):
+        return ", ".join(map(str, info["execution_devices"]))
+    if "delegate_coverage" in info and is_accelerator(candidate):
+        share = info["delegate_coverage"]
+        return f"{candidate.device} ({share:.0%} of the graph; the rest on the CPU)"
+    if info.get("device"):
+        return str(info["device"])
+    return candidate.device
+
+
+def _verified(selection: Selection) -> list[Evidence]:
+    """The selection's verified candidates other than the pick, in p99 order."""
+    return sorted(
+        (e for e in selection.evidence if e.status == "passed" and e.latency),
+        key=lambda e: e.latency.p99_ms,
+    )
+
+
+def _warm_up(session: Session, selection: Selection) -> None:
+    """One run at the served shapes: a runtime that compiles lazily does it now, not on the
+    first request after a fail-over."""
+    from edged.selection.inputs import make_inputs, resolve_shapes
+
+    shapes = resolve_shapes(session.inputs, selection.shapes or None, selection.model.name)
+    session.run(make_inputs(session.inputs, shapes, 0))
+
+
 def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts, options: LoadOptions):
     """The worker's source of replacement sessions: the selection's other verified
     (variant, candidate) pairs in p99 order, each tried once.
@@ -167,13 +337,7 @@ def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts, optio
     decision imports no runtime but the selected one. The load runs pinned to the model's
     CPUs like the first load: it happens on the worker, supervisor or hot-plug thread, and
     OpenVINO's streams / onnxruntime's pool inherit the loading thread's CPU set."""
-    queue = [
-        (selection.model_of(e), e.candidate)
-        for e in sorted(
-            (e for e in selection.evidence if e.status == "passed" and e.latency),
-            key=lambda e: e.latency.p99_ms,
-        )
-    ]
+    queue = [(selection.model_of(e), e.candidate) for e in _verified(selection)]
 
     def next_session(usable: Callable[[Candidate], bool] | None = None) -> Session | None:
         while queue:
@@ -210,7 +374,7 @@ def _reference_loader(selection: Selection, options: LoadOptions) -> Callable[[]
     worker uses it to tell an input's fault from the backend's; see ModelWorker)."""
     from dataclasses import replace as _replace
 
-    from edged.selection.candidates import reference_candidates
+    from backends import reference_candidates
 
     def load() -> Session:
         one = _replace(options, threads=1, cache_dir=None)
@@ -240,12 +404,14 @@ def load_model(
     period_s: float | None = None,
     variants: tuple[Path, ...] = (),
     calibration: CalibrationSpec | None = None,
+    standby: bool | None = None,
 ) -> ServedModel:
     """Select over the family (or read the cached choice), load the pick and start its
     worker thread. `path` is the original, `variants` its other versions; `calibration`
     data joins the variants made from it earlier (else `variants_pending` says they are
-    still to make) and is the evaluation set. `period_s`: a periodic client's period, for
-    coordinated-omission correction of latency.
+    still to make) and is the evaluation set. `standby`: keep the next verified candidate
+    loaded (None: when the pick is an accelerator and memory allows). `period_s`: a
+    periodic client's period, for coordinated-omission correction of latency.
 
     Raises ModelError / InputError / SelectionError / BackendError with the reason."""
     family, evaluation, pending = tuple(variants), None, False
@@ -271,7 +437,7 @@ def load_model(
         reference=_reference_loader(selection, options),
     )
     worker.start()
-    return ServedModel(
+    served = ServedModel(
         name,
         selection,
         worker,
@@ -282,7 +448,11 @@ def load_model(
         evaluation=evaluation,
         calibration=calibration,
         variants_pending=pending,
+        standby_mode=standby,
     )
+    outcome = served.load_standby(hw)
+    log.info("model %s: %s", name, outcome)
+    return served
 
 
 def made_variants(
@@ -319,4 +489,5 @@ def _load_options(
         shapes=selection.shapes,
         dynamic_batch=batching.max_batch_size > 1,
         cache_dir=state_dir / "openvino-cache",
+        npu_cores=policy.npu_cores,
     )

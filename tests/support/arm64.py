@@ -174,15 +174,14 @@ def record_outputs(
     openvino-cache: the lane's `edgectl backends` runs compiled the fp32 ones first)."""
     import hashlib
 
-    from backends import LoadOptions, get_backend
+    from backends import LoadOptions, get_backend, probe_hardware, reference_candidates
     from backends.errors import BackendError, InputError, ModelError
     from backends.model_info import inspect_model
-    from edged.selection.candidates import backend_candidates, reference_candidates
+    from edged.selection.candidates import backend_candidates
     from edged.selection.inputs import make_inputs, resolve_shapes
     from edged.selection.policy import VERIFY_SAMPLES
-    from sysconf.hardware import probe
 
-    hw = probe()
+    hw = probe_hardware()
     results = {"arch": hw.arch, "isa": hw.isa_summary(), "models": {}}
     for job in jobs:
         model = inspect_model(job["model"])
