@@ -226,6 +226,79 @@ def test_fail_over_retries_on_the_next_candidate(cls_model) -> None:
     assert "accelerator went away" in worker.last_error
 
 
+class ClosingSession(RecordingSession):
+    """Records whether (and while what) it was closed."""
+
+    def __init__(self, session, fail_after: int | None = None) -> None:
+        super().__init__(session, fail_after)
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        self.closed.set()
+        super().close()
+
+
+def test_fail_over_takes_the_warm_standby_without_loading(cls_model) -> None:
+    """With a standby loaded, a failing backend is left for it at once: the fallback
+    provider (which would load a model) is never asked, no request is lost, the failed
+    session is closed after its batch, and the worker is degraded until its pick returns."""
+    failing = ClosingSession(ort_session(cls_model), fail_after=1)
+    standby = ClosingSession(
+        get_backend("openvino").load(
+            cls_model,
+            Candidate("openvino", "CPU", "fp32"),
+            LoadOptions(threads=1, shapes={"x": (1, 3, 48, 192)}),
+        )
+    )
+    asked = []
+    worker = ModelWorker(
+        "cls", failing, BatchingConfig(), fallbacks=lambda usable=None: asked.append(1)
+    )
+    worker.set_standby(standby)
+    assert worker.primary == failing.candidate.key and not worker.degraded
+    worker.start()
+    try:
+        results = [run_concurrently(worker, [f])[0] for f in inputs(4)]
+    finally:
+        worker.stop()
+    assert all(isinstance(r, tuple) for r in results), results
+    assert worker.session is standby and worker.standby is None
+    assert asked == [] and worker.failovers == 1
+    assert worker.degraded
+    assert failing.closed.wait(5) and not standby.closed.is_set()
+    assert len(standby.batches) == 3  # the failed request retried there, and the two after
+
+
+def test_a_standby_on_the_failed_device_is_not_used(cls_model) -> None:
+    """A standby on the device that failed (or one `usable` refuses: gone with it) is no
+    way out; the fallback provider is asked instead."""
+    active = ort_session(cls_model)
+    twin = ort_session(cls_model)  # same candidate key as the active one
+    spare = RecordingSession(ort_session(cls_model))
+    spare.candidate = Candidate("onnxruntime", "XNNPACK", "model")
+    worker = ModelWorker("cls", active, BatchingConfig(), fallbacks=lambda usable=None: spare)
+    worker.set_standby(twin)
+    assert worker.fail_over("injected")
+    assert worker.session is spare and worker.standby is twin
+
+
+def test_swap_back_keeps_the_fall_back_as_standby(cls_model) -> None:
+    """The pick serving again (after re-verification) takes over from the next batch; the
+    session that served meanwhile stays loaded as the standby, so a second failure is as
+    cheap as the first."""
+    pick = ClosingSession(ort_session(cls_model))
+    fallback = ClosingSession(ort_session(cls_model))
+    fallback.candidate = Candidate("openvino", "CPU", "fp32")
+    worker = ModelWorker("cls", pick, BatchingConfig())
+    worker.set_standby(fallback)
+    assert worker.fail_over("injected", retire=False)
+    assert worker.degraded and worker.session is fallback
+    again = ClosingSession(ort_session(cls_model))
+    worker.swap_session(again, primary=True, keep_as_standby=True)
+    assert not worker.degraded and worker.session is again and worker.standby is fallback
+    assert not fallback.closed.is_set()
+
+
 def test_fail_over_without_spare_reports_the_error(cls_model) -> None:
     worker = ModelWorker(
         "cls",

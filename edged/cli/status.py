@@ -100,6 +100,20 @@ def format_status(status: dict[str, Any]) -> str:
             f"{int(lat.get('requests', 0)):>8} {or_dash(lat.get('p50_ms_le'), '.3f'):>9} "
             f"{or_dash(lat.get('p99_ms_le'), '.3f'):>9} {m['failovers']}"
         )
+    for m in status["models"]:  # what really runs it, fall-back and standby
+        used = m.get("device_used")
+        if used and used != m["device"]:
+            lines.append(f"  {m['name']:14} runs on: {used}")
+        if m.get("degraded"):
+            lines.append(
+                f"  {m['name']:14} DEGRADED: serving on a fall-back; its pick {m['pick']} "
+                + ("is being verified again" if m.get("recovering") else "is not serving")
+                + (f" (last error: {m['last_error']})" if m.get("last_error") else "")
+            )
+        if m.get("standby"):
+            lines.append(f"  {m['name']:14} standby: {m['standby']} (loaded, warm)")
+        elif m.get("standby_note"):
+            lines.append(f"  {m['name']:14} standby: {m['standby_note']}")
     for m in status["models"]:  # which file of the family is served, why, and the job
         if m.get("variants"):
             lines.append(
