@@ -442,3 +442,29 @@ def test_payload_file_is_checked_at_config_load(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="without a broker") as caught:
         load('payload_file = "t.jsonl"\n[telemetry.mqtt]\nurl = "mqtt://127.0.0.1:1883"')
     assert caught.value.key == "telemetry.payload_file"
+
+
+def test_device_readings_keep_finite_numbers_and_never_raise() -> None:
+    """A runtime's sensors (a Hailo's temperature and power) go into the payload as numbers;
+    a sensor that fails, or gives NaN or text, costs nothing but its own reading."""
+    from types import SimpleNamespace
+
+    from edged.telemetry.loop import device_readings
+
+    def session(sensors=None):
+        s = SimpleNamespace(candidate=SimpleNamespace(key="hailo:HAILO8:model"))
+        if sensors is not None:
+            s.sensors = sensors
+        return s
+
+    assert device_readings(session()) == {}
+    readings = {"temperature_celsius": 51, "power_watts": 1.25, "bad": float("nan"), "s": "x"}
+    assert device_readings(session(lambda: readings)) == {
+        "temperature_celsius": 51.0,
+        "power_watts": 1.25,
+    }
+
+    def broken():
+        raise OSError("device gone")
+
+    assert device_readings(session(broken)) == {}

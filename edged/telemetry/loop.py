@@ -125,6 +125,24 @@ class IntruderWatch:
         }
 
 
+def device_readings(session) -> dict[str, float]:
+    """The session's device sensors (`Session.sensors`, e.g. a Hailo's temperature and
+    power), finite numbers only; {} when its runtime gives none or the read fails."""
+    sensors = getattr(session, "sensors", None)
+    if sensors is None:
+        return {}
+    try:
+        values = sensors()
+    except Exception:  # a sensor read must never cost the payload
+        log.debug("telemetry: %s sensors failed", session.candidate.key, exc_info=True)
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in (values or {}).items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
 class TelemetryLoop:
     def __init__(
         self,
@@ -220,8 +238,13 @@ class TelemetryLoop:
             stats = window.to_payload()
             total = recorder.since_start(include_open=False, total_only=True).total.to_payload()
             stats["since_start"] = {key: total[key] for key in SINCE_START_KEYS}
-            candidate = worker.session.candidate
+            session = worker.session
+            candidate = session.candidate
             stats["backend"] = f"{candidate.backend}:{candidate.device}"
+            stats["degraded"] = worker.degraded
+            readings = device_readings(session)
+            if readings:
+                stats["device"] = readings
             stats["queue_depth"] = worker.queue_depth
             models[name] = stats
             if window.outliers.get("preempted") and worker.cpus:
