@@ -185,12 +185,14 @@ def _measure(
         npu_cores=policy.npu_cores,
     )
     models = {str(m.path): m for m in family}
+    work = [(m, c) for m, cands in per_member for c in cands if c.available]
     with pinned_thread(policy.cpus):
-        shapes, samples, reference, specs = _reference(original, policy, options, evaluation)
+        shapes, samples, reference, specs = _reference(
+            original, policy, options, evaluation, [c for m, c in work if m is original]
+        )
         feeds = samples[0]
         options = replace(options, shapes=shapes)
         sessions: dict[str, Session] = {}
-        work = [(m, c) for m, cands in per_member for c in cands if c.available]
         for index, (member, candidate) in enumerate(work):
             if progress:
                 progress(f"verify {member.name} {candidate.key}", index, len(work))
@@ -245,13 +247,19 @@ def _measure(
         evaluation=source,
     )
     selection.why = explain(selection, hw)
-    constant = constant_outputs(reference)
+    constant = constant_outputs(reference) if reference is not None else []
     if constant:
         selection.warnings.append(
             f"output(s) {', '.join(constant)} are constant for every evaluation input, so "
             f"the accuracy check could not tell the candidates apart for them"
         )
-    if not against_original:
+    if reference is None:
+        selection.warnings.append(
+            f"{original.name} is a {original.format} model, which no runtime here computes "
+            f"in float: it was run, not checked for accuracy (give its ONNX original as the "
+            f"model and this file as a variant, so the original is the reference)"
+        )
+    elif not against_original:
         selection.warnings.append(
             f"{original.name} is INT8 and no FP32 original was given: its runtimes were "
             f"checked against its own arithmetic in float, not against an original (give "
@@ -293,12 +301,19 @@ def reverify(
 
 
 def _reference(
-    model: ModelInfo, policy: Policy, options: LoadOptions, evaluation: Evaluation | None
+    model: ModelInfo,
+    policy: Policy,
+    options: LoadOptions,
+    evaluation: Evaluation | None,
+    unreferenced: Sequence[Candidate] = (),
 ):
     """Shapes, evaluation inputs, the original's float32 CPU outputs on them (first
-    reference runtime that loads), and its input/output specs."""
+    reference runtime that loads), and its input/output specs. A format no runtime
+    computes in float (.rknn, .hef given alone) has no reference: the inputs are made for
+    the first of `unreferenced` (its candidates) that loads, and the outputs are None."""
     errors = []
-    for candidate in reference_candidates(model):
+    references = reference_candidates(model)
+    for candidate in references or unreferenced:
         try:
             session = get_backend(candidate.backend).load(model, candidate, options)
         except ModelError:
@@ -315,6 +330,8 @@ def _reference(
                 samples = [
                     make_inputs(session.inputs, shapes, seed) for seed in range(VERIFY_SAMPLES)
                 ]
+            if not references:
+                return shapes, samples, None, (list(session.inputs), list(session.outputs))
             try:
                 outputs = [session.run(feeds) for feeds in samples]
             except (BackendError, InputError) as exc:
@@ -326,6 +343,8 @@ def _reference(
             return shapes, samples, outputs, (list(session.inputs), list(session.outputs))
         finally:
             session.close()
+    if not references and not errors:
+        errors.append(f"no runtime here reads {model.format} models")
     raise SelectionError(
         f"{model.path}: no float32 reference runtime could load it ({'; '.join(errors)})"
     )
@@ -366,6 +385,21 @@ def _verify(
         return Evidence(candidate, "failed", str(exc), variant=variant), None
     load_s = round(time.perf_counter() - start, 4)
     info = session.info()
+    if reference is None:  # ran, and nothing to hold it to (see _reference)
+        growth = psutil.Process().memory_info().rss - rss_before
+        return Evidence(
+            candidate,
+            "passed",
+            "",
+            info.get("precision"),
+            None,
+            None,
+            None,
+            load_s,
+            growth,
+            info,
+            variant,
+        ), session
     try:
         acc = accuracy(reference, outputs, ScoreMap(policy.scores) if policy.scores else None)
     except BackendError as exc:

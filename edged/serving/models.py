@@ -53,9 +53,11 @@ class ServedModel:
     _recover_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- warm standby and switching back -----------------------------------------------------
-    def standby_wanted(self) -> tuple[Evidence | None, str]:
-        """The verified candidate to keep loaded beside the pick, and why none when none:
-        the next in p99 order on another device (one on the same NPU fails with it)."""
+    def standby_wanted(self) -> tuple[tuple[ModelInfo, Candidate] | None, str]:
+        """The (model, candidate) to keep loaded beside the pick, and why none when none:
+        the next verified candidate in p99 order on another device (one on the same NPU
+        fails with it); with none (a pinned backend), the original on its float reference
+        runtime, the very thing accuracy is judged against."""
         pick = self.selection.selected
         if self.standby_mode is False:
             return None, "off (standby = false)"
@@ -69,21 +71,29 @@ class ServedModel:
             if e.candidate.device != pick.candidate.device
             or e.candidate.backend != pick.candidate.backend
         ]
-        if not others:
-            return None, "no other verified candidate"
-        best = others[0]
+        if others:
+            best = others[0]
+            wanted = (self.selection.model_of(best), best.candidate)
+            need = best.rss_growth_bytes or 0  # measured at selection
+        else:
+            from backends import reference_candidates
+
+            references = reference_candidates(self.original)
+            if not references:
+                return None, "no other verified candidate, and the original has no reference"
+            wanted = (self.original, references[0])
+            need = self.original.size  # its weights: an estimate, it was not measured
         if self.standby_mode is None:
             import psutil
 
             available = psutil.virtual_memory().available
-            need = best.rss_growth_bytes or 0
             if need > available * STANDBY_MEMORY_SHARE:
                 return None, (
-                    f"off: {best.candidate.key} grew memory by {need / 2**20:.0f} MiB at "
-                    f"selection, more than {STANDBY_MEMORY_SHARE:.0%} of the "
-                    f"{available / 2**20:.0f} MiB available (standby = true keeps it anyway)"
+                    f"off: {wanted[1].key} needs about {need / 2**20:.0f} MiB, more than "
+                    f"{STANDBY_MEMORY_SHARE:.0%} of the {available / 2**20:.0f} MiB "
+                    f"available (standby = true keeps it anyway)"
                 )
-        return best, ""
+        return wanted, ""
 
     def load_standby(self, hw: HardwareFacts) -> str:
         """Load and warm the standby (one run of its model, so its first request is not a
@@ -93,18 +103,18 @@ class ServedModel:
             self.standby_note = why
             self.worker.set_standby(None)
             return f"no standby: {why}"
+        model, wanted_candidate = wanted
         current = self.worker.standby
-        if current is not None and current.candidate.key == wanted.candidate.key:
-            return f"standby {wanted.candidate.key} kept"
+        if current is not None and current.candidate.key == wanted_candidate.key:
+            return f"standby {wanted_candidate.key} kept"
         options = _load_options(self.policy, self.worker.batching, self.selection, self.state_dir)
-        model = self.selection.model_of(wanted)
         try:
             with pinned_thread(self.policy.cpus):
-                candidate = find_candidate(hw, model, wanted.candidate)
+                candidate = find_candidate(hw, model, wanted_candidate)
                 session = get_backend(candidate.backend).load(model, candidate, options)
                 _warm_up(session, self.selection)
         except (ModelError, BackendError, InputError, ImportError) as exc:
-            self.standby_note = f"{wanted.candidate.key} did not load: {exc}"
+            self.standby_note = f"{wanted_candidate.key} did not load: {exc}"
             return f"no standby: {self.standby_note}"
         self.worker.set_standby(session)
         self.standby_note = ""
@@ -146,9 +156,7 @@ class ServedModel:
             self.worker.swap_session(session, primary=True, keep_as_standby=True)
             wanted, _ = self.standby_wanted()
             standby = self.worker.standby
-            if wanted is None or (
-                standby is not None and standby.candidate.key != wanted.candidate.key
-            ):
+            if wanted is None or (standby is not None and standby.candidate.key != wanted[1].key):
                 self.worker.set_standby(None)  # not the one the policy keeps
         score = f"{ev.accuracy.rule} {ev.accuracy.score:.4f}" if ev.accuracy else "passed"
         return f"switched back to {offered.key} (verified again against the original: {score})"
