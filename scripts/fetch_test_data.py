@@ -24,7 +24,12 @@ Everything comes from package registries, pinned by sha256 and cached, never com
 * INT8 QDQ versions of det and cls, made here with onnxruntime.quantization.quantize_static
   (U8S8 with 7-bit weights, `reduce_range`: plain U8S8 saturates in onnxruntime's x86 kernels
   on CPUs without VNNI, e.g. AVX2-only EPYC and many Intel edge PCs, and these models must
-  give the same answers on every machine the tests run on).
+  give the same answers on every machine the tests run on);
+* .rknn versions of the cls model for the RKNN backend (RK3588 and RK3566, fp16 and INT8),
+  made here with Rockchip's converter, rknn-toolkit2 2.5.0 from PyPI (x86-64 only), in a
+  private venv of pinned wheels made for the step and removed after it (about 30 s; 164 MB
+  of wheels, cached). Its outputs are not byte-reproducible (see RKNN_RECIPE), so they are
+  checked with edged's own reader instead of pinned by sha256.
 
 Cache: $EDGED_TEST_DATA, default ~/.cache/edged/test-data. Re-running only checks hashes.
 Exit codes: 0 ok, 1 a download or check failed (the message names the file and the hash).
@@ -160,6 +165,154 @@ QUANTIZE_RECIPE = "qdq-u8s8-reduce-range-per-channel"
 QUANTIZED = [
     ("ppocrv4_det.onnx", "ppocrv4_det_int8.onnx", (1, 3, 320, 320), "imagenet"),
     ("ppocr_cls.onnx", "ppocr_cls_int8.onnx", (1, 3, 48, 192), "half"),
+]
+
+# .rknn models, made with rknn-toolkit2 (Rockchip's converter; x86-64 Linux wheels only). Its
+# pins (numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4, torch<=2.4) do not fit the project's venv,
+# so it gets a venv of its own with these wheels (--no-deps: exactly these), made for the step
+# in the cache folder and removed after. torch is left out: rknn.api imports it when it loads
+# (an @torch.no_grad() decorator, a torch.nn.Module subclass, a version compare), but uses it
+# only to load PyTorch models and in its GDQ quantizer, and PyPI's torch 2.4.0 (the newest it
+# allows) is a 797 MB CUDA build that does not even import without NVIDIA's CUDA wheels. The
+# venv gets TORCH_STANDIN instead, which raises on any other use; an ONNX conversion with it
+# was checked to write the same file as with a real torch (2.13 CPU), but for the bytes that
+# differ between any two runs (below).
+RKNN_TOOLKIT = Wheel(
+    "rknn-toolkit2==2.5.0",
+    "rknn_toolkit2-2.5.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+    "21922dd3037503a2934fea24cbbf6eccda586158178636ae28a2ac658e710055",
+    "manylinux_2_17_x86_64",
+)
+RKNN_TOOLKIT_DEPS = [
+    Wheel(
+        "numpy==1.26.4",
+        "numpy-1.26.4-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "666dbfb6ec68962c033a450943ded891bed2d54e6755e35e5835d63f4f6931d5",
+        "manylinux_2_17_x86_64",
+    ),
+    Wheel(
+        "protobuf==4.25.4",
+        "protobuf-4.25.4-cp37-abi3-manylinux2014_x86_64.whl",
+        "3319e073562e2515c6ddc643eb92ce20809f5d8f10fead3332f71c63be6a7040",
+        "manylinux2014_x86_64",
+    ),
+    Wheel(
+        "onnx==1.17.0",
+        "onnx-1.17.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "4a183c6178be001bf398260e5ac2c927dc43e7746e8638d6c05c20e321f8c949",
+        "manylinux_2_17_x86_64",
+    ),
+    Wheel(
+        "onnxruntime==1.19.2",  # load_onnx runs the graph with it
+        "onnxruntime-1.19.2-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "a36511dc07c5c964b916697e42e366fa43c48cdb3d3503578d78cef30417cb84",
+        "manylinux_2_28_x86_64",
+    ),
+    Wheel(
+        "scipy==1.17.1",
+        "scipy-1.17.1-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "43af8d1f3bea642559019edfe64e9b11192a8978efbd1539d7bc2aaa23d92de4",
+        "manylinux_2_28_x86_64",
+    ),
+    Wheel(
+        "opencv-python-headless==4.10.0.84",  # rknn.api imports cv2; the headless build does
+        "opencv_python_headless-4.10.0.84-cp37-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "377d08a7e48a1405b5e84afcbe4798464ce7ee17081c1c23619c8b398ff18295",
+        "manylinux_2_17_x86_64",
+    ),
+    Wheel(
+        "psutil==7.2.2",
+        "psutil-7.2.2-cp36-abi3-manylinux2010_x86_64.manylinux_2_12_x86_64.manylinux_2_28_x86_64.whl",
+        "076a2d2f923fd4821644f5ba89f059523da90dc9014e85f8e45a5774ca5bc6f9",
+        "manylinux_2_28_x86_64",
+    ),
+    Wheel(
+        "ruamel.yaml==0.19.1",
+        "ruamel_yaml-0.19.1-py3-none-any.whl",
+        "27592957fedf6e0b62f281e96effd28043345e0e66001f97683aa9a40c667c93",
+        None,
+    ),
+    Wheel(
+        "tqdm==4.70.1",
+        "tqdm-4.70.1-py3-none-any.whl",
+        "c293e525e6fef9c20e8728fd4612df02a0aa31bb5fe91ecd93e123b1b7bffa73",
+        None,
+    ),
+    Wheel(
+        "typing_extensions==4.16.0",
+        "typing_extensions-4.16.0-py3-none-any.whl",
+        "481caa481374e813c1b176ada14e97f1f67a4539ce9cfeb3f350d78d6370c2e8",
+        None,
+    ),
+]
+TORCH_STANDIN = {
+    "__init__.py": '''"""A stand-in for torch, written by edged's scripts/fetch_test_data.py:
+rknn-toolkit2 imports torch when it loads but converts ONNX models without it. Any use raises.
+"""
+
+import contextlib
+
+__version__ = "2.4.0"
+
+
+class no_grad(contextlib.ContextDecorator):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def __getattr__(name):
+    raise RuntimeError(f"torch.{name}: not installed (a stand-in: see its docstring)")
+''',
+    "nn.py": """class Module:
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("torch.nn.Module: not installed (a stand-in: see torch/__init__.py)")
+
+
+def __getattr__(name):
+    raise RuntimeError(f"torch.nn.{name}: not installed (a stand-in: see torch/__init__.py)")
+""",
+}
+# What the converter runs in that venv: each job's config, load_onnx (the input fixed to its
+# shape: the ONNX model's height and width are dynamic), build (INT8 calibrated on the
+# dataset's .npy files, in the model's NCHW layout as rknn-toolkit2 wants them) and export.
+RKNN_CONVERT = """import json, sys
+from rknn.api import RKNN
+
+for job in json.loads(sys.argv[1]):
+    rknn = RKNN(verbose=False)
+    try:
+        steps = (
+            ("config", lambda: rknn.config(
+                mean_values=[[0, 0, 0]], std_values=[[1, 1, 1]], target_platform=job["target"])),
+            ("load_onnx", lambda: rknn.load_onnx(
+                model=job["onnx"], inputs=[job["input"]], input_size_list=[job["shape"]])),
+            ("build", lambda: rknn.build(do_quantization=job["int8"], dataset=job["dataset"])),
+            ("export_rknn", lambda: rknn.export_rknn(job["out"])),
+        )
+        for name, step in steps:
+            if step() != 0:
+                sys.exit(f"rknn-toolkit2 {name} failed for {job['out']}")
+    finally:
+        rknn.release()
+"""
+# (source, output, target_platform, INT8). The stamp beside each holds the source's sha256,
+# the converter wheel's and this recipe. The converter's output is not byte-reproducible: a
+# file holds a few heap and stack addresses and, in padding, uninitialised memory of the
+# converting process (two builds of the fp16 RK3588 model here differed in 1,247 of its
+# 994,945 bytes), so the files are checked with edged's reader (target, precision, the ONNX
+# original's inputs and outputs) instead of pinned by sha256; manifest.json records their
+# sha256.
+RKNN_RECIPE = "rknn-toolkit2-2.5.0 nchw-1x3x48x192 int8-8-text-like-half v1"
+RKNN_INPUT = ("x", [1, 3, 48, 192])
+RKNN_CALIBRATION = (8, 20261130)  # images, seed (the seed of the ONNX INT8 models)
+RKNN_MODELS = [
+    ("ppocr_cls.onnx", "ppocr_cls_rk3588_fp16.rknn", "rk3588", False),
+    ("ppocr_cls.onnx", "ppocr_cls_rk3588_int8.rknn", "rk3588", True),
+    ("ppocr_cls.onnx", "ppocr_cls_rk3566_fp16.rknn", "rk3566", False),
+    ("ppocr_cls.onnx", "ppocr_cls_rk3566_int8.rknn", "rk3566", True),
 ]
 
 # Calibration and held-out evaluation images for the MediaPipe face and palm detectors, made
@@ -482,6 +635,118 @@ def quantize_qdq(
         partial.replace(out)
 
 
+def make_rknn_models(root: Path) -> None:
+    """RKNN_MODELS, made again only where a stamp does not match (the converter's venv is
+    made only then), each checked with edged's own .rknn reader."""
+    models = root / "models"
+    toolkit = RKNN_TOOLKIT.sha256
+    todo = []
+    for src_name, out_name, target, int8 in RKNN_MODELS:
+        out = models / out_name
+        stamp = out.with_name(out.name + ".source-sha256")
+        want = f"{sha256_file(models / src_name)} {toolkit} {RKNN_RECIPE}"
+        if not (out.exists() and stamp.exists() and stamp.read_text().strip() == want):
+            todo.append((models / src_name, out, target, int8, stamp, want))
+    if not todo:
+        return
+    wheels = [fetch_wheel(w, root / "wheels") for w in (RKNN_TOOLKIT, *RKNN_TOOLKIT_DEPS)]
+    with tempfile.TemporaryDirectory(prefix="rknn-toolkit2.", dir=root) as tmp:
+        work = Path(tmp)
+        python = _rknn_venv(work / "venv", wheels)
+        dataset = _rknn_calibration(work / "calibration")
+        jobs = [
+            {
+                "onnx": str(src),
+                "out": str(work / out.name),
+                "target": target,
+                "int8": int8,
+                "dataset": str(dataset) if int8 else None,
+                "input": RKNN_INPUT[0],
+                "shape": RKNN_INPUT[1],
+            }
+            for src, out, target, int8, _, _ in todo
+        ]
+        log(f"converting {len(jobs)} .rknn models with rknn-toolkit2 2.5.0")
+        script = work / "convert.py"
+        script.write_text(RKNN_CONVERT)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        proc = subprocess.run(
+            [str(python), str(script), json.dumps(jobs)],
+            capture_output=True,
+            text=True,
+            cwd=work,
+            env=env,
+        )
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip() or proc.stdout.strip())[-600:]
+            raise FetchError(f"rknn-toolkit2 conversion failed (exit {proc.returncode}): {tail}")
+        for (src, out, target, int8, stamp, want), job in zip(todo, jobs, strict=True):
+            made = Path(job["out"])
+            check_rknn(made, src, target, "int8" if int8 else "fp16")
+            made.replace(out)
+            stamp.write_text(want + "\n")
+            log(f"made {out.name}")
+
+
+def _rknn_venv(venv: Path, wheels: list[Path]) -> Path:
+    """A venv with exactly `wheels` (no dependency resolution, no index) and TORCH_STANDIN."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    cmd = [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "-q"]
+    cmd += ["--disable-pip-version-check", *map(str, wheels)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise FetchError(f"installing rknn-toolkit2's wheels failed: {proc.stderr.strip()[-400:]}")
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "torch").mkdir()
+    for name, text in TORCH_STANDIN.items():
+        (Path(site) / "torch" / name).write_text(text)
+    return python
+
+
+def _rknn_calibration(folder: Path) -> Path:
+    """RKNN_CALIBRATION's text-like images as NCHW float32 .npy files, normalised as the cls
+    model takes them, and the dataset list rknn-toolkit2's build() reads."""
+    import numpy as np
+
+    folder.mkdir()
+    count, seed = RKNN_CALIBRATION
+    paths = []
+    for i, image in enumerate(_calibration_images(tuple(RKNN_INPUT[1]), count, seed)):
+        path = folder / f"{i:02d}.npy"
+        np.save(path, _normalize(image, "half").astype(np.float32))
+        paths.append(str(path))
+    dataset = folder / "dataset.txt"
+    dataset.write_text("\n".join(paths) + "\n")
+    return dataset
+
+
+def check_rknn(path: Path, original: Path, target: str, precision: str) -> None:
+    """FetchError unless edged reads `path` as an RKNN model for `target` in `precision`
+    with `original`'s inputs and outputs."""
+    from backends.errors import ModelError
+    from backends.model_info import signature, signature_mismatch
+    from backends.rknn_backend import read_rknn
+
+    try:
+        made = read_rknn(path, path.read_bytes())
+        mismatch = signature_mismatch(
+            signature(original), ([t.spec for t in made.inputs], [t.spec for t in made.outputs])
+        )
+    except ModelError as exc:
+        raise FetchError(f"rknn-toolkit2 wrote a model edged cannot read: {exc}") from None
+    if (made.target, made.precision) != (target, precision) or mismatch:
+        raise FetchError(
+            f"{path.name}: edged reads it as {made.precision} for {made.target} "
+            f"({mismatch or 'same inputs and outputs'}), expected {precision} for {target}"
+        )
+
+
 def make_detector_images(root: Path) -> None:
     for name, count, seed in DETECTOR_SETS:
         make_detector_set(root, name, count, seed)
@@ -553,7 +818,7 @@ def write_manifest(root: Path) -> None:
         "models": {
             p.name: sha256_file(p)
             for p in sorted((root / "models").glob("*.*"))
-            if p.suffix in (".onnx", ".tflite")
+            if p.suffix in (".onnx", ".tflite", ".rknn")
         },
         "images": {str(p.relative_to(images)): sha256_file(p) for p in image_files},
         "dtb": KERNEL_DEB["dest"],
@@ -586,6 +851,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "models"):
             fetch_models(root)
             quantize_models(root)
+            make_rknn_models(root)
         if args.only in (None, "images"):
             fetch_photos(root)
             make_detector_images(root)

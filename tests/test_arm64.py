@@ -8,7 +8,8 @@ is gated on. The accuracy figures go to the lane's closing note: `arm64-figure:`
 
 Not covered yet: a full-integer TFLite model (issue 12 makes one; the test data has none, and
 none is faked here). rknn-toolkit-lite2 imports in the root but needs librknnrt.so and
-/dev/rknpu, so it never is a candidate under emulation.
+/dev/rknpu, so it never is a candidate under emulation: test_rknn_toolkit_lite2 checks the
+reasons the RKNN backend gives there and that the real RKNNLite's failure is its error.
 """
 
 from __future__ import annotations
@@ -545,3 +546,60 @@ def test_audit_provision_revert(arm64_root: Arm64Root, dtb_corpus: Path, tmp_pat
     revert = arm64_root.run("edgectl", "revert", "--root", image, label="revert")
     assert revert.returncode == 0, revert.why()
     assert tree_state(image) == before
+
+
+# -- 7. rknn-toolkit-lite2 in the root ----------------------------------------------------------
+
+RKNN_LANE = """
+import json, sys
+from dataclasses import replace
+import rknnlite.api
+from backends import LoadOptions, get_backend, probe_hardware
+from backends.base import Candidate
+from backends.errors import BackendError
+from backends.model_info import inspect_model
+
+backend, model, hw = get_backend("rknn"), inspect_model(sys.argv[1]), probe_hardware()
+out = {"mask": rknnlite.api.RKNNLite.NPU_CORE_0_1, "model": model.to_dict()}
+out["here"] = [c.to_dict() for c in backend.candidates(hw, model)]
+for soc in ("rockchip,rk3588", "rockchip,rk3566"):
+    board = replace(hw, soc_compatible=["vendor,board", soc])
+    out[soc] = [c.to_dict() for c in backend.candidates(board, model)]
+npu = Candidate("rknn", "NPU", "model", True, "", {"soc": "rk3588", "cores": 3, "root": "/"})
+try:
+    backend.load(model, npu, LoadOptions(npu_cores=(0, 1)))
+except BackendError as exc:
+    out["load"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_rknn_toolkit_lite2(arm64_root: Arm64Root, models_dir: Path) -> None:
+    """In the root, on aarch64: rknn-toolkit-lite2 imports, edged reads the real .rknn model,
+    and the RKNN backend's reasons are what is missing (here: no device tree; as an RK3588 or
+    an RK3566 board: no rknpu driver and no librknnrt.so, which is not on PyPI, and the
+    RK3566 is not the model's target). Loading on a made-up candidate reaches the real
+    RKNNLite, whose init_runtime fails without the device: a BackendError, and rknnlite's
+    messages stay off stdout."""
+    name = "ppocr_cls_rk3588_int8.rknn"
+    if not (models_dir / name).exists():  # a test-data cache older than the .rknn models
+        script = REPO / "scripts" / "fetch_test_data.py"
+        subprocess.run([sys.executable, str(script), "--only", "models"], check=True)
+    run = arm64_root.run("python3", "-c", RKNN_LANE, models_dir / name, label="rknn-toolkit-lite2")
+    assert run.returncode == 0, run.why()
+    out = run.json()  # all of stdout: JSON only
+    assert out["mask"] == 3  # RKNNLite.NPU_CORE_0_1, from the real module
+    model = out["model"]
+    assert (model["format"], model["target"], model["precision"]) == ("rknn", "rk3588", "int8")
+    [here] = out["here"]
+    assert not here["available"] and "not a Rockchip NPU SoC" in here["reason"]
+    [rk3588] = out["rockchip,rk3588"]
+    assert rk3588["reason"].startswith("Rockchip RK3588 NPU: no rknpu driver")
+    assert "librknnrt.so is not in this system" in rk3588["reason"]
+    assert "rknn-toolkit-lite2" not in rk3588["reason"] and "built for" not in rk3588["reason"]
+    [rk3566] = out["rockchip,rk3566"]
+    assert "the model is built for rk3588 (RKNPU2-V2), this board is rk3566" in rk3566["reason"]
+    assert out["load"] == (
+        f"{name}: RKNNLite.init_runtime failed on rk3588 (NPU_CORE_0_1): returned -1 "
+        "(librknnrt says why on stderr)"
+    )

@@ -349,8 +349,10 @@ def test_backends_are_found_by_file_name_in_their_order_without_a_runtime():
             "orders": [m.ORDER for m in mods],
             "match": all(m.BACKEND.name == m.NAME == n for m, n in zip(mods, backends.REGISTRY)),
             "aliases": backends.ALIASES,
-            "runtimes": [r for r in ("onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime")
-                         if r in sys.modules],
+            "runtimes": [r for r in ("onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime",
+                                     "rknnlite", "hailo_platform") if r in sys.modules],
+            "formats": {f: backends.format_owner(f) for f in backends.model_formats()},
+            "platforms": {f: m.platform for f, m in backends.model_formats().items()},
         }))
     """)
     out = subprocess.run(
@@ -362,8 +364,30 @@ def test_backends_are_found_by_file_name_in_their_order_without_a_runtime():
     )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    assert got["names"] == ["onnxruntime", "openvino", "litert"]
+    assert got["names"] == ["onnxruntime", "openvino", "litert", "rknn", "hailo"]
     assert got["orders"] == sorted(got["orders"])
     assert got["match"]
-    assert got["aliases"] == {"ort": "onnxruntime", "ov": "openvino", "tflite": "litert"}
+    assert got["aliases"] == {
+        "ort": "onnxruntime",
+        "ov": "openvino",
+        "tflite": "litert",
+        "rockchip": "rknn",
+        "rknpu": "rknn",
+        "hailort": "hailo",
+    }
     assert got["runtimes"] == []
+    # Each format is declared by the one backend that owns it, with its protocol platform.
+    assert got["formats"] == {
+        "onnx": "onnxruntime",
+        "openvino-ir": "openvino",
+        "tflite": "litert",
+        "rknn": "rknn",
+        "hef": "hailo",
+    }
+    assert got["platforms"] == {
+        "onnx": "onnxruntime_onnx",
+        "openvino-ir": "openvino",
+        "tflite": "tensorflow_lite",
+        "rknn": "rknn",
+        "hef": "hailo",
+    }
