@@ -125,6 +125,7 @@ class Daemon:
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> int:
         from edged.serving.api import Api
+        from edged.serving.grpc_server import bind_grpc
 
         self.housekeeping = pin_housekeeping(self.config)
         if self.cpu_plan is not None and self.cpu_plan.source == "models":
@@ -133,9 +134,19 @@ class Daemon:
         self.models, self.failed = await asyncio.to_thread(self.load_models, self.config, {})
         if self.config.server.mlockall:
             self.memory_locked = lock_memory()
+        api = Api(
+            lambda: self.models,
+            self.metrics,
+            self.config.server.max_body_bytes,
+            self.status,
+            lambda: self.failed,
+            reload=self._on_hup,
+        )
+        api.max_decode_bytes = self.config.server.max_decode_bytes
         try:
             sockets = bind_sockets(self.config)
             self._socket_id = socket_identity(self.config)
+            grpc_server = bind_grpc(api.inference, self.config.server)  # None: gRPC is off
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             self.notifier.notify(f"STATUS=cannot listen: {exc}")
@@ -150,15 +161,6 @@ class Daemon:
             )
         )
         self.start_telemetry()
-        api = Api(
-            lambda: self.models,
-            self.metrics,
-            self.config.server.max_body_bytes,
-            self.status,
-            lambda: self.failed,
-            reload=self._on_hup,
-        )
-        api.max_decode_bytes = self.config.server.max_decode_bytes
         self._server = server = http_server(api, self.config.server, DRAIN_S)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -176,6 +178,10 @@ class Daemon:
         interval = watchdog_interval_s()
         if interval:
             tasks.append(asyncio.ensure_future(self._watchdog(interval)))
+        if grpc_server is not None:  # serving before HTTP, so READY=1 means both; drains with it
+            await grpc_server.start()
+            stop = grpc_server.stop_when(lambda: server.should_exit, DRAIN_S)
+            tasks.append(asyncio.ensure_future(stop))
         try:
             await server.serve(sockets=sockets)
             if not server.started:
@@ -185,6 +191,8 @@ class Daemon:
             monitor.stop()
             for task in tasks:
                 task.cancel()
+            if grpc_server is not None:
+                await grpc_server.stop(DRAIN_S)
             await asyncio.to_thread(stop_workers, list(self.models.values()), DRAIN_S)
             # The last partial window, then the retained offline state before a clean
             # DISCONNECT (which suppresses the Will).

@@ -124,7 +124,7 @@ CROSS_PACKAGES = tuple(tuple(entry.split(":", 1)) for entry in _CROSS.split())
 # here: the lane drives the root from the host's pytest.
 _REQUIREMENTS = """
     numpy onnxruntime openvino ai-edge-litert rknn-toolkit-lite2 onnx flatbuffers uvicorn
-    httptools uvloop prometheus-client orjson paho-mqtt psutil pyudev tqdm pillow sympy
+    httptools uvloop prometheus-client orjson paho-mqtt psutil pyudev tqdm pillow sympy grpcio
 """
 WHEEL_REQUIREMENTS = tuple(_REQUIREMENTS.split())
 

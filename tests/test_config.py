@@ -61,6 +61,7 @@ def test_example_config_loads(test_data: Path, monkeypatch: pytest.MonkeyPatch) 
         state_dir=REPO / "state",
         max_body_bytes=64 * 1024 * 1024,
         log_level="info",
+        grpc_socket=REPO / "state" / "grpc.sock",  # beside `socket`
     )
     assert config.selection == Policy(runs=50, warmup=5, max_drop=0.01, max_abs=None)
     det, face = config.models
@@ -204,6 +205,8 @@ def test_every_key_set(folder: Path) -> None:
         state_dir = "/srv/edged"
         max_body_bytes = 1024
         log_level = "DEBUG"
+        grpc_listen = "127.0.0.2:7001"
+        grpc_socket = "/srv/edged/grpc.sock"
 
         [selection]
         runs = 10
@@ -226,7 +229,18 @@ def test_every_key_set(folder: Path) -> None:
         timeout_ms = 1
         """,
     )
-    assert config.server == ServerConfig("::1", 0, None, 0o600, Path("/srv/edged"), 1024, "debug")
+    assert config.server == ServerConfig(
+        "::1",
+        0,
+        None,
+        0o600,
+        Path("/srv/edged"),
+        1024,
+        "debug",
+        grpc_listen_host="127.0.0.2",
+        grpc_listen_port=7001,
+        grpc_socket=Path("/srv/edged/grpc.sock"),
+    )
     # min_cosine, the older spelling, is 1 - max_drop.
     assert config.selection == Policy(
         runs=10, warmup=0, time_budget_s=2.0, max_drop=0.0, max_abs=0.5
@@ -510,7 +524,7 @@ def test_typo_is_an_error_not_a_default(folder: Path) -> None:
         f"'max_body_bytes'?; allowed: listen, socket, socket_mode, state_dir, max_body_bytes, "
         f"log_level, housekeeping_cpus, mlockall, max_connections, hang_s, "
         f"socket_max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, "
-        f"max_header_bytes, max_decode_bytes"
+        f"max_header_bytes, max_decode_bytes, grpc_listen, grpc_socket"
     )
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import re
 import shutil
 import struct
@@ -160,54 +159,7 @@ def test_a_corrupt_model_says_what_is_wrong(
 # -- boards --------------------------------------------------------------------------------------
 
 
-def board(
-    tmp_path: Path,
-    *,
-    driver: str | None = "drm",
-    driver_version: str | None = "0.9.8",
-    library: str | None = "2.5.0",
-    toolkit: bool = True,
-    running: bool = True,
-    compatible: tuple[str, ...] = (),
-) -> Path:
-    """A root as a running board shows it: the vendor rknpu driver's DRM render node
-    ("drm"), its misc device ("misc"), mainline's rocket accel node ("rocket") or none; the
-    driver's version where MODULE_VERSION puts it; librknnrt.so with its version string; the
-    image's Python with rknn-toolkit-lite2. `running` False: an image (no /sys)."""
-    root = tmp_path / "root"
-    root.mkdir()
-    if running:
-        (root / "sys" / "devices" / "platform").mkdir(parents=True)
-    if driver == "drm":
-        _device(root, "drm", "renderD129", "RKNPU", "dev/dri/renderD129")
-    elif driver == "misc":
-        (root / "dev").mkdir()
-        (root / "dev" / "rknpu").touch()
-    elif driver == "rocket":
-        _device(root, "accel", "accel0", "rocket", "dev/accel/accel0")
-    if driver in ("drm", "misc") and driver_version:
-        (root / "sys" / "module" / "rknpu").mkdir(parents=True)
-        (root / "sys" / "module" / "rknpu" / "version").write_text(driver_version + "\n")
-    if library:
-        lib = root / "usr" / "lib" / "librknnrt.so"
-        lib.parent.mkdir(parents=True)
-        tag = f"librknnrt version: {library} (0ff3f2b7f@2025-09-16T14:46:08)" if library else ""
-        lib.write_bytes(b"\x7fELF not a library, a test file\x00" * 1000 + tag.encode() + b"\x00")
-    if toolkit:
-        (root / "opt/edged/lib/python3.11/site-packages/rknnlite/api").mkdir(parents=True)
-    if compatible:
-        dt = root / "proc" / "device-tree"
-        dt.mkdir(parents=True)
-        (dt / "compatible").write_bytes(b"".join(c.encode() + b"\0" for c in compatible))
-    return root
-
-
-def _device(root: Path, subsystem: str, name: str, driver: str, node: str) -> None:
-    folder = root / "sys" / "class" / subsystem / name / "device"
-    folder.mkdir(parents=True)
-    os.symlink(f"../../../../bus/platform/drivers/{driver}", folder / "driver")
-    (root / node).parent.mkdir(parents=True, exist_ok=True)
-    (root / node).touch()
+board = rknn_standin.board_root
 
 
 @functools.lru_cache

@@ -76,6 +76,12 @@ class ServerConfig:
     # Memory that JSON tensor data of large requests may take while it is decoded, estimated
     # before decoding, for all such requests at once: one alone over it gets 413.
     max_decode_bytes: int = 256 * 1024 * 1024
+    # gRPC (inference.GRPCInferenceService) on TCP; None: off. Unset, it follows `listen`:
+    # the same host and the next port (Triton's 8000/8001 pair; a picked port 0 stays 0).
+    grpc_listen_host: str | None = field(default="127.0.0.1", metadata={"toml": "grpc_listen"})
+    grpc_listen_port: int | None = field(default=8001, metadata={"toml": "grpc_listen"})
+    # gRPC on a Unix socket (socket_mode applies); None: off. Unset: grpc.sock beside `socket`.
+    grpc_socket: Path | None = Path("/run/edged/grpc.sock")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from edged.config.checks import Checker, Table, show
@@ -37,17 +38,20 @@ def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
     )
     raw_socket = t.string("socket")
     socket = check.path(raw_socket, "server.socket") if raw_socket else None
-    if socket is not None and len(os.fsencode(socket)) > MAX_SOCKET_PATH:
-        raise check.fail(
-            "server.socket",
-            f"{socket} is {len(os.fsencode(socket))} bytes; "
-            f"a Unix socket path takes at most "
-            f"{MAX_SOCKET_PATH}",
-        )
+    _check_socket_path(check, socket, "server.socket")
     if host is None and socket is None:
         raise check.fail(
             "server.listen", 'is "" and so is server.socket: nothing could reach the daemon'
         )
+    grpc_host, grpc_port = grpc_listen(check, t, host, port)
+    if "grpc_socket" in t:
+        raw_grpc = t.string("grpc_socket")
+        grpc_socket = check.path(raw_grpc, "server.grpc_socket") if raw_grpc else None
+    else:
+        grpc_socket = socket.parent / "grpc.sock" if socket is not None else None
+    _check_socket_path(check, grpc_socket, "server.grpc_socket")
+    if grpc_socket is not None and grpc_socket == socket:
+        raise check.fail("server.grpc_socket", f"{grpc_socket} is server.socket too")
     mode = d.socket_mode
     if "socket_mode" in t:
         raw_mode = t.get("socket_mode")
@@ -90,7 +94,34 @@ def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
         idle_timeout_s=seconds("idle_timeout_s"),
         max_header_bytes=t.integer("max_header_bytes", 1024, 2**24),
         max_decode_bytes=t.integer("max_decode_bytes", 2**20, 2**36),
+        grpc_listen_host=grpc_host,
+        grpc_listen_port=grpc_port,
+        grpc_socket=grpc_socket,
     )
+
+
+def _check_socket_path(check: Checker, path: Path | None, key: str) -> None:
+    if path is not None and len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise check.fail(
+            key,
+            f"{path} is {len(os.fsencode(path))} bytes; a Unix socket path takes at most "
+            f"{MAX_SOCKET_PATH}",
+        )
+
+
+def grpc_listen(
+    check: Checker, t: Table, host: str | None, port: int | None
+) -> tuple[str | None, int | None]:
+    """server.grpc_listen; unset: `listen`'s host and the next port (the one before for
+    65535; 0 stays 0: the kernel picks one for each), off with it."""
+    if "grpc_listen" in t:
+        grpc_host, grpc_port = listen(check, t.string("grpc_listen"), "server.grpc_listen")
+        if grpc_host is not None and (grpc_host, grpc_port) == (host, port) and grpc_port:
+            raise check.fail("server.grpc_listen", f"{host}:{port} is server.listen too")
+        return grpc_host, grpc_port
+    if host is None or port is None:
+        return None, None
+    return host, (port + 1 if port < 65535 else port - 1) if port else 0
 
 
 def hang_bound(
@@ -118,7 +149,7 @@ def hang_bound(
     return replace(server, hang_s=hang)
 
 
-def listen(check: Checker, text: str) -> tuple[str | None, int | None]:
+def listen(check: Checker, text: str, key: str = "server.listen") -> tuple[str | None, int | None]:
     if text == "":
         return None, None
     host, sep, port = text.rpartition(":")
@@ -127,15 +158,13 @@ def listen(check: Checker, text: str) -> tuple[str | None, int | None]:
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise check.fail("server.listen", f"[{host}] is not an IPv6 address") from None
+            raise check.fail(key, f"[{host}] is not an IPv6 address") from None
     elif ":" in host:
-        raise check.fail(
-            "server.listen", f"an IPv6 address needs brackets, as in [::1]:8000; got {text!r}"
-        )
+        raise check.fail(key, f"an IPv6 address needs brackets, as in [::1]:8000; got {text!r}")
     if not sep or not host or any(c.isspace() for c in host):
-        raise check.fail("server.listen", f"expected HOST:PORT, got {text!r}")
+        raise check.fail(key, f"expected HOST:PORT, got {text!r}")
     if not (port.isascii() and port.isdigit() and int(port) <= 65535):
-        raise check.fail("server.listen", f"port must be 0..65535, got {text!r}")
+        raise check.fail(key, f"port must be 0..65535, got {text!r}")
     return host, int(port)
 
 

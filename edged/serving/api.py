@@ -11,27 +11,31 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.errors import BackendError, InputError
 from backends.tensors import TensorSpec
 from edged import __version__
 from edged.serving.http_limits import BODY_TIMED_OUT
+from edged.serving.inference import (
+    EXTENSIONS,
+    UNKNOWN_MODEL,
+    VERSION,
+    ClientGone,
+    Inference,
+    RequestError,
+    UnknownVersion,
+)
 from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel, device_used
 from edged.serving.protocol import InferRequest, ProtocolError, decode_request, json_decode_bytes
-from edged.serving.requests import EngineError
 from edged.serving.responses import encode_response, json_output_values, tensor_metadata
 
 log = logging.getLogger("edged.serving.api")
 
-EXTENSIONS = ["binary_tensor_data", "model_repository(metadata only)", "statistics(metrics)"]
 JSON = [(b"content-type", b"application/json")]
-UNKNOWN_MODEL = "_unknown"  # the model label of requests for names that are not configured
 # Requests with this much JSON (the whole body, or the binary extension's JSON header) are
 # decoded in a thread: on the event loop, three 56 MB JSON requests (and their 17 MB JSON
 # answers) held a health check for up to 0.9 s and a small inference for 1.9 s. Smaller
@@ -41,10 +45,7 @@ OFFLOAD_JSON_VALUES = 128 * 1024  # and responses with this many values as JSON 
 MiB = 2**20
 
 
-class HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+HttpError = RequestError  # the shared path's error: its status is the HTTP status
 
 
 class Api:
@@ -60,14 +61,13 @@ class Api:
     ) -> None:
         self._models = models  # a callable: reload swaps the mapping atomically
         self.metrics = metrics
+        # The infer path, model lookup, readiness and statistics, shared with gRPC.
+        self.inference = Inference(models, metrics, failed)
         self.max_body_bytes = max_body_bytes
-        # The most a request's JSON may take to decode (`[server] max_decode_bytes`), and one
-        # such decode at a time: they are bound by the GIL, not by cores, so more at once
-        # only take it from the event loop more often (and hold more memory).
+        # The most a request's JSON may take to decode (`[server] max_decode_bytes`); such
+        # decodes run one at a time (Inference.offload).
         self.max_decode_bytes = max_decode_bytes
-        self._decoding = asyncio.Lock()
         self._status = status
-        self._failed = failed or dict
         self._reload = reload
 
     async def __call__(self, scope, receive, send) -> None:
@@ -112,6 +112,8 @@ class Api:
             )
         elif parts == ["edged", "status"]:
             await _send_json(send, 200, self._status() if self._status else {})
+        elif parts == ["v2", "models", "stats"]:  # the statistics extension, every model
+            await _send_json(send, 200, {"model_stats": self.inference.statistics()})
         elif len(parts) >= 3 and parts[:2] == ["v2", "models"]:
             served, rest = self._model(parts[2:])
             if rest == []:
@@ -121,6 +123,9 @@ class Api:
                 await _send_json(send, 200 if ready else 503, {"ready": ready})
             elif rest == ["config"]:
                 await _send_json(send, 200, _model_config(served))
+            elif rest == ["stats"]:
+                stats = self.inference.statistics(served.name)
+                await _send_json(send, 200, {"model_stats": stats})
             else:
                 raise HttpError(404, f"no route {path}")
         else:
@@ -138,25 +143,15 @@ class Api:
         await _send_json(send, 202, {"reload": "started"})
 
     def _ready(self) -> bool:
-        """Every configured model serves a version. A model whose reload failed but whose old
-        version still serves counts as serving; one that never loaded does not."""
-        models = self._models()
-        return all(name in models for name in self._failed()) and all(
-            m.worker.alive() for m in models.values()
-        )
+        return self.inference.ready()
 
     def _model(self, parts: list[str]) -> tuple[ServedModel, list[str]]:
+        """The model a /v2/models/{name}[/versions/{v}]/... path names, and the rest."""
         name, rest = parts[0], parts[1:]
-        served = self._models().get(name)
-        if served is None:
-            reason = self._failed().get(name)
-            if reason:
-                raise HttpError(503, f"model {name!r} is not loaded: {reason}")
-            raise HttpError(404, f"unknown model {name!r}")
+        served = self.inference.model(name)
         if rest[:1] == ["versions"]:
-            if len(rest) < 2 or rest[1] != "1":
-                version = rest[1] if len(rest) > 1 else ""
-                raise HttpError(404, f"model {name!r} has no version {version!r} (only '1')")
+            if len(rest) < 2 or rest[1] != VERSION:
+                raise UnknownVersion(name, rest[1] if len(rest) > 1 else "")
             rest = rest[2:]
         return served, rest
 
@@ -182,56 +177,42 @@ class Api:
 
     # -- infer -------------------------------------------------------------------------------
     async def _infer(self, scope, receive, send, path: str) -> None:
-        """Admission before the body: a full queue (counting requests whose bodies are still
-        being read or decoded) or a model that is not serving is refused before a byte of the
-        body is read, so a flood costs no body memory. The unread rest is uvicorn's to
-        discard: after the response is complete it drops further body data and keeps the
-        connection. A body that does not arrive in time (edged.serving.http_limits) ends the read as
-        a client gone away would, and so gives the slot back."""
-        start = time.perf_counter()
+        """The shared infer path (edged.serving.inference) with HTTP's reading: admission
+        before the body, so a full queue (counting requests whose bodies are still being read
+        or decoded) or a model that is not serving is refused before a byte of the body is
+        read, and a flood costs no body memory. The unread rest is uvicorn's to discard:
+        after the response is complete it drops further body data and keeps the connection.
+        A body that does not arrive in time (edged.serving.http_limits) ends the read as a
+        client gone away would, and so gives the slot back."""
         parts = [p for p in path.split("/") if p]
         if len(parts) < 4 or parts[:2] != ["v2", "models"]:
             self.metrics.count(UNKNOWN_MODEL, "404")
             raise HttpError(404, f"no route {path}")
         name = parts[2]
-        code = 200
-        try:
+        headers = dict(scope["headers"])
+
+        def model() -> ServedModel:
             served, rest = self._model(parts[2:])
             if rest != ["infer"]:
                 raise HttpError(404, f"no route {path}")
-            worker = served.worker
-            worker.check_room()
-            headers = dict(scope["headers"])
-            worker.admitting += 1
-            try:
-                body = await self._read_body(headers, receive)
-                if body is None:  # the client went away, or its body timed out (answered)
-                    code = 408 if scope.get(BODY_TIMED_OUT) else 0
-                    return
-                request = await self._decode(body, _header_length(headers), served.session.inputs)
-                served.check_shapes(request.inputs)
-            finally:
-                worker.admitting -= 1  # no await before submit: the slot passes to the queue
-            outputs, timing = await worker.infer(request.inputs, request.timeout_ms)
-            payload, json_length = await self._encode(name, request, outputs)
-        except HttpError as exc:
-            code = exc.status
-            raise
-        except (ProtocolError, InputError) as exc:
-            code = 400
-            raise HttpError(400, str(exc)) from None
-        except EngineError as exc:
-            code = exc.status
-            raise HttpError(exc.status, str(exc)) from None
-        except BackendError as exc:
-            code = 500
-            raise HttpError(500, str(exc)) from None
-        finally:
-            if code not in (0, 200):  # 200 is counted once the answer is out
-                # Unknown names share one label value: a scan of names must not grow the
-                # metric without bound. Configured-but-failed models keep their own name.
-                label = name if code != 404 or name in self._models() else UNKNOWN_MODEL
-                self.metrics.count(label, str(code))
+            return served
+
+        async def read(served: ServedModel) -> bytes:
+            body = await self._read_body(headers, receive)
+            if body is None:  # the client went away, or its body timed out (answered)
+                raise ClientGone(408 if scope.get(BODY_TIMED_OUT) else 0)
+            return body
+
+        async def decode(body: bytes, served: ServedModel) -> InferRequest:
+            return await self._decode(body, _header_length(headers), served.session.inputs)
+
+        async def encode(request: InferRequest, outputs) -> tuple[bytes, int | None]:
+            return await self._encode(name, request, outputs)
+
+        answer = await self.inference.infer(name, model, read, decode, encode)
+        if answer is None:
+            return
+        payload, json_length = answer.payload
         extra = (
             []
             if json_length is None
@@ -241,10 +222,7 @@ class Api:
             ]
         )
         await _send(send, 200, payload, extra or JSON)
-        self.metrics.count(name, "200")
-        self.metrics.observe(
-            name, timing.queue_s, timing.compute_s, time.perf_counter() - start, timing.batch_size
-        )
+        answer.sent()
 
     async def _decode(
         self, body: bytes, header_length: int | None, specs: Sequence[TensorSpec]
@@ -255,8 +233,7 @@ class Api:
         json_bytes = len(body) if header_length is None else header_length
         if json_bytes < OFFLOAD_JSON_BYTES:
             return decode_request(body, header_length, specs)
-        async with self._decoding:
-            return await asyncio.to_thread(self._decode_large, body, header_length, specs)
+        return await self.inference.offload(self._decode_large, body, header_length, specs)
 
     async def _encode(
         self, name: str, request: InferRequest, outputs: Mapping[str, Any]

@@ -142,12 +142,16 @@ class ModelWorker:
         reason: str,
         usable: Callable[[Candidate], bool] | None = None,
         retire: bool = True,
+        failed: Session | None = None,
     ) -> bool:
         """Switch to the warm standby, else the next verified backend (that `usable`
         accepts). False if none loads; then the current session stays. The session left is
         closed once no batch runs on it (`retire`; a stalled one is left alone: its thread
-        is still inside it)."""
+        is still inside it). `failed`: the session that failed; when another thread has
+        switched away from it meanwhile, that switch stands (True)."""
         with self._switch_lock:
+            if failed is not None and self.session is not failed:
+                return True
             failed = self.session
             replacement = self.standby
             if replacement is not None and (
@@ -487,12 +491,30 @@ class ModelWorker:
             raise
         except BackendError as exc:
             self.last_error = str(exc)
-            fault = self._input_fault(feeds, exc)
-            if fault is not None:
-                raise fault from None  # the input's fault: 400, and no switch of backend
-            if not self.fail_over(str(exc), lambda c: c.key != session.candidate.key):
-                raise
-            return self.session.run(feeds)  # the failed request is retried once, there
+            moved = lambda c: c.key != session.candidate.key  # noqa: E731
+            standby = self.standby
+            if self.session is session and standby is not None and moved(standby.candidate):
+                # The warm standby is a verified session: it answering the input says the
+                # backend failed, not the input; and its answer is the retry's answer.
+                try:
+                    outputs = standby.run(feeds)
+                except (BackendError, InputError) as standby_exc:
+                    raise InputError(
+                        f"{self.name}: the standby {standby.candidate.key} fails on these "
+                        f"inputs too ({str(standby_exc)[:200]}); the backend said: "
+                        f"{str(exc)[:200]}"
+                    ) from None
+                self.fail_over(str(exc), moved, failed=session)
+                return outputs
+            if self.session is session:
+                fault = self._input_fault(feeds, exc)
+                if fault is not None:
+                    raise fault from None  # the input's fault: 400, and no switch of backend
+                if not self.fail_over(str(exc), moved, failed=session):
+                    raise
+            # Failed over, here or meanwhile (a hot-plug took the standby): the request is
+            # retried once, there.
+            return self.session.run(feeds)
 
     def _input_fault(self, feeds, exc: BackendError) -> InputError | None:
         """An InputError when the reference runtime fails on these inputs too (a size the

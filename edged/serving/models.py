@@ -16,7 +16,7 @@ from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo
 from edged.quantize.calibration_spec import CalibrationSpec
 from edged.selection.bench import pinned_thread
-from edged.selection.candidates import all_candidates, backend_candidates, find_candidate
+from edged.selection.candidates import backend_candidates, find_candidate
 from edged.selection.decision import Evaluation, Evidence, Selection
 from edged.selection.policy import Policy
 from edged.selection.select import reverify, select
@@ -168,7 +168,7 @@ class ServedModel:
         (`recover`); while it stays away, the model serves on its fall-back, degraded. Any
         other change selects again for the new hardware (its new fingerprint means a fresh
         measurement) and switches when the pick differs. Returns what was done, for the log."""
-        usable = {c.key for c in all_candidates(hw, self.selection.model) if c.available}
+        usable = self._usable(hw)
         done = []
         active = self.worker.session.candidate.key
         if active not in usable:
@@ -193,6 +193,28 @@ class ServedModel:
         )
         done.append(self.apply(selection, hw))
         return "; ".join(done)
+
+    def _usable(self, hw: HardwareFacts) -> set[str]:
+        """The candidate keys available on `hw` for some model of the family (a standby may
+        run the original while the pick runs a variant only an NPU reads). Only the backends
+        the model has used are asked: listing another's candidates may import its runtime
+        (creating OpenVINO's Core holds the GIL for most of a second)."""
+        worker = self.worker
+        names = {
+            e.candidate.backend
+            for e in self.selection.evidence
+            if e.status in ("passed", "selected")
+        }
+        names |= {s.candidate.backend for s in (worker.session, worker.standby) if s is not None}
+        members = (self.selection.model, self.original, *self.selection.models.values())
+        models = {m.path: m for m in members}
+        return {
+            c.key
+            for m in models.values()
+            for name in sorted(names)
+            for c in backend_candidates(hw, m, name)
+            if c.available
+        }
 
     def apply(
         self, selection: Selection, hw: HardwareFacts, variants: tuple[Path, ...] | None = None
@@ -384,14 +406,19 @@ def _reference_loader(selection: Selection, options: LoadOptions) -> Callable[[]
 
     from backends import reference_candidates
 
+    # A model only an NPU reads has no reference of its own: its original's is used.
+    model = selection.model
+    if not reference_candidates(model) and selection.original is not None:
+        model = selection.original
+
     def load() -> Session:
         one = _replace(options, threads=1, cache_dir=None)
         errors = []
-        for candidate in reference_candidates(selection.model):
+        for candidate in reference_candidates(model):
             try:
                 with pinned_thread(options.cpus):
                     return get_backend(candidate.backend).load(
-                        selection.model, candidate, _replace(one, shapes=None)
+                        model, candidate, _replace(one, shapes=None)
                     )
             except (ModelError, BackendError, ImportError) as exc:
                 errors.append(f"{candidate.key}: {exc}")

@@ -305,6 +305,67 @@ def _brief(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def tensor_from_bytes(
+    name: str, datatype: str, shape: Sequence[int], data: bytes | memoryview, where: str
+) -> np.ndarray:
+    """One input tensor from its raw little-endian bytes, with the checks `decode_request`
+    makes of a binary input (datatype, shape, byte count), for the gRPC front end's
+    `raw_input_contents`. `where` names the tensor in errors ("inputs[0]")."""
+    dims = _shape(list(shape), f"{where}.shape")
+    dtype = _dtype(datatype, f"{where}.datatype")
+    count = math.prod(dims)
+    if len(data) != count * dtype.itemsize:
+        raise ProtocolError(
+            f"input {name!r}: {len(data)} bytes of raw contents do not match shape "
+            f"{list(dims)} of {_name(dtype)} ({count * dtype.itemsize} bytes)"
+        )
+    array = _from_bytes(data, dtype).reshape(dims)
+    return array.astype(byteorder(_NATIVE, dtype, "="), copy=False)
+
+
+# A typed value list (gRPC InferTensorContents) holds each datatype in one field, in a wider
+# type for the narrow integers (INT8 values in int_contents, an int32 field); FP16 has none.
+TYPED_FIELDS = {
+    "BOOL": ("bool_contents", np.dtype("bool")),
+    "INT8": ("int_contents", np.dtype("int32")),
+    "INT16": ("int_contents", np.dtype("int32")),
+    "INT32": ("int_contents", np.dtype("int32")),
+    "INT64": ("int64_contents", np.dtype("int64")),
+    "UINT8": ("uint_contents", np.dtype("uint32")),
+    "UINT16": ("uint_contents", np.dtype("uint32")),
+    "UINT32": ("uint_contents", np.dtype("uint32")),
+    "UINT64": ("uint64_contents", np.dtype("uint64")),
+    "FP32": ("fp32_contents", np.dtype("float32")),
+    "FP64": ("fp64_contents", np.dtype("float64")),
+}
+
+
+def tensor_from_values(
+    name: str, datatype: str, shape: Sequence[int], values: Any, where: str
+) -> np.ndarray:
+    """One input tensor from a typed value list (`TYPED_FIELDS`: the field's values, any
+    sequence), checked like `tensor_from_bytes`, and the values against the datatype's range
+    (an INT8 input's int32 values must fit in 8 bits)."""
+    dims = _shape(list(shape), f"{where}.shape")
+    dtype = _dtype(datatype, f"{where}.datatype")
+    if datatype not in TYPED_FIELDS:
+        raise ProtocolError(f"input {name!r}: {datatype} has no typed contents; send it raw")
+    wide = TYPED_FIELDS[datatype][1]
+    count = math.prod(dims)
+    if len(values) != count:
+        raise ProtocolError(
+            f"input {name!r}: {len(values)} values for shape {list(dims)} ({count} expected)"
+        )
+    array = np.fromiter(values, wide, count)
+    if wide != dtype and dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype)
+        if int(array.min()) < info.min or int(array.max()) > info.max:
+            raise ProtocolError(
+                f"input {name!r}: values outside [{info.min}, {info.max}] for {datatype}"
+            )
+    return array.astype(byteorder(_NATIVE, dtype, "="), copy=False).reshape(dims)
+
+
 def _from_bytes(data: bytes | memoryview, dtype: np.dtype) -> np.ndarray:
     if dtype.kind == "b":  # any non-zero byte is true; hand runtimes canonical 0/1 bytes
         return np.frombuffer(data, dtype=np.uint8) != 0

@@ -26,6 +26,11 @@ def datatype_of_dtype(dtype: np.dtype) -> str:
     return name
 
 
+def little_endian(array: np.ndarray) -> np.ndarray:
+    """The array in the byte order the protocol's binary data has (a view when it has it)."""
+    return array.astype(byteorder(_LITTLE, array.dtype, "<"), copy=False)
+
+
 def encode_response(
     model_name: str,
     request: InferRequest,
@@ -50,7 +55,7 @@ def encode_response(
             "shape": list(array.shape),
         }
         if binary:
-            data = array.astype(byteorder(_LITTLE, array.dtype, "<"), copy=False).tobytes()
+            data = little_endian(array).tobytes()
             entry["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)
         else:

@@ -12,14 +12,17 @@ that forgets to say so gets wrong numbers, as on a board); an fp16 model's input
 pass through float16. An INT8 model is computed in float (its quantization is not emulated).
 
 `RKNNLite.unplug()` makes the NPU go away: init_runtime fails and inference returns None, as
-librknnrt does when a job cannot be submitted; `RKNNLite.raises` makes inference raise instead.
+librknnrt does when a job cannot be submitted; `RKNNLite.raises` makes inference raise instead,
+and `RKNNLite.hold` (an unset Event) makes it hang until the Event is set.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import sys
+import threading
 import types
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,6 +53,8 @@ class RKNNLite:
     cores: ClassVar[int] = 3  # the board's NPU cores (RK3588)
     unplugged: ClassVar[bool] = False
     raises: ClassVar[BaseException | None] = None
+    # While set to an Event that is not set, inference blocks on it (a hung NPU job).
+    hold: ClassVar[threading.Event | None] = None
     made: ClassVar[list[RKNNLite]] = []
 
     def __init__(self, verbose: bool = False, verbose_file: str | None = None) -> None:
@@ -135,6 +140,9 @@ class RKNNLite:
             return None
         if RKNNLite.raises is not None:
             raise RKNNLite.raises
+        hold = RKNNLite.hold
+        if hold is not None:
+            hold.wait()
         if RKNNLite.unplugged:
             self._log("RKNN: failed to submit!, op id: 0 (the NPU is gone)")
             return None
@@ -174,6 +182,15 @@ class RKNNLite:
         self.released = True
 
 
+def modules() -> dict[str, types.ModuleType]:
+    """`rknnlite` and `rknnlite.api` as this stand-in, for sys.modules."""
+    package = types.ModuleType("rknnlite")
+    api = types.ModuleType("rknnlite.api")
+    api.RKNNLite = RKNNLite  # type: ignore[attr-defined]
+    package.api = api  # type: ignore[attr-defined]
+    return {"rknnlite": package, "rknnlite.api": api}
+
+
 def install(monkeypatch, originals: dict[Path, Path], cores: int = 3) -> type[RKNNLite]:
     """`rknnlite` and `rknnlite.api` in sys.modules as this stand-in (undone by monkeypatch
     at the test's end), computing each .rknn in `originals` with its ONNX original."""
@@ -181,11 +198,58 @@ def install(monkeypatch, originals: dict[Path, Path], cores: int = 3) -> type[RK
     monkeypatch.setattr(RKNNLite, "cores", cores)
     monkeypatch.setattr(RKNNLite, "unplugged", False)
     monkeypatch.setattr(RKNNLite, "raises", None)
+    monkeypatch.setattr(RKNNLite, "hold", None)
     monkeypatch.setattr(RKNNLite, "made", [])
-    package = types.ModuleType("rknnlite")
-    api = types.ModuleType("rknnlite.api")
-    api.RKNNLite = RKNNLite  # type: ignore[attr-defined]
-    package.api = api  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "rknnlite", package)
-    monkeypatch.setitem(sys.modules, "rknnlite.api", api)
+    for name, module in modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
     return RKNNLite
+
+
+def board_root(
+    tmp_path: Path,
+    *,
+    driver: str | None = "drm",
+    driver_version: str | None = "0.9.8",
+    library: str | None = "2.5.0",
+    toolkit: bool = True,
+    running: bool = True,
+    compatible: tuple[str, ...] = (),
+) -> Path:
+    """A root as a running board shows it: the vendor rknpu driver's DRM render node
+    ("drm"), its misc device ("misc"), mainline's rocket accel node ("rocket") or none; the
+    driver's version where MODULE_VERSION puts it; librknnrt.so with its version string; the
+    image's Python with rknn-toolkit-lite2. `running` False: an image (no /sys)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    if running:
+        (root / "sys" / "devices" / "platform").mkdir(parents=True)
+    if driver == "drm":
+        device_entry(root, "drm", "renderD129", "RKNPU", "dev/dri/renderD129")
+    elif driver == "misc":
+        (root / "dev").mkdir()
+        (root / "dev" / "rknpu").touch()
+    elif driver == "rocket":
+        device_entry(root, "accel", "accel0", "rocket", "dev/accel/accel0")
+    if driver in ("drm", "misc") and driver_version:
+        (root / "sys" / "module" / "rknpu").mkdir(parents=True)
+        (root / "sys" / "module" / "rknpu" / "version").write_text(driver_version + "\n")
+    if library:
+        lib = root / "usr" / "lib" / "librknnrt.so"
+        lib.parent.mkdir(parents=True)
+        tag = f"librknnrt version: {library} (0ff3f2b7f@2025-09-16T14:46:08)" if library else ""
+        lib.write_bytes(b"\x7fELF not a library, a test file\x00" * 1000 + tag.encode() + b"\x00")
+    if toolkit:
+        (root / "opt/edged/lib/python3.11/site-packages/rknnlite/api").mkdir(parents=True)
+    if compatible:
+        dt = root / "proc" / "device-tree"
+        dt.mkdir(parents=True)
+        (dt / "compatible").write_bytes(b"".join(c.encode() + b"\0" for c in compatible))
+    return root
+
+
+def device_entry(root: Path, subsystem: str, name: str, driver: str, node: str) -> None:
+    folder = root / "sys" / "class" / subsystem / name / "device"
+    folder.mkdir(parents=True)
+    os.symlink(f"../../../../bus/platform/drivers/{driver}", folder / "driver")
+    (root / node).parent.mkdir(parents=True, exist_ok=True)
+    (root / node).touch()

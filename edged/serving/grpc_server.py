@@ -1,0 +1,709 @@
+"""gRPC front end: the KServe v2 / Triton service `inference.GRPCInferenceService` with
+grpcio's asyncio server on the daemon's event loop, over loopback TCP (`[server]
+grpc_listen`) and a Unix socket (`[server] grpc_socket`). Inference goes through the same
+path as HTTP (`edged.serving.inference`): admission, deadlines, errors, metrics, statistics.
+
+The service definition. The messages are declared below by name, field number and type, and
+built at import into a private protobuf descriptor pool; the handlers are grpcio generic
+handlers over raw bytes. Not tritonclient's generated modules: they would make a client
+library (and its protobuf pin, <7 today) a runtime dependency of the server, and generated
+code checks the protobuf runtime it meets. Not compiled from a .proto with grpcio-tools: a
+build step and a copy of Triton's .proto for the few dozen fields edged serves. Declared here,
+edged needs only grpcio and the protobuf runtime (already there for onnx), any protobuf
+version reads them, and tests/test_grpc.py checks every field against tritonclient's own
+descriptors (same numbers, types and labels: the same wire format). Raw bytes in and out
+let a malformed message be INVALID_ARGUMENT (not grpcio's INTERNAL) and the tensors go out
+without a second copy (`_raw_outputs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+from google.protobuf.message import DecodeError, Message
+
+from edged import __version__
+from edged.config import ServerConfig
+from edged.config.schema import MAX_SOCKET_PATH
+from edged.serving.inference import (
+    EXTENSIONS,
+    VERSION,
+    Answer,
+    Inference,
+    RequestError,
+    UnknownModel,
+)
+from edged.serving.models import ServedModel
+from edged.serving.protocol import (
+    DATATYPES,
+    TYPED_FIELDS,
+    InferRequest,
+    ProtocolError,
+    datatype_of,
+    tensor_from_bytes,
+    tensor_from_values,
+)
+from edged.serving.responses import datatype_of_dtype, little_endian, tensor_metadata
+
+log = logging.getLogger("edged.serving.grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+
+# -- the messages -------------------------------------------------------------------------------
+# Each message: its fields as "number name type", comma-separated. A type is a scalar, a
+# message (nested ones dotted, from the package), "*type" for a repeated field, "map<Type>"
+# for a map from string to Type; "oneof:NAME" after a field puts it in that oneof. Only what
+# edged reads or writes: a field left out is skipped on reading, as protobuf skips any
+# unknown field, and never sent.
+_MESSAGES = {
+    "ServerLiveRequest": "",
+    "ServerLiveResponse": "1 live bool",
+    "ServerReadyRequest": "",
+    "ServerReadyResponse": "1 ready bool",
+    "ModelReadyRequest": "1 name string, 2 version string",
+    "ModelReadyResponse": "1 ready bool",
+    "ServerMetadataRequest": "",
+    "ServerMetadataResponse": "1 name string, 2 version string, 3 extensions *string",
+    "ModelMetadataRequest": "1 name string, 2 version string",
+    "ModelMetadataResponse": "1 name string, 2 versions *string, 3 platform string, "
+    "4 inputs *ModelMetadataResponse.TensorMetadata, "
+    "5 outputs *ModelMetadataResponse.TensorMetadata",
+    "ModelMetadataResponse.TensorMetadata": "1 name string, 2 datatype string, 3 shape *int64",
+    "InferParameter": "1 bool_param bool oneof:parameter_choice, "
+    "2 int64_param int64 oneof:parameter_choice, 3 string_param string oneof:parameter_choice, "
+    "4 double_param double oneof:parameter_choice, 5 uint64_param uint64 oneof:parameter_choice",
+    "InferTensorContents": "1 bool_contents *bool, 2 int_contents *int32, "
+    "3 int64_contents *int64, 4 uint_contents *uint32, 5 uint64_contents *uint64, "
+    "6 fp32_contents *float, 7 fp64_contents *double, 8 bytes_contents *bytes",
+    "ModelInferRequest": "1 model_name string, 2 model_version string, 3 id string, "
+    "4 parameters map<InferParameter>, 5 inputs *ModelInferRequest.InferInputTensor, "
+    "6 outputs *ModelInferRequest.InferRequestedOutputTensor, 7 raw_input_contents *bytes",
+    "ModelInferRequest.InferInputTensor": "1 name string, 2 datatype string, 3 shape *int64, "
+    "4 parameters map<InferParameter>, 5 contents InferTensorContents",
+    "ModelInferRequest.InferRequestedOutputTensor": "1 name string, "
+    "2 parameters map<InferParameter>",
+    "ModelInferResponse": "1 model_name string, 2 model_version string, 3 id string, "
+    "4 parameters map<InferParameter>, 5 outputs *ModelInferResponse.InferOutputTensor, "
+    "6 raw_output_contents *bytes",
+    "ModelInferResponse.InferOutputTensor": "1 name string, 2 datatype string, "
+    "3 shape *int64, 4 parameters map<InferParameter>, 5 contents InferTensorContents",
+    "ModelStreamInferResponse": "1 error_message string, 2 infer_response ModelInferResponse",
+    "ModelConfigRequest": "1 name string, 2 version string",
+    "ModelConfigResponse": "1 config ModelConfig",
+    "ModelStatisticsRequest": "1 name string, 2 version string",
+    "StatisticDuration": "1 count uint64, 2 ns uint64",
+    "InferStatistics": "1 success StatisticDuration, 2 fail StatisticDuration, "
+    "3 queue StatisticDuration, 4 compute_input StatisticDuration, "
+    "5 compute_infer StatisticDuration, 6 compute_output StatisticDuration, "
+    "7 cache_hit StatisticDuration, 8 cache_miss StatisticDuration",
+    "InferBatchStatistics": "1 batch_size uint64, 2 compute_input StatisticDuration, "
+    "3 compute_infer StatisticDuration, 4 compute_output StatisticDuration",
+    "MemoryUsage": "1 type string, 2 id int64, 3 byte_size uint64",
+    "ModelStatistics": "1 name string, 2 version string, 3 last_inference uint64, "
+    "4 inference_count uint64, 5 execution_count uint64, 6 inference_stats InferStatistics, "
+    "7 batch_stats *InferBatchStatistics, 8 memory_usage *MemoryUsage",
+    "ModelStatisticsResponse": "1 model_stats *ModelStatistics",
+    "RepositoryIndexRequest": "1 repository_name string, 2 ready bool",
+    "RepositoryIndexResponse": "1 models *RepositoryIndexResponse.ModelIndex",
+    "RepositoryIndexResponse.ModelIndex": "1 name string, 2 version string, 3 state string, "
+    "4 reason string",
+    # Triton's model configuration (its model_config.proto), the part edged fills in.
+    "ModelConfig": "1 name string, 2 platform string, 17 backend string, "
+    "4 max_batch_size int32, 5 input *ModelInput, 6 output *ModelOutput, "
+    "11 dynamic_batching ModelDynamicBatching oneof:scheduling_choice",
+    "ModelInput": "1 name string, 2 data_type DataType, 4 dims *int64",
+    "ModelOutput": "1 name string, 2 data_type DataType, 3 dims *int64",
+    "ModelDynamicBatching": "1 preferred_batch_size *int32, 2 max_queue_delay_microseconds uint64",
+}
+_ENUMS = {
+    "DataType": "TYPE_INVALID TYPE_BOOL TYPE_UINT8 TYPE_UINT16 TYPE_UINT32 TYPE_UINT64 "
+    "TYPE_INT8 TYPE_INT16 TYPE_INT32 TYPE_INT64 TYPE_FP16 TYPE_FP32 TYPE_FP64 TYPE_STRING "
+    "TYPE_BF16",  # numbered 0, 1, ... in this order
+}
+_F = descriptor_pb2.FieldDescriptorProto
+_SCALARS = {
+    "bool": _F.TYPE_BOOL,
+    "string": _F.TYPE_STRING,
+    "bytes": _F.TYPE_BYTES,
+    "int32": _F.TYPE_INT32,
+    "int64": _F.TYPE_INT64,
+    "uint32": _F.TYPE_UINT32,
+    "uint64": _F.TYPE_UINT64,
+    "float": _F.TYPE_FLOAT,
+    "double": _F.TYPE_DOUBLE,
+}
+
+
+def _build(package: str) -> dict[str, type[Message]]:
+    """The message classes of `_MESSAGES`, in a pool of their own (a tritonclient in the same
+    process registers the same names in the default pool)."""
+    file = descriptor_pb2.FileDescriptorProto(
+        name="edged/grpc_service.proto", package=package, syntax="proto3"
+    )
+    for enum, names in _ENUMS.items():
+        values = [{"name": n, "number": i} for i, n in enumerate(names.split())]
+        file.enum_type.add(name=enum, value=values)
+    protos: dict[str, descriptor_pb2.DescriptorProto] = {}
+    for full in _MESSAGES:  # parents before their nested messages
+        parent, _, short = full.rpartition(".")
+        protos[full] = (protos[parent].nested_type if parent else file.message_type).add(name=short)
+    for full, spec in _MESSAGES.items():
+        proto = protos[full]
+        oneofs: list[str] = []
+        for entry in filter(None, (e.strip() for e in spec.split(","))):
+            number, name, kind, *extra = entry.split()
+            field = proto.field.add(name=name, number=int(number), label=_F.LABEL_OPTIONAL)
+            if kind.startswith("*"):
+                field.label, kind = _F.LABEL_REPEATED, kind[1:]
+            if kind.startswith("map<"):
+                entry_name = "".join(p.capitalize() for p in name.split("_")) + "Entry"
+                map_entry = proto.nested_type.add(name=entry_name)
+                map_entry.options.map_entry = True
+                map_entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=1)
+                value = map_entry.field.add(name="value", number=2, label=1)
+                value.type, value.type_name = _F.TYPE_MESSAGE, f".{package}.{kind[4:-1]}"
+                field.label, field.type = _F.LABEL_REPEATED, _F.TYPE_MESSAGE
+                field.type_name = f".{package}.{full}.{entry_name}"
+            elif kind in _SCALARS:
+                field.type = _SCALARS[kind]
+            else:
+                field.type = _F.TYPE_ENUM if kind in _ENUMS else _F.TYPE_MESSAGE
+                field.type_name = f".{package}.{kind}"
+            for option in extra:
+                oneof = option.removeprefix("oneof:")
+                if oneof not in oneofs:
+                    oneofs.append(oneof)
+                    proto.oneof_decl.add(name=oneof)
+                field.oneof_index = oneofs.index(oneof)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
+        for name in _MESSAGES
+    }
+
+
+MESSAGES = _build("inference")
+ServerLiveRequest = MESSAGES["ServerLiveRequest"]
+ServerLiveResponse = MESSAGES["ServerLiveResponse"]
+ServerReadyRequest = MESSAGES["ServerReadyRequest"]
+ServerReadyResponse = MESSAGES["ServerReadyResponse"]
+ModelReadyRequest = MESSAGES["ModelReadyRequest"]
+ModelReadyResponse = MESSAGES["ModelReadyResponse"]
+ServerMetadataRequest = MESSAGES["ServerMetadataRequest"]
+ServerMetadataResponse = MESSAGES["ServerMetadataResponse"]
+ModelMetadataRequest = MESSAGES["ModelMetadataRequest"]
+ModelMetadataResponse = MESSAGES["ModelMetadataResponse"]
+ModelInferRequest = MESSAGES["ModelInferRequest"]
+ModelInferResponse = MESSAGES["ModelInferResponse"]
+ModelStreamInferResponse = MESSAGES["ModelStreamInferResponse"]
+ModelConfigRequest = MESSAGES["ModelConfigRequest"]
+ModelConfigResponse = MESSAGES["ModelConfigResponse"]
+ModelStatisticsRequest = MESSAGES["ModelStatisticsRequest"]
+ModelStatisticsResponse = MESSAGES["ModelStatisticsResponse"]
+RepositoryIndexRequest = MESSAGES["RepositoryIndexRequest"]
+RepositoryIndexResponse = MESSAGES["RepositoryIndexResponse"]
+
+# -- errors --------------------------------------------------------------------------------------
+# edged's statuses (HTTP's) as gRPC codes, the way Triton maps its errors: its gRPC server's
+# GrpcStatusUtil::CodeToStatus (triton-inference-server/server, src/grpc/grpc_utils.cc) turns
+# TRITONSERVER_ERROR_INVALID_ARG into INVALID_ARGUMENT, NOT_FOUND into NOT_FOUND, UNAVAILABLE
+# into UNAVAILABLE, UNSUPPORTED into UNIMPLEMENTED, INTERNAL into INTERNAL; and its core gives
+# those errors as edged has them: an unknown model name is INVALID_ARG ("Request for unknown
+# model", core src/model_repository_manager/model_repository_manager.cc), an unknown version
+# NOT_FOUND and a model that is not ready UNAVAILABLE (model_lifecycle.cc, GetModel), a full
+# queue UNAVAILABLE ("Exceeds maximum queue size"). One departure: a request past its
+# deadline is DEADLINE_EXCEEDED (Triton's queue policy says UNAVAILABLE "Request timeout
+# expired"): the code the client's own deadline (client_timeout) gives, so one code means
+# "too late" whichever side noticed. A body over max_decode_bytes (413) is RESOURCE_EXHAUSTED,
+# as grpcio answers a message over the size limit.
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def status_code(exc: RequestError) -> grpc.StatusCode:
+    if isinstance(exc, UnknownModel):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return STATUS_CODES.get(exc.status, grpc.StatusCode.UNKNOWN)
+
+
+# The RPCs of the service that edged does not serve (yet), and why.
+_NOT_SERVED = {
+    "RepositoryModelLoad": "model load is not served: edged serves the models of its config "
+    "file (edit it and reload: SIGHUP, or POST /edged/reload on the Unix socket)",
+    "RepositoryModelUnload": "model unload is not served: edged serves the models of its "
+    "config file (edit it and reload: SIGHUP, or POST /edged/reload on the Unix socket)",
+    "SystemSharedMemoryStatus": "system shared memory is not served (no system_shared_memory "
+    "extension): send tensors in raw_input_contents",
+    "SystemSharedMemoryRegister": "system shared memory is not served (no "
+    "system_shared_memory extension): send tensors in raw_input_contents",
+    "SystemSharedMemoryUnregister": "system shared memory is not served (no "
+    "system_shared_memory extension)",
+    "CudaSharedMemoryStatus": "CUDA shared memory is not served (edged runs no CUDA devices)",
+    "CudaSharedMemoryRegister": "CUDA shared memory is not served (edged runs no CUDA devices)",
+    "CudaSharedMemoryUnregister": "CUDA shared memory is not served (edged runs no CUDA devices)",
+    "TraceSetting": "trace settings are not served (no trace extension)",
+    "LogSettings": "log settings are not served (no logging extension; [server] log_level)",
+}
+
+# -- requests and responses -----------------------------------------------------------------------
+# Typed contents of this many values are decoded in a thread (Inference.offload), as large
+# JSON is on HTTP: numpy reads a protobuf value list one value at a time.
+OFFLOAD_VALUES = 128 * 1024
+_SHARED_MEMORY = "shared_memory_region"
+
+
+def decode_infer_request(request: Message, remaining_s: float | None) -> InferRequest:
+    """A ModelInferRequest as the engine's request: tensors from raw_input_contents (one
+    entry per input, in input order) or from typed contents; the requested outputs; the
+    deadline from the `timeout` parameter (µs) and the call's own deadline, whichever is
+    sooner."""
+    raw = request.raw_input_contents
+    if not request.inputs:
+        raise ProtocolError("request has no inputs")
+    if raw and len(raw) != len(request.inputs):
+        raise ProtocolError(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs "
+            f"(one per input, in input order)"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(request.inputs):
+        where, name = f"inputs[{index}]", tensor.name
+        if name in inputs:
+            raise ProtocolError(f"{where}: input {name!r} given twice")
+        if _SHARED_MEMORY in tensor.parameters:
+            raise ProtocolError(f"input {name!r}: {_NOT_SERVED['SystemSharedMemoryRegister']}")
+        if raw:
+            if tensor.HasField("contents"):
+                raise ProtocolError(
+                    f"input {name!r} has contents and raw_input_contents: give one of them"
+                )
+            array = tensor_from_bytes(name, tensor.datatype, tensor.shape, raw[index], where)
+        else:
+            array = _typed_tensor(tensor, where)
+        inputs[name] = array
+    outputs = {}
+    for out in request.outputs:
+        if _SHARED_MEMORY in out.parameters:
+            raise ProtocolError(f"output {out.name!r}: {_NOT_SERVED['SystemSharedMemoryRegister']}")
+        outputs[out.name] = True  # always raw_output_contents, as Triton sends them
+    timeout_ms = _timeout_ms(request.parameters)
+    if remaining_s is not None:
+        if remaining_s <= 0:
+            raise RequestError(504, "the call's deadline passed before the request was queued")
+        timeout_ms = min(timeout_ms or math.inf, remaining_s * 1000.0)
+    return InferRequest(
+        id=request.id or None,
+        inputs=inputs,
+        binary_outputs=outputs,
+        binary_default=True,
+        timeout_ms=timeout_ms,
+    )
+
+
+def _typed_tensor(tensor: Message, where: str) -> np.ndarray:
+    name, datatype = tensor.name, tensor.datatype
+    field = TYPED_FIELDS.get(datatype, ("",))[0]
+    given = [f.name for f, _ in tensor.contents.ListFields()]
+    other = next((g for g in given if g != field), None)
+    if other is not None and datatype in DATATYPES:  # (an unknown datatype: its own error)
+        expected = f"contents.{field}" if field else "raw_input_contents"
+        raise ProtocolError(f"input {name!r}: {datatype} values go in {expected}, not {other}")
+    values = getattr(tensor.contents, field) if field else ()
+    return tensor_from_values(name, datatype, tensor.shape, values, where)
+
+
+def _typed_values(request: Message) -> int:
+    return sum(len(values) for t in request.inputs for _, values in t.contents.ListFields())
+
+
+def _timeout_ms(parameters: Mapping[str, Message]) -> float | None:
+    if "timeout" not in parameters:
+        return None
+    param = parameters["timeout"]
+    choice = param.WhichOneof("parameter_choice")
+    value = getattr(param, choice) if choice in ("int64_param", "uint64_param") else None
+    if value is None or value <= 0:
+        raise ProtocolError("parameters.timeout must be a positive int64_param (microseconds)")
+    return value / 1000.0  # the protocol's timeout is in microseconds; edged's in ms
+
+
+def encode_infer_response(
+    model_name: str, request: InferRequest, outputs: Mapping[str, np.ndarray]
+) -> bytes:
+    """A serialized ModelInferResponse: the requested outputs (all when none is named) in
+    raw_output_contents."""
+    wanted = list(request.binary_outputs) or list(outputs)
+    unknown = [name for name in wanted if name not in outputs]
+    if unknown:
+        raise ProtocolError(f"unknown output {unknown[0]!r}; outputs are {sorted(outputs)}")
+    response = ModelInferResponse(model_name=model_name, model_version=VERSION)
+    if request.id is not None:
+        response.id = request.id
+    data = []
+    for name in wanted:
+        array = np.asarray(outputs[name])
+        response.outputs.add(name=name, datatype=datatype_of_dtype(array.dtype), shape=array.shape)
+        data.append(little_endian(array).reshape(-1).view(np.uint8))
+    return response.SerializeToString() + _raw_outputs(data)
+
+
+def _raw_outputs(arrays: list[np.ndarray]) -> bytes:
+    """raw_output_contents (field 6) written after the rest of the message: the wire format
+    of a repeated bytes field is each value as key, length, bytes, and a message's fields may
+    come in any order. So each tensor is copied once, into the response, instead of into a
+    protobuf bytes field and again into the serialized message."""
+    parts: list[Any] = []
+    for array in arrays:
+        parts += [_key_and_length(6, array.nbytes), memoryview(array)]
+    return b"".join(parts)
+
+
+def _key_and_length(number: int, length: int) -> bytes:
+    out = bytearray([number << 3 | 2])  # wire type 2: length-delimited
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        out.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes(out)
+
+
+def model_config(served: ServedModel) -> Message:
+    """Triton's ModelConfig of a served model. Triton's convention for the dims: a model that
+    batches (max_batch_size > 0) leaves the batch dim out of them."""
+    worker = served.worker
+    batch = worker.batching.max_batch_size if worker.batchable else 0
+
+    def tensors(specs) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": s.name,
+                "data_type": f"TYPE_{datatype_of(s.dtype)}",
+                "dims": [-1 if d is None else d for d in s.shape][1 if batch else 0 :],
+            }
+            for s in specs
+        ]
+
+    config: dict[str, Any] = {
+        "name": served.name,
+        "platform": served.platform,
+        "backend": worker.session.candidate.backend,
+        "max_batch_size": batch,
+        "input": tensors(served.session.inputs),
+        "output": tensors(served.session.outputs),
+    }
+    if batch:
+        config["dynamic_batching"] = {
+            "preferred_batch_size": list(worker.batching.preferred_batch_sizes),
+            "max_queue_delay_microseconds": worker.batching.max_queue_delay_us,
+        }
+    return json_format.ParseDict({"config": config}, ModelConfigResponse())
+
+
+# -- the service -------------------------------------------------------------------------------
+
+
+class Service:
+    """The RPCs, over the shared Inference."""
+
+    def __init__(self, inference: Inference) -> None:
+        self.inference = inference
+
+    async def ServerLive(self, request: Message, context) -> Message:
+        return ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Message, context) -> Message:
+        return ServerReadyResponse(ready=self.inference.ready())
+
+    async def ModelReady(self, request: Message, context) -> Message:
+        """False for a model that is not served (unknown, failed, another version), as
+        Triton answers: a readiness probe is no error."""
+        try:
+            served = self.inference.model(request.name, request.version)
+        except RequestError:
+            return ModelReadyResponse(ready=False)
+        return ModelReadyResponse(ready=served.worker.alive())
+
+    async def ServerMetadata(self, request: Message, context) -> Message:
+        return ServerMetadataResponse(name="edged", version=__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request: Message, context) -> Message:
+        served = self.inference.model(request.name, request.version)
+        session = served.session
+        return ModelMetadataResponse(
+            name=served.name,
+            versions=[VERSION],
+            platform=served.platform,
+            inputs=tensor_metadata(session.inputs),
+            outputs=tensor_metadata(session.outputs),
+        )
+
+    async def ModelConfig(self, request: Message, context) -> Message:
+        return model_config(self.inference.model(request.name, request.version))
+
+    async def ModelStatistics(self, request: Message, context) -> Message:
+        stats = self.inference.statistics(request.name, request.version)
+        return json_format.ParseDict({"model_stats": stats}, ModelStatisticsResponse())
+
+    async def RepositoryIndex(self, request: Message, context) -> Message:
+        """The configured models (any repository name: edged has one, its config)."""
+        index = self.inference.repository_index(ready_only=request.ready)
+        return RepositoryIndexResponse(models=index)
+
+    async def ModelInfer(self, request: Message, context) -> bytes:
+        answer = await self._infer(request, context.time_remaining())
+        answer.sent()  # counted as answered here: grpcio sends it when the handler returns
+        return answer.payload
+
+    async def _infer(self, request: Message, remaining_s: float | None) -> Answer[bytes]:
+        inference = self.inference
+        name = request.model_name
+
+        async def receive(served: ServedModel) -> Message:
+            return request  # whole already: grpcio reads a message before the handler runs
+
+        async def decode(message: Message, served: ServedModel) -> InferRequest:
+            if not message.raw_input_contents and _typed_values(message) >= OFFLOAD_VALUES:
+                return await inference.offload(decode_infer_request, message, remaining_s)
+            return decode_infer_request(message, remaining_s)
+
+        async def encode(infer_request: InferRequest, outputs) -> bytes:
+            return encode_infer_response(name, infer_request, outputs)
+
+        answer = await inference.infer(
+            name, lambda: inference.model(name, request.model_version), receive, decode, encode
+        )
+        assert answer is not None  # receive never gives up
+        return answer
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[bytes], context
+    ) -> AsyncIterator[bytes]:
+        """Each request of the stream is one inference through the same path, answered as it
+        completes (so a slow one does not hold the others up); a failure is a response with
+        error_message, and the stream goes on, as on Triton. Requests wait in the model's
+        queue like any other (a full queue refuses them): a stream cannot hold more."""
+        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+        running: set[asyncio.Task] = set()
+
+        async def one(raw: bytes) -> None:
+            try:
+                answer = await self._infer(_parse(ModelInferRequest, raw), None)
+            except RequestError as exc:
+                payload = ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
+            else:
+                answer.sent()
+                # infer_response (field 2) is the encoded ModelInferResponse as it stands
+                payload = _key_and_length(2, len(answer.payload)) + answer.payload
+            await answers.put(payload)
+
+        async def read() -> None:
+            async for raw in requests:
+                task = asyncio.ensure_future(one(raw))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            while running:
+                await asyncio.gather(*running)
+            await answers.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (payload := await answers.get()) is not None:
+                yield payload
+            await reader
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        unary = {
+            "ServerLive": ServerLiveRequest,
+            "ServerReady": ServerReadyRequest,
+            "ModelReady": ModelReadyRequest,
+            "ServerMetadata": ServerMetadataRequest,
+            "ModelMetadata": ModelMetadataRequest,
+            "ModelConfig": ModelConfigRequest,
+            "ModelStatistics": ModelStatisticsRequest,
+            "RepositoryIndex": RepositoryIndexRequest,
+            "ModelInfer": ModelInferRequest,
+        }
+        methods = {
+            rpc: grpc.unary_unary_rpc_method_handler(_unary(getattr(self, rpc), cls))
+            for rpc, cls in unary.items()
+        }
+        methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
+        for rpc, why in _NOT_SERVED.items():
+            methods[rpc] = grpc.unary_unary_rpc_method_handler(_not_served(why))
+        return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+
+def _parse(cls: type[Message], raw: bytes) -> Message:
+    try:
+        return cls.FromString(raw)
+    except DecodeError as exc:
+        raise RequestError(400, f"malformed {cls.DESCRIPTOR.name}: {exc}") from None
+
+
+def _unary(
+    method: Callable[[Message, Any], Awaitable[Message | bytes]], cls: type[Message]
+) -> Callable[[bytes, Any], Awaitable[bytes]]:
+    """A handler over raw bytes: parsed here (malformed is INVALID_ARGUMENT), a RequestError
+    as its status code, anything else INTERNAL (and logged)."""
+
+    async def handle(raw: bytes, context) -> bytes:
+        try:
+            reply = await method(_parse(cls, raw), context)
+        except RequestError as exc:
+            await context.abort(status_code(exc), str(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # a bug: say so, and keep serving
+            log.exception("gRPC %s failed", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+        return reply if isinstance(reply, bytes) else reply.SerializeToString()
+
+    return handle
+
+
+def _not_served(why: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
+    async def handle(raw: bytes, context) -> bytes:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, why)
+        return b""  # not reached: abort raises
+
+    return handle
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+
+class GrpcServer:
+    """grpcio's asyncio server on the daemon's loop, bound to its addresses (`bind_grpc`)."""
+
+    def __init__(self, server: grpc.aio.Server, where: list[str], unix: _UnixSocket | None):
+        self.server = server
+        self.where = where  # "127.0.0.1:8001", "unix:/run/edged/grpc.sock"
+        self._unix = unix
+        self._stopping: asyncio.Future | None = None
+
+    async def start(self) -> None:
+        await self.server.start()
+        log.info("gRPC (%s) on %s", SERVICE, ", ".join(self.where))
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new calls, give those running `grace_s` to finish (then cancel them), and
+        remove the socket file. Once, however often called (the first call's grace holds)."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop(grace_s))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace_s: float) -> None:
+        try:
+            await self.server.stop(grace_s)
+        finally:
+            if self._unix is not None:
+                self._unix.remove()
+
+    async def stop_when(self, should_exit: Callable[[], bool], grace_s: float) -> None:
+        """Stop as soon as `should_exit()` (uvicorn's flag, set at SIGTERM): gRPC drains
+        while HTTP does, not after it."""
+        while not should_exit():
+            await asyncio.sleep(0.05)
+        await self.stop(grace_s)
+
+
+def bind_grpc(inference: Inference, srv: ServerConfig) -> GrpcServer | None:
+    """The gRPC server for `srv`, its ports bound (OSError naming the address when one cannot
+    be), not yet serving; None when grpc_listen and grpc_socket are both off.
+
+    Messages up to max_body_bytes (grpcio answers a larger one RESOURCE_EXHAUSTED without
+    reading it into a handler); answers of any size. At most as many calls at once as HTTP
+    has connections (each carries one request at a time), so the two bound memory alike;
+    one more is RESOURCE_EXHAUSTED at once. SO_REUSEPORT off, so a second daemon on the
+    same port fails to start instead of sharing its calls."""
+    if srv.grpc_listen_host is None and srv.grpc_socket is None:
+        return None
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", srv.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ],
+        maximum_concurrent_rpcs=srv.max_connections + srv.socket_max_connections,
+    )
+    server.add_generic_rpc_handlers((Service(inference).handler(),))
+    where = []
+    if srv.grpc_listen_host is not None:
+        host = f"[{srv.grpc_listen_host}]" if ":" in srv.grpc_listen_host else srv.grpc_listen_host
+        port = _add_port(server, f"{host}:{srv.grpc_listen_port}")
+        where.append(f"{host}:{port}")
+    unix = None
+    if srv.grpc_socket is not None:
+        unix = _UnixSocket(srv.grpc_socket, srv.socket_mode)
+        unix.bind(server)
+        where.append(f"unix:{srv.grpc_socket}")
+    return GrpcServer(server, where, unix)
+
+
+def _add_port(server: grpc.aio.Server, address: str) -> int:
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpcio: "Failed to bind to address ..."
+        raise OSError(f"gRPC cannot listen on {address}: {exc}") from None
+    if not port:  # older grpcio returned 0
+        raise OSError(f"gRPC cannot listen on {address}")
+    return port
+
+
+class _UnixSocket:
+    """The gRPC socket file, with `[server] socket_mode` from the start: bound under a
+    temporary name in the same folder, its mode set, then renamed into place (grpcio creates
+    the file with the process umask; a rename keeps the listening socket). Removed at stop
+    only while it is still the file this process created, as the HTTP socket is."""
+
+    def __init__(self, path: Path, mode: int) -> None:
+        self.path = path
+        self.mode = mode
+        self._identity: tuple[int, int] | None = None
+
+    def bind(self, server: grpc.aio.Server) -> None:
+        path = self.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise OSError(f"gRPC cannot listen on unix:{path}: a file is there (no socket)")
+        temp = path.with_name(f".{path.name}.{os.getpid()}")
+        if len(os.fsencode(temp)) > MAX_SOCKET_PATH:  # then in place (the umask's mode a moment)
+            temp = path
+        _add_port(server, f"unix:{temp}")
+        os.chmod(temp, self.mode)
+        if temp != path:
+            os.replace(temp, path)  # over a stale socket of an earlier run
+        st = path.lstat()
+        self._identity = (st.st_dev, st.st_ino)
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            st = self.path.lstat()
+            if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == self._identity:
+                self.path.unlink()

@@ -1,0 +1,344 @@
+"""The one inference path of both front ends, the HTTP API (`edged.serving.api`) and gRPC
+(`edged.serving.grpc_server`): model lookup, admission, deadlines, the engine, errors as one
+status each, the Prometheus metrics and the statistics extension's counters. A front end
+brings only its wire format: how a request is read and decoded, how the answer is encoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from backends.errors import BackendError, InputError
+from edged.serving.metrics import ServingMetrics
+from edged.serving.models import ServedModel
+from edged.serving.protocol import InferRequest, ProtocolError
+from edged.serving.requests import EngineError, Timing
+
+# What the server really serves, on HTTP and gRPC alike (server metadata on both): the
+# binary tensor extension (gRPC: raw_input_contents/raw_output_contents), the repository's
+# read side (metadata, config, gRPC RepositoryIndex; no load or unload) and the statistics
+# extension (HTTP /v2/models[/{m}]/stats, gRPC ModelStatistics).
+EXTENSIONS = ["binary_tensor_data", "model_repository(metadata only)", "statistics"]
+UNKNOWN_MODEL = "_unknown"  # the model label of requests for names that are not configured
+VERSION = "1"  # each model serves one version; its name in the protocol
+
+T = TypeVar("T")
+
+
+class RequestError(Exception):
+    """A request refused or failed, with its HTTP status; gRPC maps the status to its code
+    (`edged.serving.grpc_server.STATUS_CODES`)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class UnknownModel(RequestError):
+    """A name that is not configured: 404 on HTTP, INVALID_ARGUMENT on gRPC (Triton's)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(404, f"unknown model {name!r}")
+
+
+class UnknownVersion(RequestError):
+    def __init__(self, name: str, version: str) -> None:
+        super().__init__(404, f"model {name!r} has no version {version!r} (only {VERSION!r})")
+
+
+class ClientGone(Exception):
+    """The request ends without an answer from the path: the client went away (`code` 0, not
+    counted) or the front end answered it itself (its body timed out: 408)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Inference:
+    def __init__(
+        self,
+        models: Callable[[], Mapping[str, ServedModel]],
+        metrics: ServingMetrics,
+        failed: Callable[[], Mapping[str, str]] | None = None,
+    ) -> None:
+        self.models = models  # a callable: reload swaps the mapping atomically
+        self.failed = failed or dict
+        self.metrics = metrics
+        self.stats = Statistics()
+        # Large decodes (JSON tensor data, long typed value lists) run in a thread, one at a
+        # time: they are bound by the GIL, not by cores, so more at once only take it from
+        # the event loop more often (and hold more memory).
+        self._decoding = asyncio.Lock()
+
+    def ready(self) -> bool:
+        """Every configured model serves a version. A model whose reload failed but whose old
+        version still serves counts as serving; one that never loaded does not."""
+        models = self.models()
+        return all(name in models for name in self.failed()) and all(
+            m.worker.alive() for m in models.values()
+        )
+
+    def model(self, name: str, version: str = "") -> ServedModel:
+        """The served model by name and version ("" is the latest, the only one)."""
+        served = self.models().get(name)
+        if served is None:
+            reason = self.failed().get(name)
+            if reason:
+                raise RequestError(503, f"model {name!r} is not loaded: {reason}")
+            raise UnknownModel(name)
+        if version not in ("", VERSION):
+            raise UnknownVersion(name, version)
+        return served
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a thread, one such decode or encode at a time (see __init__)."""
+        async with self._decoding:
+            return await asyncio.to_thread(fn, *args)
+
+    async def infer(
+        self,
+        name: str,
+        model: Callable[[], ServedModel],
+        receive: Callable[[ServedModel], Awaitable[Any]],
+        decode: Callable[[Any, ServedModel], Awaitable[InferRequest]],
+        encode: Callable[[InferRequest, Mapping[str, np.ndarray]], Awaitable[T]],
+    ) -> Answer[T] | None:
+        """One request: `model()` finds the served model (raising RequestError), admission
+        (a full queue or a model that is not serving is refused before `receive` reads the
+        request), `decode`, the shapes the model is served at, the engine (with the request's
+        deadline), `encode`. Every failure leaves as a RequestError with its status, counted;
+        the answer is counted when the front end has sent it (`Answer.sent`). None when
+        `receive` raised ClientGone: there is nothing to send."""
+        start = time.perf_counter()
+        code = 200
+        served = None
+        try:
+            served = model()
+            worker = served.worker
+            worker.check_room()
+            worker.admitting += 1
+            try:
+                received = await receive(served)
+                decoding = time.perf_counter()
+                request = await decode(received, served)
+                served.check_shapes(request.inputs)
+                input_s = time.perf_counter() - decoding
+            finally:
+                worker.admitting -= 1  # no await before submit: the slot passes to the queue
+            outputs, timing = await worker.infer(request.inputs, request.timeout_ms)
+            encoding = time.perf_counter()
+            payload = await encode(request, outputs)
+            output_s = time.perf_counter() - encoding
+        except ClientGone as exc:
+            code = exc.code
+            return None
+        except RequestError as exc:
+            code = exc.status
+            raise
+        except (ProtocolError, InputError) as exc:
+            code = 400
+            raise RequestError(400, str(exc)) from None
+        except EngineError as exc:
+            code = exc.status
+            raise RequestError(exc.status, str(exc)) from None
+        except BackendError as exc:
+            code = 500
+            raise RequestError(500, str(exc)) from None
+        finally:
+            if code not in (0, 200):  # 200 is counted once the answer is out
+                # Unknown names share one label value: a scan of names must not grow the
+                # metric without bound. Configured-but-failed models keep their own name.
+                known = served is not None or name in self.models()
+                label = name if code != 404 or known else UNKNOWN_MODEL
+                self.metrics.count(label, str(code))
+                if served is not None:
+                    self.stats.failed(name, time.perf_counter() - start)
+        samples = _samples(request) if worker.batchable else 1
+        return Answer(self, name, payload, start, timing, input_s, output_s, samples)
+
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """The statistics extension's `model_stats` (Triton's shape): every served model, or
+        the one named (RequestError as `model` raises)."""
+        names = [self.model(name, version).name] if name else sorted(self.models())
+        return [self.stats.model(n).to_dict(n) for n in names]
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Each configured model with its state: READY while it serves, UNAVAILABLE with the
+        reason when it did not load (or its worker stopped)."""
+        index = []
+        models, failed = self.models(), self.failed()
+        for name in sorted(set(models) | set(failed)):
+            served = models.get(name)
+            if served is not None and served.worker.alive():
+                entry = {"name": name, "version": VERSION, "state": "READY", "reason": ""}
+            else:
+                reason = failed.get(name) or "its worker is not running"
+                entry = {"name": name, "version": VERSION, "state": "UNAVAILABLE"}
+                entry["reason"] = reason
+            if not ready_only or entry["state"] == "READY":
+                index.append(entry)
+        return index
+
+
+def _samples(request: InferRequest) -> int:
+    """A batchable model's request carries as many inferences as its batch dim (Triton counts
+    inference_count so)."""
+    first = next(iter(request.inputs.values()), None)
+    shape = getattr(first, "shape", ())
+    return int(shape[0]) if shape else 1
+
+
+@dataclass
+class Answer(Generic[T]):
+    """An encoded answer; `sent()` once it is out counts it (metrics and statistics)."""
+
+    inference: Inference
+    name: str
+    payload: T
+    start: float
+    timing: Timing
+    input_s: float
+    output_s: float
+    samples: int
+
+    def sent(self) -> None:
+        total = time.perf_counter() - self.start
+        timing = self.timing
+        metrics = self.inference.metrics
+        metrics.count(self.name, "200")
+        metrics.observe(self.name, timing.queue_s, timing.compute_s, total, timing.batch_size)
+        self.inference.stats.succeeded(self.name, self, total)
+
+
+# -- the statistics extension -----------------------------------------------------------------
+
+
+@dataclass
+class Duration:
+    """Triton's StatisticDuration: how many, and their nanoseconds together."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class _Batches:
+    """Executions of one batch size (in requests), built from the requests that ran in them:
+    each of a batch of b reports the batch's compute time, and counts 1/b of the execution."""
+
+    executions: float = 0.0
+    input_ns: int = 0
+    infer_ns: float = 0.0
+    output_ns: int = 0
+
+
+@dataclass
+class ModelStatistics:
+    """What Triton's statistics extension reports per model version, from what edged
+    measures (all on the event loop: no lock). The phases:
+
+    - queue: from the request's submission to its batch starting (the engine's queue time);
+    - compute_input: decoding the request's tensors and checking them against the model
+      (edged's equivalent of preparing a backend's inputs; the runtime's own input copy is
+      inside its run and so in compute_infer);
+    - compute_infer: the batch's run on the backend (the engine's compute time), inputs
+      concatenated and outputs split included;
+    - compute_output: encoding the outputs into the response;
+    - success / fail: whole requests, from arrival to their answer (failures: of a model
+      that exists, as Triton counts them);
+    - cache_hit / cache_miss: always zero (edged has no response cache).
+
+    execution_count and batch_stats are derived from the requests (see _Batches); their
+    batch size is the number of requests run together. Counts start when the daemon does
+    (a reload that replaces the model keeps them: they are the model's, not the version's)."""
+
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    last_inference_ms: int = 0
+    batches: dict[int, _Batches] = field(default_factory=dict)
+
+    def to_dict(self, name: str) -> dict[str, Any]:
+        zero = Duration().to_dict()
+        batches = sorted(self.batches.items())
+        return {
+            "name": name,
+            "version": VERSION,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": sum(round(b.executions) for _, b in batches),
+            "inference_stats": {
+                "success": self.success.to_dict(),
+                "fail": self.fail.to_dict(),
+                "queue": self.queue.to_dict(),
+                "compute_input": self.compute_input.to_dict(),
+                "compute_infer": self.compute_infer.to_dict(),
+                "compute_output": self.compute_output.to_dict(),
+                "cache_hit": zero,
+                "cache_miss": zero,
+            },
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": {"count": round(b.executions), "ns": b.input_ns},
+                    "compute_infer": {"count": round(b.executions), "ns": int(b.infer_ns)},
+                    "compute_output": {"count": round(b.executions), "ns": b.output_ns},
+                }
+                for size, b in batches
+            ],
+            "memory_usage": [],
+        }
+
+
+class Statistics:
+    def __init__(self) -> None:
+        self._models: dict[str, ModelStatistics] = {}
+
+    def model(self, name: str) -> ModelStatistics:
+        stats = self._models.get(name)
+        if stats is None:
+            stats = self._models[name] = ModelStatistics()
+        return stats
+
+    def succeeded(self, name: str, answer: Answer, total_s: float) -> None:
+        stats = self.model(name)
+        timing = answer.timing
+        input_ns, output_ns = int(answer.input_s * 1e9), int(answer.output_s * 1e9)
+        stats.success.add(total_s)
+        stats.queue.add(timing.queue_s)
+        stats.compute_input.ns += input_ns
+        stats.compute_input.count += 1
+        stats.compute_infer.add(timing.compute_s)
+        stats.compute_output.ns += output_ns
+        stats.compute_output.count += 1
+        stats.inference_count += answer.samples
+        stats.last_inference_ms = int(time.time() * 1000)
+        size = max(1, timing.batch_size)
+        batch = stats.batches.get(size)
+        if batch is None:
+            batch = stats.batches[size] = _Batches()
+        batch.executions += 1 / size
+        batch.input_ns += input_ns
+        batch.infer_ns += timing.compute_s * 1e9 / size
+        batch.output_ns += output_ns
+
+    def failed(self, name: str, total_s: float) -> None:
+        self.model(name).fail.add(total_s)
