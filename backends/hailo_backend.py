@@ -587,6 +587,10 @@ class HailoBackend:
     def reference(self, model: ModelInfo) -> Candidate | None:
         return None  # the NPU is all HailoRT runs on: the family's ONNX original is the reference
 
+    def board_devices(self, hw: HardwareFacts) -> list[str]:
+        """The Hailo devices present (a PCIe card: its node, not the device tree, says)."""
+        return [_label(node) for node in _hailo_nodes(hw)]
+
 
 def _label(node: str) -> str:
     return node.rsplit("/", 1)[-1]

@@ -311,6 +311,10 @@ class LiteRtBackend:
     def reference(self, model: ModelInfo) -> Candidate | None:
         return Candidate(NAME, "CPU", "model")  # built-in kernels: no delegate rewrites it
 
+    def board_devices(self, hw) -> list[str]:
+        """The board's NPUs among this backend's delegates (offline plans ask this)."""
+        return [spec.name for spec in DELEGATES if board_has(spec, hw)]
+
 
 def _library_in_image(root: str, library: str) -> bool:
     """Whether the image at `root` has the delegate library (a bare name is looked for in

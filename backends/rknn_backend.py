@@ -642,6 +642,10 @@ class RknnBackend:
     def reference(self, model: ModelInfo) -> Candidate | None:
         return None  # NPU only: the family's original (ONNX) is the reference
 
+    def board_devices(self, hw: HardwareFacts) -> list[str]:
+        """The board's RKNPU2, from its device tree (offline plans ask this)."""
+        return [DEVICE] if soc_of(hw) is not None else []
+
 
 # -- the session --------------------------------------------------------------------------------
 

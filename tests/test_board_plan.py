@@ -90,3 +90,26 @@ def test_a_bad_dtb_is_bad_input(face_full_integer: dict[str, Path], tmp_path: Pa
     bad.write_bytes(b"not a device tree")
     assert main(["backends", "--model", str(face_full_integer["int8"]), "--dtb", str(bad)]) == 2
     assert str(bad.name) in capsys.readouterr().err
+
+
+def test_an_rk3566_image_plans_the_rknn_model_and_says_what_is_missing(
+    dtb_corpus: Path, models_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """Every backend's NPUs are in the plan (`board_devices`), not only LiteRT's: an RK3566
+    board's RKNPU2, for a real .rknn built for it, and one built for the RK3588."""
+    from tests.support.rknn_standin import board_root
+
+    dtb = dtb_corpus / "rockchip" / "rk3566-quartz64-a.dtb"
+    root = board_root(tmp_path, driver=None, running=False)  # an image: librknnrt, no driver
+    code, report = plan(
+        capsys, "--model", models_dir / "ppocr_cls_rk3566_fp16.rknn", "--root", root, "--dtb", dtb
+    )
+    [npu] = report["npu"]
+    assert (npu["backend"], npu["device"]) == ("rknn", "NPU")
+    assert code == 0 and npu["runs_model"], npu
+    code, report = plan(
+        capsys, "--model", models_dir / "ppocr_cls_rk3588_fp16.rknn", "--root", root, "--dtb", dtb
+    )
+    [npu] = report["npu"]
+    assert code == 1 and not npu["runs_model"]
+    assert "built for rk3588" in npu["reason"] and "this board is rk3566" in npu["reason"]

@@ -216,7 +216,7 @@ def cmd_backends(args) -> int:
 
 def _offline_plan(args, hw) -> int:
     """What the board of --root/--dtb would run --model on, without loading anything."""
-    from backends.litert_backend import DELEGATES, board_has
+    from backends import backend_names, get_backend
     from backends.model_info import inspect_model
     from edged.selection.candidates import all_candidates
 
@@ -226,7 +226,12 @@ def _offline_plan(args, hw) -> int:
             f"{args.root or args.dtb}: no device tree to plan for; give the board's --dtb BOARD.dtb"
         )
     candidates = all_candidates(hw, model)
-    npus = {spec.name for spec in DELEGATES if board_has(spec, hw)}
+    # The board's NPUs, as each backend that has any tells (`board_devices`, optional).
+    npus = {
+        (name, device)
+        for name in backend_names()
+        for device in getattr(get_backend(name), "board_devices", lambda hw: [])(hw)
+    }
     rows = [
         {
             "backend": c.backend,
@@ -237,7 +242,7 @@ def _offline_plan(args, hw) -> int:
             "estimate": c.options.get("estimate"),
         }
         for c in candidates
-        if c.backend == "litert" and c.device in npus
+        if (c.backend, c.device) in npus
     ]
     takes = [r for r in rows if r["runs_model"]]
     report = {
@@ -271,7 +276,8 @@ def format_plan(report: dict[str, Any]) -> str:
     ]
     for row in report["npu"]:
         mark = "yes" if row["runs_model"] else "no "
-        lines.append(f"  {mark}  litert:{row['device']:14} {row['reason'] or row['note']}")
+        where = f"{row['backend']}:{row['device']}"
+        lines.append(f"  {mark}  {where:21} {row['reason'] or row['note']}")
     if not report["npu"]:
         lines.append("  none: only the CPU backends (not judged offline)")
     lines.append(f"Verdict       {report['verdict']}")
