@@ -357,7 +357,7 @@ class _Tables:
 FORMATS = (
     ModelFormat(
         "rknn",
-        "RKNN (.rknn)",
+        "RKNN",
         (".rknn",),
         "rknn",
         read,

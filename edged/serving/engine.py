@@ -65,6 +65,9 @@ class ModelWorker:
         # The selection's pick; serving on anything else is degraded (a fall-back).
         self.primary = session.candidate.key
         self._retired: list[Session] = []  # switched away from; closed between batches
+        self._running: Session | None = None  # the session the running batch is inside
+        # Sessions a stalled thread was left inside: never closed (it may still be in them).
+        self._abandoned: set[int] = set()
         self.recorder = recorder  # per-request latency for telemetry (HDR histograms)
         self._queue: collections.deque[Pending] = collections.deque()
         self._cond = threading.Condition()
@@ -100,6 +103,10 @@ class ModelWorker:
         )
         self._thread.start()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -118,6 +125,13 @@ class ModelWorker:
         if self._thread is not None:
             # One deadline for draining and joining: a hung runtime cannot hold the stop.
             self._thread.join(timeout=max(0.1, deadline - time.monotonic()))
+        if self._thread is None or not self._thread.is_alive():  # nothing runs in them now
+            with self._switch_lock:
+                sessions = [self.session, self.standby, *self._retired]
+                self.standby, self._retired = None, []
+            for session in {id(s): s for s in sessions if s is not None}.values():
+                if id(session) not in self._abandoned:
+                    close_later(session)
 
     def stalled(self, bound_s: float) -> bool:
         """True while one batch has been running for longer than `bound_s` (a hung runtime)."""
@@ -190,11 +204,12 @@ class ModelWorker:
 
     def set_standby(self, session: Session | None) -> None:
         """Keep `session` loaded for the next fail-over (None: keep none); the one it
-        replaces is closed (no batch runs on a standby)."""
+        replaces is closed between batches (a batch may be running on it: a retry, or it
+        served a moment ago)."""
         with self._switch_lock:
             old, self.standby = self.standby, session
-        if old is not None and old is not session:
-            close_later(old)
+            if old is not None and old is not session:
+                self._retired.append(old)
 
     def swap_session(
         self, session: Session, primary: bool = True, keep_as_standby: bool = False
@@ -220,7 +235,11 @@ class ModelWorker:
         with self._switch_lock:
             retired, self._retired = self._retired, []
         for session in retired:
-            if session is not self.session and session is not self.standby:
+            if (
+                session is not self.session
+                and session is not self.standby
+                and id(session) not in self._abandoned
+            ):
                 close_later(session)
 
     def take_over_if_stalled(self) -> bool:
@@ -233,14 +252,18 @@ class ModelWorker:
             if not self.stalled(bound) or not self._inflight:
                 return False
             stuck = self._inflight
-            stuck_session = self.session
+            stuck_session = self._running or self.session
+            self._abandoned.add(id(stuck_session))  # the stuck thread is still inside it
         if not self.fail_over(
             f"backend stalled: one batch ran for more than {bound:g} s",
             lambda c: c.key != stuck_session.candidate.key,
-            retire=False,  # the stuck thread is still inside it
+            retire=False,
+            failed=stuck_session,
         ):
             return False  # keep waiting; the systemd watchdog is the last resort
         with self._cond:
+            if self._inflight is not stuck:  # it finished while the fail-over loaded
+                return False
             self._generation += 1
             self._inflight = None
             self._busy_since = None
@@ -445,7 +468,7 @@ class ModelWorker:
         error: Exception | None = None
         usage = batch_begin()  # wakes the counter sampler; the thread's CPU time so far
         try:
-            outputs = self._run_with_failover(feeds)
+            outputs = self._run_with_failover(feeds, generation)
         except Exception as exc:  # report to every caller; the worker keeps serving
             error = exc
         end = time.perf_counter()
@@ -483,29 +506,36 @@ class ModelWorker:
                     waking,
                 )
 
-    def _run_with_failover(self, feeds) -> dict[str, np.ndarray]:
-        session = self.session
+    def _run_with_failover(self, feeds, generation: int | None = None) -> dict[str, np.ndarray]:
+        session = self._running = self.session
         try:
             return session.run(feeds)
         except InputError:
             raise
         except BackendError as exc:
+            if generation is not None and generation != self._generation:
+                raise  # taken over after a stall: the batch runs elsewhere; no retry here
             self.last_error = str(exc)
             moved = lambda c: c.key != session.candidate.key  # noqa: E731
             standby = self.standby
             if self.session is session and standby is not None and moved(standby.candidate):
                 # The warm standby is a verified session: it answering the input says the
                 # backend failed, not the input; and its answer is the retry's answer.
+                self._running = standby
                 try:
                     outputs = standby.run(feeds)
-                except (BackendError, InputError) as standby_exc:
+                except InputError as standby_exc:
                     raise InputError(
-                        f"{self.name}: the standby {standby.candidate.key} fails on these "
+                        f"{self.name}: the standby {standby.candidate.key} refuses these "
                         f"inputs too ({str(standby_exc)[:200]}); the backend said: "
                         f"{str(exc)[:200]}"
                     ) from None
-                self.fail_over(str(exc), moved, failed=session)
-                return outputs
+                except BackendError as standby_exc:  # broken too: not the input's fault
+                    log.error("%s: the standby failed as well: %s", self.name, standby_exc)
+                    self.set_standby(None)
+                else:
+                    self.fail_over(str(exc), moved, failed=session)
+                    return outputs
             if self.session is session:
                 fault = self._input_fault(feeds, exc)
                 if fault is not None:
@@ -514,7 +544,8 @@ class ModelWorker:
                     raise
             # Failed over, here or meanwhile (a hot-plug took the standby): the request is
             # retried once, there.
-            return self.session.run(feeds)
+            session = self._running = self.session
+            return session.run(feeds)
 
     def _input_fault(self, feeds, exc: BackendError) -> InputError | None:
         """An InputError when the reference runtime fails on these inputs too (a size the

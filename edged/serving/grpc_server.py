@@ -511,6 +511,10 @@ class Service:
                 answer = await self._infer(_parse(ModelInferRequest, raw), None)
             except RequestError as exc:
                 payload = ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
+            except Exception as exc:  # never leave the stream waiting for this answer
+                log.exception("stream infer failed")
+                message = f"internal error: {exc.__class__.__name__}: {exc}"
+                payload = ModelStreamInferResponse(error_message=message).SerializeToString()
             else:
                 answer.sent()
                 # infer_response (field 2) is the encoded ModelInferResponse as it stands

@@ -112,8 +112,12 @@ class ServedModel:
             with pinned_thread(self.policy.cpus):
                 candidate = find_candidate(hw, model, wanted_candidate)
                 session = get_backend(candidate.backend).load(model, candidate, options)
-                _warm_up(session, self.selection)
-        except (ModelError, BackendError, InputError, ImportError) as exc:
+                try:
+                    _warm_up(session, self.selection)
+                except BaseException:
+                    session.close()
+                    raise
+        except Exception as exc:  # serving goes on without a standby; status says why
             self.standby_note = f"{wanted_candidate.key} did not load: {exc}"
             return f"no standby: {self.standby_note}"
         self.worker.set_standby(session)
@@ -136,24 +140,34 @@ class ServedModel:
 
     def _recover(self, hw: HardwareFacts) -> str | None:
         self.last_recovery = time.monotonic()
-        pick = self.selection.selected
+        selection = self.selection
+        pick = selection.selected
         assert pick is not None
-        model = self.selection.model_of(pick)
-        offered = find_candidate(hw, model, pick.candidate)
-        if not offered.available or offered.key != self.worker.primary:
+        model = selection.model_of(pick)
+        offered = next(  # as its backend lists it now: a device that is gone is not listed
+            (
+                c
+                for c in backend_candidates(hw, model, pick.candidate.backend)
+                if c.key == pick.candidate.key and c.available
+            ),
+            None,
+        )
+        if offered is None or offered.key != self.worker.primary:
             return f"{self.worker.primary} is not offered here yet"
-        options = _load_options(self.policy, self.worker.batching, self.selection, self.state_dir)
+        options = _load_options(self.policy, self.worker.batching, selection, self.state_dir)
         self.recovering = True
         try:
-            ev, session = reverify(
-                self.selection, offered, hw, self.policy, options, self.evaluation
-            )
+            ev, session = reverify(selection, offered, hw, self.policy, options, self.evaluation)
         finally:
             self.recovering = False
         if session is None:
             return f"{offered.key} did not verify again: {ev.reason}"
         with self._lock:
+            if self.selection is not selection or self.worker.stopping:
+                session.close()  # selected anew, or reloaded, meanwhile: that decides
+                return "the model was selected anew or stopped meanwhile; not switched back"
             self.worker.swap_session(session, primary=True, keep_as_standby=True)
+            self.worker.set_fallbacks(_fallback_provider(self.name, selection, hw, options))
             wanted, _ = self.standby_wanted()
             standby = self.worker.standby
             if wanted is None or (standby is not None and standby.candidate.key != wanted[1].key):
