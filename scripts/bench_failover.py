@@ -16,8 +16,8 @@ CPU path). Each cycle, interleaved:
 
 Reported per scenario (medians over cycles, and the worst): requests sent and lost (goal 0),
 the longest request around the switch, against the stream's steady p99 on the NPU measured in
-the same run (the ratio), the time from the fault to the first request the standby answered,
-and from the device's return until the NPU serves again.
+the same run (the ratio), the time from the fault to the standby's first answer, and from the
+device's return until the NPU's first answer.
 
 Usage: bench_failover.py [--cycles N] [--rate HZ] [--watchdog-ms MS] [--json]
 """
@@ -163,8 +163,12 @@ def _measure(mark: dict[str, Any], stream) -> dict[str, Any]:
     steady = [o.latency_s for o in stream.between(mark["steady_from"], fault) if o.latency_s]
     around = stream.between(fault, mark["end"])
     lost = [o for o in stream.between(mark["steady_from"], mark["end"]) if o.latency_s is None]
-    standby_at = next((o.sent for o in around if o.backend == STANDBY), None)
-    npu_again = next((o.sent for o in around if o.sent >= returned and o.backend == NPU), None)
+    # When the first answer from each came (sent + latency): the switch as a client sees it.
+    standby_at = min((_answered(o) for o in around if o.backend == STANDBY), default=None)
+    npu_again = min(
+        (_answered(o) for o in around if o.backend == NPU and _answered(o) >= returned),
+        default=None,
+    )
     worst = max((o.latency_s for o in around if o.latency_s), default=None)
     steady_p99 = benchlib.latency_stats(steady).p99_ms if steady else None
     return {
@@ -179,6 +183,10 @@ def _measure(mark: dict[str, Any], stream) -> dict[str, Any]:
         "lost": len(lost),
         "degraded_after": mark["degraded_after"],
     }
+
+
+def _answered(outcome) -> float:
+    return outcome.sent + (outcome.latency_s or 0.0)
 
 
 def _summary(found: list[dict[str, Any]]) -> dict[str, Any]:
