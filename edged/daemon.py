@@ -143,6 +143,7 @@ class Daemon:
             reload=self._on_hup,
         )
         api.max_decode_bytes = self.config.server.max_decode_bytes
+        api.metrics_names = self.config.server.metrics_names
         try:
             sockets = bind_sockets(self.config)
             self._socket_id = socket_identity(self.config)

@@ -207,6 +207,7 @@ def test_every_key_set(folder: Path) -> None:
         log_level = "DEBUG"
         grpc_listen = "127.0.0.2:7001"
         grpc_socket = "/srv/edged/grpc.sock"
+        metrics_names = "triton"
 
         [selection]
         runs = 10
@@ -240,6 +241,7 @@ def test_every_key_set(folder: Path) -> None:
         grpc_listen_host="127.0.0.2",
         grpc_listen_port=7001,
         grpc_socket=Path("/srv/edged/grpc.sock"),
+        metrics_names="triton",
     )
     # min_cosine, the older spelling, is 1 - max_drop.
     assert config.selection == Policy(
@@ -524,7 +526,7 @@ def test_typo_is_an_error_not_a_default(folder: Path) -> None:
         f"'max_body_bytes'?; allowed: listen, socket, socket_mode, state_dir, max_body_bytes, "
         f"log_level, housekeeping_cpus, mlockall, max_connections, hang_s, "
         f"socket_max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, "
-        f"max_header_bytes, max_decode_bytes, grpc_listen, grpc_socket"
+        f"max_header_bytes, max_decode_bytes, grpc_listen, grpc_socket, metrics_names"
     )
 
 

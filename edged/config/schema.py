@@ -82,6 +82,9 @@ class ServerConfig:
     grpc_listen_port: int | None = field(default=8001, metadata={"toml": "grpc_listen"})
     # gRPC on a Unix socket (socket_mode applies); None: off. Unset: grpc.sock beside `socket`.
     grpc_socket: Path | None = Path("/run/edged/grpc.sock")
+    # /metrics in edged's names (the default) or Triton's (nv_inference_*), for dashboards
+    # that scrape Triton.
+    metrics_names: str = "edged"
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,17 @@ def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
         grpc_listen_host=grpc_host,
         grpc_listen_port=grpc_port,
         grpc_socket=grpc_socket,
+        metrics_names=_metrics_names(check, t.string("metrics_names")),
     )
+
+
+METRICS_NAMES = ("edged", "triton")
+
+
+def _metrics_names(check: Checker, value: str) -> str:
+    if value not in METRICS_NAMES:
+        raise check.fail("server.metrics_names", f'must be "edged" or "triton", got {show(value)}')
+    return value
 
 
 def _check_socket_path(check: Checker, path: Path | None, key: str) -> None:

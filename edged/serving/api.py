@@ -63,6 +63,7 @@ class Api:
         self.metrics = metrics
         # The infer path, model lookup, readiness and statistics, shared with gRPC.
         self.inference = Inference(models, metrics, failed)
+        self.metrics_names = "edged"  # `[server] metrics_names`: "triton" for Triton's
         self.max_body_bytes = max_body_bytes
         # The most a request's JSON may take to decode (`[server] max_decode_bytes`); such
         # decodes run one at a time (Inference.offload).
@@ -107,7 +108,7 @@ class Api:
             await _send(
                 send,
                 200,
-                generate_latest(self.metrics.registry),
+                self._metrics_text(),
                 [(b"content-type", CONTENT_TYPE_LATEST.encode())],
             )
         elif parts == ["edged", "status"]:
@@ -154,6 +155,18 @@ class Api:
                 raise UnknownVersion(name, rest[1] if len(rest) > 1 else "")
             rest = rest[2:]
         return served, rest
+
+    def _metrics_text(self) -> bytes:
+        """edged's metrics, or (`metrics_names = "triton"`) Triton's names, read from the
+        statistics extension's counters."""
+        if self.metrics_names == "triton":
+            from edged.serving.metrics import triton_metrics_text
+
+            return triton_metrics_text(
+                self.inference.statistics(),
+                {n: m.worker.queue_depth for n, m in self._models().items()},
+            )
+        return generate_latest(self.metrics.registry)
 
     def _update_gauges(self) -> None:
         """Scrape-time values read from the workers (which know nothing of Prometheus)."""

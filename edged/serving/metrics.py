@@ -159,3 +159,83 @@ class IntrusionCollector:
 
 def _role(cpu: int, inference: set[int]) -> str:
     return "inference" if cpu in inference else "housekeeping"
+
+
+# Triton's per-model inference metrics (its metrics.md: "Inference Request Metrics"), as
+# counters named without `_total` and durations in cumulative microseconds, labelled
+# model and version, so that dashboards built for Triton read edged unchanged. Each name is
+# what edged measures for it (edged.serving.inference.ModelStatistics says what each phase
+# is): (name, help, the statistics' field, "count" or "us").
+TRITON_COUNTERS = (
+    ("nv_inference_request_success", "Number of successful inference requests", "success", "count"),
+    ("nv_inference_request_failure", "Number of failed inference requests", "fail", "count"),
+    (
+        "nv_inference_count",
+        "Number of inferences performed (a batch of n counts n)",
+        "inferences",
+        "count",
+    ),
+    ("nv_inference_exec_count", "Number of model executions performed", "executions", "count"),
+    ("nv_inference_request_duration_us", "Cumulative inference request duration", "success", "us"),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration", "queue", "us"),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration",
+        "compute_input",
+        "us",
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration",
+        "compute_infer",
+        "us",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration",
+        "compute_output",
+        "us",
+    ),
+)
+
+
+def triton_metrics_text(rows: list[dict[str, Any]], pending: Mapping[str, int]) -> bytes:
+    """`/metrics` under Triton's names (`[server] metrics_names = "triton"`), from the
+    statistics extension's rows (Triton's JSON shape: one source for both) and the pending
+    requests per model. Written here, not by prometheus_client: its text format names every
+    counter family `..._total`, and Triton's counters (what dashboards query) have no suffix."""
+    lines = []
+    for name, doc, source, unit in TRITON_COUNTERS:
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} counter"]
+        lines += [f"{name}{_label_text(row)} {_value(row, source, unit)!r}" for row in rows]
+    name = "nv_inference_pending_request_count"
+    lines += [
+        f"# HELP {name} Instantaneous number of pending requests awaiting execution per-model",
+        f"# TYPE {name} gauge",
+    ]
+    lines += [
+        f"{name}{_label_text({'name': model})} {float(count)!r}"
+        for model, count in sorted(pending.items())
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _label_text(row: Mapping[str, Any]) -> str:
+    return ",".join(f'{key}="{_escape(value)}"' for key, value in _labels(row).items()).join("{}")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(row: Mapping[str, Any]) -> dict[str, str]:
+    return {"model": row["name"], "version": str(row.get("version") or "1")}
+
+
+def _value(row: Mapping[str, Any], source: str, unit: str) -> float:
+    if source == "inferences":
+        return float(row["inference_count"])
+    if source == "executions":
+        return float(row["execution_count"])
+    phase = row["inference_stats"][source]
+    return float(phase["count"]) if unit == "count" else phase["ns"] / 1000.0  # ns -> µs
