@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from edged import __version__
-from edged.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
+from edged.config import DEFAULT_CONFIG_PATH, Config, ConfigError, ModelConfig, load_config
 from edged.placement import lock_memory, pin_housekeeping, plan_cpus, thread_affinities
 from edged.sdnotify import Notifier, watchdog_interval_s
 from edged.serving.listeners import (
@@ -78,6 +78,11 @@ class Daemon:
         self._reload_lock: asyncio.Lock | None = None
         self._reload_pending = False
         self._tasks: set[asyncio.Task] = set()
+        # The repository extension (model_control = "explicit"): models unloaded and not
+        # loaded since, and [[models]] tables a load gave instead of the file's. Reloads
+        # keep both (the file is the repository; a load or unload is an explicit override).
+        self.unloaded: set[str] = set()
+        self.overrides: dict[str, ModelConfig] = {}
 
     # -- models ------------------------------------------------------------------------------
     def load_models(
@@ -134,6 +139,13 @@ class Daemon:
         self.models, self.failed = await asyncio.to_thread(self.load_models, self.config, {})
         if self.config.server.mlockall:
             self.memory_locked = lock_memory()
+        from edged.serving.inference import ModelControl
+        from edged.serving.shared_memory import SharedMemory
+
+        srv = self.config.server
+        control = None
+        if srv.model_control == "explicit":
+            control = ModelControl(self.load_one, self.unload_one, lambda: self.unloaded)
         api = Api(
             lambda: self.models,
             self.metrics,
@@ -141,6 +153,8 @@ class Daemon:
             self.status,
             lambda: self.failed,
             reload=self._on_hup,
+            shared_memory=SharedMemory(srv.allow_shared_memory),
+            control=control,
         )
         api.max_decode_bytes = self.config.server.max_decode_bytes
         api.metrics_names = self.config.server.metrics_names
@@ -195,6 +209,9 @@ class Daemon:
             if grpc_server is not None:
                 await grpc_server.stop(DRAIN_S)
             await asyncio.to_thread(stop_workers, list(self.models.values()), DRAIN_S)
+            left = api.inference.shared_memory.close()  # no worker holds a view now
+            if left:
+                log.warning("shared memory still mapped at exit: %s", ", ".join(left))
             # The last partial window, then the retained offline state before a clean
             # DISCONNECT (which suppresses the Will).
             if self.telemetry is not None:
@@ -431,7 +448,7 @@ class Daemon:
         )
         try:
             config = await asyncio.to_thread(load_config, self.config.source)
-            config = self.with_cpu_plan(config)
+            config = self.with_cpu_plan(self._with_control(config))
         except ConfigError as exc:
             self.last_reload_error = str(exc)
             log.error("reload: keeping the running config: %s", exc)
@@ -468,6 +485,112 @@ class Daemon:
         )
         if self.publisher is not None:
             self.publisher.set_birth(self._birth())
+
+    # -- the repository extension: load and unload one model ------------------------------
+    def _with_control(self, config: Config) -> Config:
+        """`config` with the loads' tables in place of the file's and the unloaded models
+        left out."""
+        if not (self.overrides or self.unloaded):
+            return config
+        names = {m.name for m in config.models}
+        models = [self.overrides.get(m.name, m) for m in config.models]
+        models += [mc for name, mc in self.overrides.items() if name not in names]
+        kept = tuple(m for m in models if m.name not in self.unloaded)
+        return replace(config, models=kept)
+
+    async def load_one(self, name: str, table: dict[str, Any] | None) -> None:
+        """Load one model through the reload path (serialized with reloads, the others
+        untouched): the config file's [[models]] table for it, or `table` instead. A model
+        that fails to load keeps the version it served; the error says why (RequestError)."""
+        from edged.serving.inference import RequestError
+
+        assert self._reload_lock is not None
+        async with self._reload_lock:
+            if table is not None:
+                mc = self._model_table(name, table)
+            else:
+                try:
+                    mc = (await asyncio.to_thread(load_config, self.config.source)).model(name)
+                except ConfigError as exc:
+                    raise RequestError(400, f"cannot load {name!r}: {exc}") from None
+                if mc is None:
+                    raise RequestError(
+                        400, f"cannot load {name!r}: no such model in {self.config.source}"
+                    )
+            others = tuple(m for m in self.config.models if m.name != name)
+            config = self.with_cpu_plan(replace(self.config, models=(*others, mc)))
+            planned = config.model(name)
+            assert planned is not None
+            old = self.models.get(name)
+            models, failed = await asyncio.to_thread(
+                self.load_models, replace(config, models=(planned,)), {name: old} if old else {}
+            )
+            if name in failed:
+                self.failed = {**self.failed, name: failed[name]}
+                kept = "; its previous version still serves" if old is not None else ""
+                raise RequestError(400, f"failed to load {name!r}: {failed[name]}{kept}")
+            served = models[name]
+            self.models = {**self.models, name: served}  # the atomic swap
+            self.failed = {k: v for k, v in self.failed.items() if k != name}
+            self.config = config
+            self.unloaded.discard(name)
+            if table is not None:
+                self.overrides[name] = mc
+            else:
+                self.overrides.pop(name, None)
+            if old is not None and old is not served:
+                await asyncio.to_thread(stop_workers, [old], DRAIN_S)
+        log.info("model %s: loaded (repository load)", name)
+        self.notifier.notify(f"STATUS={self._status_line()}")
+        self.start_variant_jobs()
+        self._event("model_load", model=name, replaced=old is not None and old is not served)
+
+    def _model_table(self, name: str, table: dict[str, Any]) -> ModelConfig:
+        """A load's config: the model's [[models]] table, checked as the file's are (paths
+        relative to the config file's folder)."""
+        from edged.config.checks import Checker
+        from edged.config.load import live_online_cpus
+        from edged.config.models import models
+        from edged.serving.inference import RequestError
+
+        if table.get("name", name) != name:
+            raise RequestError(400, f"parameters.config names {table['name']!r}, not {name!r}")
+        try:
+            (mc,) = models(
+                Checker(self.config.source, live_online_cpus()), [{**table, "name": name}]
+            )
+        except ConfigError as exc:
+            key = (exc.key or "").removeprefix("models[0]").lstrip(".")
+            where = f"parameters.config.{key}" if key else "parameters.config"
+            raise RequestError(400, f"{where}: {exc.problem}") from None
+        if mc.watchdog_ms / 1000.0 >= self.config.server.hang_s:
+            raise RequestError(
+                400,
+                f"parameters.config: watchdog_ms {mc.watchdog_ms} is not shorter than "
+                f"[server] hang_s ({self.config.server.hang_s:g} s)",
+            )
+        return mc
+
+    async def unload_one(self, name: str) -> None:
+        """Stop serving one model: new requests are refused at once (503, "unloaded"), those
+        in flight finish within DRAIN_S (or get the worker's shutting-down error)."""
+        from edged.serving.inference import UnknownModel
+
+        assert self._reload_lock is not None
+        async with self._reload_lock:
+            served = self.models.get(name)
+            if served is None and name not in self.failed:
+                if name in self.unloaded:
+                    return  # unloaded already: done, as Triton answers
+                raise UnknownModel(name)
+            self.models = {k: v for k, v in self.models.items() if k != name}
+            self.failed = {k: v for k, v in self.failed.items() if k != name}
+            self.unloaded.add(name)
+            if served is not None:
+                await asyncio.to_thread(stop_workers, [served], DRAIN_S)
+        log.info("model %s: unloaded (repository unload)", name)
+        self.notifier.notify(f"STATUS={self._status_line()}")
+        self._event("model_unload", model=name)
 
     # -- INT8 variants made in the background ---------------------------------------------
     def start_variant_jobs(self) -> None:

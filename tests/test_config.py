@@ -208,6 +208,8 @@ def test_every_key_set(folder: Path) -> None:
         grpc_listen = "127.0.0.2:7001"
         grpc_socket = "/srv/edged/grpc.sock"
         metrics_names = "triton"
+        allow_shared_memory = true
+        model_control = "explicit"
 
         [selection]
         runs = 10
@@ -242,6 +244,8 @@ def test_every_key_set(folder: Path) -> None:
         grpc_listen_port=7001,
         grpc_socket=Path("/srv/edged/grpc.sock"),
         metrics_names="triton",
+        allow_shared_memory=True,
+        model_control="explicit",
     )
     # min_cosine, the older spelling, is 1 - max_drop.
     assert config.selection == Policy(
@@ -526,7 +530,8 @@ def test_typo_is_an_error_not_a_default(folder: Path) -> None:
         f"'max_body_bytes'?; allowed: listen, socket, socket_mode, state_dir, max_body_bytes, "
         f"log_level, housekeeping_cpus, mlockall, max_connections, hang_s, "
         f"socket_max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, "
-        f"max_header_bytes, max_decode_bytes, grpc_listen, grpc_socket, metrics_names"
+        f"max_header_bytes, max_decode_bytes, grpc_listen, grpc_socket, allow_shared_memory, "
+        f"model_control, metrics_names"
     )
 
 
@@ -763,3 +768,12 @@ def test_cpus_are_checked_against_the_online_set(folder: Path) -> None:
     ):
         parse_config(text, source, online_cpus={0, 1})
     assert parse_config(text, source).models[0].cpus == (1, 2)  # not checked: an image's
+
+
+def test_serving_extension_keys(folder: Path) -> None:
+    """Shared memory and model control are off unless asked for; a wrong value names the key."""
+    assert (ServerConfig().allow_shared_memory, ServerConfig().model_control) == (False, "none")
+    err = error(folder, '[server]\nmodel_control = "poll"')
+    assert err.key == "server.model_control" and "none, explicit" in err.problem
+    err = error(folder, '[server]\nallow_shared_memory = "yes"')
+    assert err.key == "server.allow_shared_memory"

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from edged.serving import grpc_server
 from edged.serving.inference import EXTENSIONS
-from edged.serving.protocol import ProtocolError
+from edged.serving.protocol import ProtocolError, ShmRef
 from tests.support.daemon_harness import HANG_MARK, Daemon, get, write_config
 
 OUT = "save_infer_model/scale_0.tmp_1"  # the cls model's output
@@ -373,23 +373,57 @@ def test_repository_index_and_what_is_not_served(client: tg.InferenceServerClien
         ("cls", "1", "READY"),
         ("face", "1", "READY"),
     ]
-    calls = {
-        "load": (lambda: client.load_model("cls"), "model load is not served"),
-        "unload": (lambda: client.unload_model("cls"), "model unload is not served"),
-        "shm status": (
-            lambda: client.get_system_shared_memory_status(),
-            "system shared memory is not served",
-        ),
+    # Off by default ([server] model_control, allow_shared_memory): refused, naming the key.
+    off = {
+        "load": (lambda: client.load_model("cls"), "model_control"),
+        "unload": (lambda: client.unload_model("cls"), "model_control"),
+        "shm status": (lambda: client.get_system_shared_memory_status(), "allow_shared_memory"),
         "shm register": (
             lambda: client.register_system_shared_memory("r", "/r", 16),
-            "system shared memory is not served",
+            "allow_shared_memory",
         ),
-        "cuda": (lambda: client.get_cuda_shared_memory_status(), "CUDA shared memory"),
+        "shm unregister": (lambda: client.unregister_system_shared_memory(), "allow_shared_memory"),
     }
-    for what, (call, text) in calls.items():
+    for what, (call, text) in off.items():
         code, message = status_of(call)
-        assert code == "StatusCode.UNIMPLEMENTED" and text in message, what
+        assert code == "StatusCode.PERMISSION_DENIED" and text in message, what
+    code, message = status_of(lambda: client.get_cuda_shared_memory_status())
+    assert code == "StatusCode.UNIMPLEMENTED" and "CUDA shared memory" in message
+    x = cls_input()
+    shm_input = infer_input(x)
+    shm_input.set_shared_memory("r", x.nbytes)
+    code, message = status_of(lambda: client.infer("cls", [shm_input]))
+    assert code == "StatusCode.PERMISSION_DENIED" and "allow_shared_memory" in message
+    assert "cls" in [m.name for m in client.get_model_repository_index().models]  # not unloaded
     assert client.is_server_ready()
+
+
+@pytest.mark.integration
+def test_http_extensions_off_by_default(daemon: Daemon) -> None:
+    """HTTP's side of the same: refused (403, naming the key), and not listed."""
+    import http.client
+    import json
+
+    def post(path: str) -> tuple[int, str]:
+        conn = http.client.HTTPConnection(daemon.address, timeout=30)
+        try:
+            conn.request("POST", path, body=b"{}")
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())["error"]
+        finally:
+            conn.close()
+
+    for path in ("/v2/repository/models/cls/load", "/v2/repository/models/cls/unload"):
+        status, error = post(path)
+        assert status == 403 and "model_control" in error, path
+    for path in ("/v2/systemsharedmemory/region/r/register", "/v2/systemsharedmemory/unregister"):
+        status, error = post(path)
+        assert status == 403 and "allow_shared_memory" in error, path
+    status, body = get(daemon, "/v2/systemsharedmemory/status")
+    assert status == 403 and b"allow_shared_memory" in body
+    extensions = json.loads(get(daemon, "/v2")[1])["extensions"]
+    assert extensions == EXTENSIONS and "system_shared_memory" not in extensions
+    assert get(daemon, "/v2/models/cls/ready")[0] == 200
 
 
 @pytest.mark.integration
@@ -464,6 +498,11 @@ def test_messages_match_tritonclients() -> None:
         "ModelConfig",
         "ModelStatistics",
         "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+        "SystemSharedMemoryStatus",
+        "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister",
     }
     assert {m.name for m in service.methods} == handled
 
@@ -546,7 +585,16 @@ def test_decode_refuses_raw_mismatches_and_shared_memory() -> None:
     shm.inputs.add(name="a", datatype="FP32", shape=[1]).parameters[
         "shared_memory_region"
     ].string_param = "r"
-    with pytest.raises(ProtocolError, match="system shared memory is not served"):
+    with pytest.raises(ProtocolError, match="shared_memory_byte_size go together"):
+        _decode(shm)
+    shm.inputs[0].parameters["shared_memory_byte_size"].int64_param = 4
+    shm.inputs.add(name="b", datatype="FP32", shape=[1])
+    shm.raw_input_contents.append(b"\0" * 4)  # one entry: for the input not in shm
+    decoded = _decode(shm)
+    assert list(decoded.inputs) == ["b"]
+    assert decoded.shm_inputs["a"][1:] == ((1,), ShmRef("r", 0, 4))
+    shm.raw_input_contents.append(b"\0" * 4)
+    with pytest.raises(ProtocolError, match="2 entries for 1 inputs"):
         _decode(shm)
     bad_timeout = service_pb2.ModelInferRequest(model_name="m")
     bad_timeout.inputs.add(name="a", datatype="FP32", shape=[0])

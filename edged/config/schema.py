@@ -22,6 +22,7 @@ from edged.telemetry.spool import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES
 from edged.telemetry.topics import device_base, device_topic
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MODEL_CONTROL = ("none", "explicit")
 MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 # sun_path is 108 bytes on Linux, one of them the terminating NUL; bind() fails beyond that.
 MAX_SOCKET_PATH = 107
@@ -82,6 +83,11 @@ class ServerConfig:
     grpc_listen_port: int | None = field(default=8001, metadata={"toml": "grpc_listen"})
     # gRPC on a Unix socket (socket_mode applies); None: off. Unset: grpc.sock beside `socket`.
     grpc_socket: Path | None = Path("/run/edged/grpc.sock")
+    # The system shared-memory extension (clients' /dev/shm regions); off, as Triton's is.
+    allow_shared_memory: bool = False
+    # The repository extension's load and unload: "explicit" serves them (from loopback and
+    # the Unix sockets only), "none" refuses them.
+    model_control: str = "none"
     # /metrics in edged's names (the default) or Triton's (nv_inference_*), for dashboards
     # that scrape Triton.
     metrics_names: str = "edged"

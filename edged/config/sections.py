@@ -17,6 +17,7 @@ from edged.config.checks import Checker, Table, show
 from edged.config.schema import (
     LOG_LEVELS,
     MAX_SOCKET_PATH,
+    MODEL_CONTROL,
     MQTT_PROTOCOLS,
     AuditConfig,
     ModelConfig,
@@ -97,11 +98,22 @@ def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
         grpc_listen_host=grpc_host,
         grpc_listen_port=grpc_port,
         grpc_socket=grpc_socket,
+        allow_shared_memory=t.boolean("allow_shared_memory"),
+        model_control=_model_control(check, t),
         metrics_names=_metrics_names(check, t.string("metrics_names")),
     )
 
 
 METRICS_NAMES = ("edged", "triton")
+
+
+def _model_control(check: Checker, t: Table) -> str:
+    value = t.string("model_control")
+    if value not in MODEL_CONTROL:
+        raise check.fail(
+            "server.model_control", f"must be one of {', '.join(MODEL_CONTROL)}, got {show(value)}"
+        )
+    return value
 
 
 def _metrics_names(check: Checker, value: str) -> str:

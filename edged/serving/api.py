@@ -20,18 +20,20 @@ from backends.tensors import TensorSpec
 from edged import __version__
 from edged.serving.http_limits import BODY_TIMED_OUT
 from edged.serving.inference import (
-    EXTENSIONS,
     UNKNOWN_MODEL,
     VERSION,
     ClientGone,
     Inference,
+    ModelControl,
     RequestError,
     UnknownVersion,
+    is_loopback,
 )
 from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel, device_used
 from edged.serving.protocol import InferRequest, ProtocolError, decode_request, json_decode_bytes
 from edged.serving.responses import encode_response, json_output_values, tensor_metadata
+from edged.serving.shared_memory import SharedMemory
 
 log = logging.getLogger("edged.serving.api")
 
@@ -58,11 +60,14 @@ class Api:
         failed: Callable[[], Mapping[str, str]] | None = None,
         reload: Callable[[], None] | None = None,
         max_decode_bytes: int = 256 * MiB,
+        shared_memory: SharedMemory | None = None,
+        control: ModelControl | None = None,
     ) -> None:
         self._models = models  # a callable: reload swaps the mapping atomically
         self.metrics = metrics
-        # The infer path, model lookup, readiness and statistics, shared with gRPC.
-        self.inference = Inference(models, metrics, failed)
+        # The infer path, model lookup, readiness, statistics, the shared-memory registry
+        # and model control, shared with gRPC.
+        self.inference = Inference(models, metrics, failed, shared_memory, control)
         self.metrics_names = "edged"  # `[server] metrics_names`: "triton" for Triton's
         self.max_body_bytes = max_body_bytes
         # The most a request's JSON may take to decode (`[server] max_decode_bytes`); such
@@ -85,6 +90,12 @@ class Api:
             if method == "POST" and path == "/edged/reload":
                 await self._reload_request(scope, send)
                 return
+            if path.startswith("/v2/systemsharedmemory/"):
+                await self._shared_memory(scope, receive, send, method, path)
+                return
+            if method == "POST" and path.startswith("/v2/repository/"):
+                await self._repository(scope, receive, send, path)
+                return
             if method not in ("GET", "HEAD"):
                 raise HttpError(405, f"{method} {path} is not supported")
             await self._get(send, path)
@@ -100,8 +111,9 @@ class Api:
             ready = self._ready()
             await _send_json(send, 200 if ready else 503, {"ready": ready})
         elif parts == ["v2"]:
+            extensions = self.inference.extensions()
             await _send_json(
-                send, 200, {"name": "edged", "version": __version__, "extensions": EXTENSIONS}
+                send, 200, {"name": "edged", "version": __version__, "extensions": extensions}
             )
         elif parts == ["metrics"]:
             self._update_gauges()
@@ -142,6 +154,78 @@ class Api:
             raise HttpError(404, "reload is not available")
         self._reload()
         await _send_json(send, 202, {"reload": "started"})
+
+    async def _shared_memory(self, scope, receive, send, method: str, path: str) -> None:
+        """The system shared-memory extension: GET .../status, POST .../register and
+        .../unregister, each for /v2/systemsharedmemory[/region/{name}] (Triton's routes
+        and JSON; success is 200 with an empty body, as Triton answers). From this machine
+        only: a region is this machine's memory."""
+        parts = [p for p in path.split("/") if p]
+        shm = self.inference.shared_memory
+        shm.check_enabled()  # off: said so before anything of the request is read
+        self.inference.require_local(_is_local(scope), "system shared memory")
+        region = _region_name(parts, path)
+        op = (method, parts[-1])
+        if op in (("GET", "status"), ("HEAD", "status")):
+            await _send_json(send, 200, shm.status(region))
+        elif op == ("POST", "unregister"):
+            shm.unregister(region)
+            await _send(send, 200, b"", JSON)
+        elif op == ("POST", "register"):
+            if not region:
+                raise HttpError(404, f"no route {path} (register names a region)")
+            doc = await self._json_body(scope, receive)
+            unknown = sorted(set(doc) - {"key", "offset", "byte_size"})
+            if unknown:
+                raise HttpError(400, f"unknown register field {unknown[0]!r}")
+            if "key" not in doc or "byte_size" not in doc:
+                raise HttpError(400, "register needs key and byte_size (offset optional)")
+            shm.register(region, doc["key"], doc.get("offset", 0), doc["byte_size"])
+            await _send(send, 200, b"", JSON)
+        elif parts[-1] in ("status", "register", "unregister"):
+            raise HttpError(405, f"{method} {path} is not supported")
+        else:
+            raise HttpError(404, f"no route {path}")
+
+    async def _repository(self, scope, receive, send, path: str) -> None:
+        """The repository extension's index, load and unload (Triton's routes and JSON)."""
+        parts = [p for p in path.split("/") if p]
+        if parts == ["v2", "repository", "index"]:
+            doc = await self._json_body(scope, receive)
+            ready = doc.get("ready", False)
+            if not isinstance(ready, bool):
+                raise HttpError(400, "ready must be true or false")
+            await _send_json(send, 200, self.inference.repository_index(ready_only=ready))
+        elif (
+            len(parts) == 5
+            and parts[:3] == ["v2", "repository", "models"]
+            and parts[4] in ("load", "unload")
+        ):
+            doc = await self._json_body(scope, receive)
+            parameters = doc.get("parameters", {})
+            if not isinstance(parameters, dict):
+                raise HttpError(400, "parameters must be a JSON object")
+            local = _is_local(scope)
+            if parts[4] == "load":
+                await self.inference.load(parts[3], parameters, local)
+            else:
+                await self.inference.unload(parts[3], local)
+            await _send(send, 200, b"", JSON)
+        else:
+            raise HttpError(404, f"no route {path}")
+
+    async def _json_body(self, scope, receive) -> dict[str, Any]:
+        """A small request body as a JSON object ({} when empty)."""
+        body = await self._read_body(dict(scope["headers"]), receive)
+        if not body:
+            return {}
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise HttpError(400, f"request is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise HttpError(400, "request must be a JSON object")
+        return doc
 
     def _ready(self) -> bool:
         return self.inference.ready()
@@ -222,7 +306,9 @@ class Api:
         async def encode(request: InferRequest, outputs) -> tuple[bytes, int | None]:
             return await self._encode(name, request, outputs)
 
-        answer = await self.inference.infer(name, model, read, decode, encode)
+        answer = await self.inference.infer(
+            name, model, read, decode, encode, local=_is_local(scope)
+        )
         if answer is None:
             return
         payload, json_length = answer.payload
@@ -336,6 +422,24 @@ class Api:
             chunk = message.get("body", b"")
             total += len(chunk)
             chunks.append(chunk)
+
+
+def _region_name(parts: list[str], path: str) -> str:
+    """The region of /v2/systemsharedmemory[/region/{name}]/<op> ("" for all)."""
+    if len(parts) == 3:
+        return ""
+    if len(parts) == 5 and parts[2] == "region":
+        return parts[3]
+    raise HttpError(404, f"no route {path}")
+
+
+def _is_local(scope) -> bool:
+    """The request came over the Unix socket or from a loopback address."""
+    server = scope.get("server")
+    if server is None or server[1] is None:  # uvicorn gives a Unix socket's server port None
+        return True
+    client = scope.get("client")
+    return client is not None and is_loopback(client[0])
 
 
 def _header_length(headers: dict[bytes, bytes]) -> int | None:

@@ -387,6 +387,9 @@ class ModelWorker:
             if batch is None:
                 return
             self._run(batch, generation)
+            # Not held while waiting for the next: the inputs may be views of a client's
+            # shared memory, whose mapping cannot close while a view is alive.
+            del batch
 
     def _set_fifo(self, priority: int) -> None:
         try:

@@ -37,20 +37,23 @@ from edged import __version__
 from edged.config import ServerConfig
 from edged.config.schema import MAX_SOCKET_PATH
 from edged.serving.inference import (
-    EXTENSIONS,
     VERSION,
     Answer,
     Inference,
     RequestError,
     UnknownModel,
+    is_loopback,
 )
 from edged.serving.models import ServedModel
 from edged.serving.protocol import (
     DATATYPES,
+    SHM_PARAMETERS,
     TYPED_FIELDS,
     InferRequest,
     ProtocolError,
     datatype_of,
+    dtype_and_shape,
+    shm_ref,
     tensor_from_bytes,
     tensor_from_values,
 )
@@ -118,6 +121,25 @@ _MESSAGES = {
     "RepositoryIndexResponse": "1 models *RepositoryIndexResponse.ModelIndex",
     "RepositoryIndexResponse.ModelIndex": "1 name string, 2 version string, 3 state string, "
     "4 reason string",
+    "ModelRepositoryParameter": "1 bool_param bool oneof:parameter_choice, "
+    "2 int64_param int64 oneof:parameter_choice, 3 string_param string oneof:parameter_choice, "
+    "4 bytes_param bytes oneof:parameter_choice",
+    "RepositoryModelLoadRequest": "1 repository_name string, 2 model_name string, "
+    "3 parameters map<ModelRepositoryParameter>",
+    "RepositoryModelLoadResponse": "",
+    "RepositoryModelUnloadRequest": "1 repository_name string, 2 model_name string, "
+    "3 parameters map<ModelRepositoryParameter>",
+    "RepositoryModelUnloadResponse": "",
+    "SystemSharedMemoryStatusRequest": "1 name string",
+    "SystemSharedMemoryStatusResponse": "1 regions "
+    "map<SystemSharedMemoryStatusResponse.RegionStatus>",
+    "SystemSharedMemoryStatusResponse.RegionStatus": "1 name string, 2 key string, "
+    "3 offset uint64, 4 byte_size uint64",
+    "SystemSharedMemoryRegisterRequest": "1 name string, 2 key string, 3 offset uint64, "
+    "4 byte_size uint64",
+    "SystemSharedMemoryRegisterResponse": "",
+    "SystemSharedMemoryUnregisterRequest": "1 name string",
+    "SystemSharedMemoryUnregisterResponse": "",
     # Triton's model configuration (its model_config.proto), the part edged fills in.
     "ModelConfig": "1 name string, 2 platform string, 17 backend string, "
     "4 max_batch_size int32, 5 input *ModelInput, 6 output *ModelOutput, "
@@ -214,6 +236,16 @@ ModelStatisticsRequest = MESSAGES["ModelStatisticsRequest"]
 ModelStatisticsResponse = MESSAGES["ModelStatisticsResponse"]
 RepositoryIndexRequest = MESSAGES["RepositoryIndexRequest"]
 RepositoryIndexResponse = MESSAGES["RepositoryIndexResponse"]
+RepositoryModelLoadRequest = MESSAGES["RepositoryModelLoadRequest"]
+RepositoryModelLoadResponse = MESSAGES["RepositoryModelLoadResponse"]
+RepositoryModelUnloadRequest = MESSAGES["RepositoryModelUnloadRequest"]
+RepositoryModelUnloadResponse = MESSAGES["RepositoryModelUnloadResponse"]
+SystemSharedMemoryStatusRequest = MESSAGES["SystemSharedMemoryStatusRequest"]
+SystemSharedMemoryStatusResponse = MESSAGES["SystemSharedMemoryStatusResponse"]
+SystemSharedMemoryRegisterRequest = MESSAGES["SystemSharedMemoryRegisterRequest"]
+SystemSharedMemoryRegisterResponse = MESSAGES["SystemSharedMemoryRegisterResponse"]
+SystemSharedMemoryUnregisterRequest = MESSAGES["SystemSharedMemoryUnregisterRequest"]
+SystemSharedMemoryUnregisterResponse = MESSAGES["SystemSharedMemoryUnregisterResponse"]
 
 # -- errors --------------------------------------------------------------------------------------
 # edged's statuses (HTTP's) as gRPC codes, the way Triton maps its errors: its gRPC server's
@@ -244,21 +276,16 @@ STATUS_CODES = {
 def status_code(exc: RequestError) -> grpc.StatusCode:
     if isinstance(exc, UnknownModel):
         return grpc.StatusCode.INVALID_ARGUMENT
+    named = getattr(exc, "grpc_code", None)  # an error whose gRPC code is not its status's
+    if named is not None:
+        return grpc.StatusCode[named]
     return STATUS_CODES.get(exc.status, grpc.StatusCode.UNKNOWN)
 
 
 # The RPCs of the service that edged does not serve (yet), and why.
+# (Repository load/unload and system shared memory are served; off by config, they answer
+# PERMISSION_DENIED saying which [server] key turns them on.)
 _NOT_SERVED = {
-    "RepositoryModelLoad": "model load is not served: edged serves the models of its config "
-    "file (edit it and reload: SIGHUP, or POST /edged/reload on the Unix socket)",
-    "RepositoryModelUnload": "model unload is not served: edged serves the models of its "
-    "config file (edit it and reload: SIGHUP, or POST /edged/reload on the Unix socket)",
-    "SystemSharedMemoryStatus": "system shared memory is not served (no system_shared_memory "
-    "extension): send tensors in raw_input_contents",
-    "SystemSharedMemoryRegister": "system shared memory is not served (no "
-    "system_shared_memory extension): send tensors in raw_input_contents",
-    "SystemSharedMemoryUnregister": "system shared memory is not served (no "
-    "system_shared_memory extension)",
     "CudaSharedMemoryStatus": "CUDA shared memory is not served (edged runs no CUDA devices)",
     "CudaSharedMemoryRegister": "CUDA shared memory is not served (edged runs no CUDA devices)",
     "CudaSharedMemoryUnregister": "CUDA shared memory is not served (edged runs no CUDA devices)",
@@ -270,7 +297,6 @@ _NOT_SERVED = {
 # Typed contents of this many values are decoded in a thread (Inference.offload), as large
 # JSON is on HTTP: numpy reads a protobuf value list one value at a time.
 OFFLOAD_VALUES = 128 * 1024
-_SHARED_MEMORY = "shared_memory_region"
 
 
 def decode_infer_request(request: Message, remaining_s: float | None) -> InferRequest:
@@ -281,32 +307,44 @@ def decode_infer_request(request: Message, remaining_s: float | None) -> InferRe
     raw = request.raw_input_contents
     if not request.inputs:
         raise ProtocolError("request has no inputs")
-    if raw and len(raw) != len(request.inputs):
+    refs = [shm_ref(_values(t.parameters), f"inputs[{i}]") for i, t in enumerate(request.inputs)]
+    in_request = sum(ref is None for ref in refs)  # the rest are in shared memory
+    if raw and len(raw) != in_request:
         raise ProtocolError(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs "
-            f"(one per input, in input order)"
+            f"raw_input_contents has {len(raw)} entries for {in_request} inputs "
+            f"(one per input not in shared memory, in input order)"
         )
     inputs: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(request.inputs):
+    shm_inputs = {}
+    entry = 0
+    for index, (tensor, ref) in enumerate(zip(request.inputs, refs, strict=True)):
         where, name = f"inputs[{index}]", tensor.name
-        if name in inputs:
+        if name in inputs or name in shm_inputs:
             raise ProtocolError(f"{where}: input {name!r} given twice")
-        if _SHARED_MEMORY in tensor.parameters:
-            raise ProtocolError(f"input {name!r}: {_NOT_SERVED['SystemSharedMemoryRegister']}")
+        if ref is not None:
+            if tensor.HasField("contents"):
+                raise ProtocolError(f"input {name!r} is in shared memory and has contents too")
+            dtype, dims = dtype_and_shape(tensor.datatype, tensor.shape, where)
+            shm_inputs[name] = (dtype, dims, ref)
+            continue
         if raw:
             if tensor.HasField("contents"):
                 raise ProtocolError(
                     f"input {name!r} has contents and raw_input_contents: give one of them"
                 )
-            array = tensor_from_bytes(name, tensor.datatype, tensor.shape, raw[index], where)
+            array = tensor_from_bytes(name, tensor.datatype, tensor.shape, raw[entry], where)
+            entry += 1
         else:
             array = _typed_tensor(tensor, where)
         inputs[name] = array
     outputs = {}
-    for out in request.outputs:
-        if _SHARED_MEMORY in out.parameters:
-            raise ProtocolError(f"output {out.name!r}: {_NOT_SERVED['SystemSharedMemoryRegister']}")
-        outputs[out.name] = True  # always raw_output_contents, as Triton sends them
+    shm_outputs = {}
+    for index, out in enumerate(request.outputs):
+        ref = shm_ref(_values(out.parameters), f"outputs[{index}]")
+        if ref is not None:
+            shm_outputs[out.name] = ref
+        else:
+            outputs[out.name] = True  # always raw_output_contents, as Triton sends them
     timeout_ms = _timeout_ms(request.parameters)
     if remaining_s is not None:
         if remaining_s <= 0:
@@ -318,7 +356,21 @@ def decode_infer_request(request: Message, remaining_s: float | None) -> InferRe
         binary_outputs=outputs,
         binary_default=True,
         timeout_ms=timeout_ms,
+        shm_inputs=shm_inputs,
+        shm_outputs=shm_outputs,
     )
+
+
+def _values(parameters: Mapping[str, Message]) -> dict[str, Any]:
+    """The shared-memory parameters as plain values (whichever oneof field holds each;
+    tritonclient sends int64_param)."""
+    values = {}
+    for key in SHM_PARAMETERS:
+        if key in parameters:
+            param = parameters[key]
+            choice = param.WhichOneof("parameter_choice")
+            values[key] = getattr(param, choice) if choice is not None else None
+    return values
 
 
 def _typed_tensor(tensor: Message, where: str) -> np.ndarray:
@@ -353,7 +405,8 @@ def encode_infer_response(
 ) -> bytes:
     """A serialized ModelInferResponse: the requested outputs (all when none is named) in
     raw_output_contents."""
-    wanted = list(request.binary_outputs) or list(outputs)
+    named = request.binary_outputs or request.shm_outputs
+    wanted = list(request.binary_outputs) if named else list(outputs)
     unknown = [name for name in wanted if name not in outputs]
     if unknown:
         raise ProtocolError(f"unknown output {unknown[0]!r}; outputs are {sorted(outputs)}")
@@ -365,6 +418,16 @@ def encode_infer_response(
         array = np.asarray(outputs[name])
         response.outputs.add(name=name, datatype=datatype_of_dtype(array.dtype), shape=array.shape)
         data.append(little_endian(array).reshape(-1).view(np.uint8))
+    # Outputs written to shared memory after those in raw_output_contents (tritonclient
+    # finds an output's raw entry by its index among the outputs), with no data.
+    for entry in request.shm_results.values():
+        out = response.outputs.add(name=entry["name"], datatype=entry["datatype"])
+        out.shape.extend(entry["shape"])
+        for key, value in entry["parameters"].items():
+            if isinstance(value, str):
+                out.parameters[key].string_param = value
+            else:
+                out.parameters[key].int64_param = value
     return response.SerializeToString() + _raw_outputs(data)
 
 
@@ -445,7 +508,8 @@ class Service:
         return ModelReadyResponse(ready=served.worker.alive())
 
     async def ServerMetadata(self, request: Message, context) -> Message:
-        return ServerMetadataResponse(name="edged", version=__version__, extensions=EXTENSIONS)
+        extensions = self.inference.extensions()
+        return ServerMetadataResponse(name="edged", version=__version__, extensions=extensions)
 
     async def ModelMetadata(self, request: Message, context) -> Message:
         served = self.inference.model(request.name, request.version)
@@ -470,12 +534,49 @@ class Service:
         index = self.inference.repository_index(ready_only=request.ready)
         return RepositoryIndexResponse(models=index)
 
+    async def RepositoryModelLoad(self, request: Message, context) -> Message:
+        """Load with the optional "config" parameter (a string_param or bytes_param of JSON:
+        the model's [[models]] table), from this machine only."""
+        parameters: dict[str, Any] = {}
+        for key, param in request.parameters.items():
+            choice = param.WhichOneof("parameter_choice")
+            value = getattr(param, choice) if choice is not None else None
+            parameters[key] = value.decode(errors="replace") if isinstance(value, bytes) else value
+        await self.inference.load(request.model_name, parameters, _is_local(context))
+        return RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Message, context) -> Message:
+        await self.inference.unload(request.model_name, _is_local(context))
+        return RepositoryModelUnloadResponse()
+
+    def _shared_memory(self, context):
+        """The registry, for a client on this machine (a region is this machine's memory)."""
+        shm = self.inference.shared_memory
+        shm.check_enabled()
+        self.inference.require_local(_is_local(context), "system shared memory")
+        return shm
+
+    async def SystemSharedMemoryStatus(self, request: Message, context) -> Message:
+        regions = self._shared_memory(context).status(request.name)
+        return SystemSharedMemoryStatusResponse(regions={r["name"]: r for r in regions})
+
+    async def SystemSharedMemoryRegister(self, request: Message, context) -> Message:
+        shm = self._shared_memory(context)
+        shm.register(request.name, request.key, request.offset, request.byte_size)
+        return SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Message, context) -> Message:
+        self._shared_memory(context).unregister(request.name)
+        return SystemSharedMemoryUnregisterResponse()
+
     async def ModelInfer(self, request: Message, context) -> bytes:
-        answer = await self._infer(request, context.time_remaining())
+        answer = await self._infer(request, context.time_remaining(), _is_local(context))
         answer.sent()  # counted as answered here: grpcio sends it when the handler returns
         return answer.payload
 
-    async def _infer(self, request: Message, remaining_s: float | None) -> Answer[bytes]:
+    async def _infer(
+        self, request: Message, remaining_s: float | None, local: bool
+    ) -> Answer[bytes]:
         inference = self.inference
         name = request.model_name
 
@@ -491,7 +592,12 @@ class Service:
             return encode_infer_response(name, infer_request, outputs)
 
         answer = await inference.infer(
-            name, lambda: inference.model(name, request.model_version), receive, decode, encode
+            name,
+            lambda: inference.model(name, request.model_version),
+            receive,
+            decode,
+            encode,
+            local=local,
         )
         assert answer is not None  # receive never gives up
         return answer
@@ -505,10 +611,11 @@ class Service:
         queue like any other (a full queue refuses them): a stream cannot hold more."""
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
         running: set[asyncio.Task] = set()
+        local = _is_local(context)
 
         async def one(raw: bytes) -> None:
             try:
-                answer = await self._infer(_parse(ModelInferRequest, raw), None)
+                answer = await self._infer(_parse(ModelInferRequest, raw), None, local)
             except RequestError as exc:
                 payload = ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
             except Exception as exc:  # never leave the stream waiting for this answer
@@ -550,6 +657,11 @@ class Service:
             "ModelConfig": ModelConfigRequest,
             "ModelStatistics": ModelStatisticsRequest,
             "RepositoryIndex": RepositoryIndexRequest,
+            "RepositoryModelLoad": RepositoryModelLoadRequest,
+            "RepositoryModelUnload": RepositoryModelUnloadRequest,
+            "SystemSharedMemoryStatus": SystemSharedMemoryStatusRequest,
+            "SystemSharedMemoryRegister": SystemSharedMemoryRegisterRequest,
+            "SystemSharedMemoryUnregister": SystemSharedMemoryUnregisterRequest,
             "ModelInfer": ModelInferRequest,
         }
         methods = {
@@ -588,6 +700,17 @@ def _unary(
         return reply if isinstance(reply, bytes) else reply.SerializeToString()
 
     return handle
+
+
+def _is_local(context) -> bool:
+    """The call came over the Unix socket or from a loopback address (grpcio's peer:
+    "unix:...", "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000")."""
+    peer = context.peer() or ""
+    kind, _, address = peer.partition(":")
+    if kind == "unix":
+        return True
+    host = address.rpartition(":")[0].strip("[]")
+    return kind in ("ipv4", "ipv6") and is_loopback(host)
 
 
 def _not_served(why: str) -> Callable[[bytes, Any], Awaitable[bytes]]:

@@ -7,10 +7,12 @@ brings only its wire format: how a request is read and decoded, how the answer i
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -20,10 +22,15 @@ from edged.serving.models import ServedModel
 from edged.serving.protocol import InferRequest, ProtocolError
 from edged.serving.requests import EngineError, Timing
 
-# What the server really serves, on HTTP and gRPC alike (server metadata on both): the
+if TYPE_CHECKING:
+    from edged.serving.shared_memory import SharedMemory
+
+# What the server always serves, on HTTP and gRPC alike (server metadata on both): the
 # binary tensor extension (gRPC: raw_input_contents/raw_output_contents), the repository's
-# read side (metadata, config, gRPC RepositoryIndex; no load or unload) and the statistics
-# extension (HTTP /v2/models[/{m}]/stats, gRPC ModelStatistics).
+# read side (metadata, config, index; load and unload only with [server] model_control =
+# "explicit", then listed as "model_repository") and the statistics extension (HTTP
+# /v2/models[/{m}]/stats, gRPC ModelStatistics). `Inference.extensions()` is the list
+# served, with "system_shared_memory" when [server] allow_shared_memory is on.
 EXTENSIONS = ["binary_tensor_data", "model_repository(metadata only)", "statistics"]
 UNKNOWN_MODEL = "_unknown"  # the model label of requests for names that are not configured
 VERSION = "1"  # each model serves one version; its name in the protocol
@@ -61,21 +68,51 @@ class ClientGone(Exception):
         self.code = code
 
 
+@dataclass
+class ModelControl:
+    """The repository extension's load and unload, done by the daemon (which owns the model
+    set: `edged.daemon.Daemon.load_one` and `unload_one`). `load(name, table)`: `table` is
+    the model's [[models]] table to serve instead of the config file's (None: the file's);
+    a failure raises RequestError and keeps what was served. `unloaded()`: the names
+    unloaded and not loaded since."""
+
+    load: Callable[[str, dict[str, Any] | None], Awaitable[None]]
+    unload: Callable[[str], Awaitable[None]]
+    unloaded: Callable[[], Collection[str]]
+
+
 class Inference:
     def __init__(
         self,
         models: Callable[[], Mapping[str, ServedModel]],
         metrics: ServingMetrics,
         failed: Callable[[], Mapping[str, str]] | None = None,
+        shared_memory: SharedMemory | None = None,
+        control: ModelControl | None = None,
     ) -> None:
         self.models = models  # a callable: reload swaps the mapping atomically
         self.failed = failed or dict
         self.metrics = metrics
         self.stats = Statistics()
+        if shared_memory is None:
+            from edged.serving.shared_memory import SharedMemory
+
+            shared_memory = SharedMemory(enabled=False)
+        self.shared_memory = shared_memory
+        self.control = control  # None: [server] model_control = "none"
         # Large decodes (JSON tensor data, long typed value lists) run in a thread, one at a
         # time: they are bound by the GIL, not by cores, so more at once only take it from
         # the event loop more often (and hold more memory).
         self._decoding = asyncio.Lock()
+
+    def extensions(self) -> list[str]:
+        """The extensions really served (server metadata, HTTP and gRPC)."""
+        served = list(EXTENSIONS)
+        if self.control is not None:
+            served[served.index("model_repository(metadata only)")] = "model_repository"
+        if self.shared_memory.enabled:
+            served.append("system_shared_memory")
+        return served
 
     def ready(self) -> bool:
         """Every configured model serves a version. A model whose reload failed but whose old
@@ -92,6 +129,8 @@ class Inference:
             reason = self.failed().get(name)
             if reason:
                 raise RequestError(503, f"model {name!r} is not loaded: {reason}")
+            if self.control is not None and name in self.control.unloaded():
+                raise RequestError(503, f"model {name!r} is unloaded (load it to serve it)")
             raise UnknownModel(name)
         if version not in ("", VERSION):
             raise UnknownVersion(name, version)
@@ -109,16 +148,20 @@ class Inference:
         receive: Callable[[ServedModel], Awaitable[Any]],
         decode: Callable[[Any, ServedModel], Awaitable[InferRequest]],
         encode: Callable[[InferRequest, Mapping[str, np.ndarray]], Awaitable[T]],
+        local: bool = True,
     ) -> Answer[T] | None:
         """One request: `model()` finds the served model (raising RequestError), admission
         (a full queue or a model that is not serving is refused before `receive` reads the
         request), `decode`, the shapes the model is served at, the engine (with the request's
         deadline), `encode`. Every failure leaves as a RequestError with its status, counted;
         the answer is counted when the front end has sent it (`Answer.sent`). None when
-        `receive` raised ClientGone: there is nothing to send."""
+        `receive` raised ClientGone: there is nothing to send. `local`: the client is on this
+        machine (loopback or a Unix socket), which tensors in shared memory need."""
         start = time.perf_counter()
         code = 200
         served = None
+        request: InferRequest | None = None
+        feeds = None
         try:
             served = model()
             worker = served.worker
@@ -128,12 +171,24 @@ class Inference:
                 received = await receive(served)
                 decoding = time.perf_counter()
                 request = await decode(received, served)
+                if request.shm_inputs or request.shm_outputs:
+                    self.shared_memory.check_enabled()
+                    self.require_local(local, "system shared memory")
+                if request.shm_inputs:
+                    self._read_shared_memory(request)
                 served.check_shapes(request.inputs)
                 input_s = time.perf_counter() - decoding
             finally:
                 worker.admitting -= 1  # no await before submit: the slot passes to the queue
-            outputs, timing = await worker.infer(request.inputs, request.timeout_ms)
+            # With inputs in shared memory the engine gets its own dict of them, so this
+            # request's can be emptied when it ends (see `finally`).
+            feeds = dict(request.inputs) if request.shm_inputs else request.inputs
+            outputs, timing = await worker.infer(feeds, request.timeout_ms)
+            samples = _samples(request) if worker.batchable else 1
             encoding = time.perf_counter()
+            if request.shm_outputs:  # all checked before any is written
+                shm = self.shared_memory
+                request.shm_results = shm.write_outputs(request.shm_outputs, outputs)
             payload = await encode(request, outputs)
             output_s = time.perf_counter() - encoding
         except ClientGone as exc:
@@ -152,6 +207,11 @@ class Inference:
             code = 500
             raise RequestError(500, str(exc)) from None
         finally:
+            if request is not None and request.shm_inputs:
+                # No view of a client's region outlives the request: an error's traceback
+                # (which a front end may keep a while) holds this frame, and so `request`.
+                request.inputs.clear()
+                feeds = None
             if code not in (0, 200):  # 200 is counted once the answer is out
                 # Unknown names share one label value: a scan of names must not grow the
                 # metric without bound. Configured-but-failed models keep their own name.
@@ -160,8 +220,55 @@ class Inference:
                 self.metrics.count(label, str(code))
                 if served is not None:
                     self.stats.failed(name, time.perf_counter() - start)
-        samples = _samples(request) if worker.batchable else 1
         return Answer(self, name, payload, start, timing, input_s, output_s, samples)
+
+    def _read_shared_memory(self, request: InferRequest) -> None:
+        """The request's shared-memory inputs as views of their regions, beside the others
+        (the views live as long as the request: nothing here keeps them)."""
+        shm = self.shared_memory
+        for name, (dtype, shape, ref) in request.shm_inputs.items():
+            request.inputs[name] = shm.read_input(name, dtype, shape, ref)
+
+    # -- the repository extension's load and unload -------------------------------------
+    def _control(self, local: bool, what: str) -> ModelControl:
+        if self.control is None:
+            raise RequestError(
+                403,
+                f'model {what} is off ([server] model_control = "none"); set it to '
+                f'"explicit", or edit the config file and reload (SIGHUP)',
+            )
+        self.require_local(local, f"model {what}")
+        return self.control
+
+    def require_local(self, local: bool, what: str) -> None:
+        if not local:
+            raise RequestError(
+                403, f"{what} is accepted from this machine only (loopback or the Unix socket)"
+            )
+
+    async def load(self, name: str, parameters: Mapping[str, Any], local: bool) -> None:
+        """Load (or reload) `name`. `parameters` may hold "config": the model's [[models]]
+        table as a JSON object (a string, as tritonclient sends it), replacing the file's
+        table for that model until it is loaded again without one."""
+        control = self._control(local, "load")
+        table = None
+        config = parameters.get("config")
+        if config is not None:
+            try:
+                table = json.loads(config) if isinstance(config, str | bytes) else config
+            except ValueError as exc:
+                raise RequestError(400, f"parameters.config is not valid JSON: {exc}") from None
+            if not isinstance(table, dict):
+                raise RequestError(
+                    400, "parameters.config must be a JSON object: the model's [[models]] table"
+                )
+        unknown = sorted(set(parameters) - {"config"})
+        if unknown:
+            raise RequestError(400, f"load parameter {unknown[0]!r} is not supported (config)")
+        await control.load(name, table)
+
+    async def unload(self, name: str, local: bool) -> None:
+        await self._control(local, "unload").unload(name)
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """The statistics extension's `model_stats` (Triton's shape): every served model, or
@@ -174,17 +281,30 @@ class Inference:
         reason when it did not load (or its worker stopped)."""
         index = []
         models, failed = self.models(), self.failed()
-        for name in sorted(set(models) | set(failed)):
+        unloaded = set(self.control.unloaded()) if self.control is not None else set()
+        for name in sorted(set(models) | set(failed) | unloaded):
             served = models.get(name)
             if served is not None and served.worker.alive():
                 entry = {"name": name, "version": VERSION, "state": "READY", "reason": ""}
             else:
-                reason = failed.get(name) or "its worker is not running"
+                reason = failed.get(name) or (
+                    "unloaded" if name in unloaded else "its worker is not running"
+                )
                 entry = {"name": name, "version": VERSION, "state": "UNAVAILABLE"}
                 entry["reason"] = reason
             if not ready_only or entry["state"] == "READY":
                 index.append(entry)
         return index
+
+
+def is_loopback(host: str) -> bool:
+    """`host` is a loopback address (IPv4-mapped IPv6 included)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 def _samples(request: InferRequest) -> int:

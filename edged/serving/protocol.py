@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,41 @@ def byteorder(cache: dict[np.dtype, np.dtype], dtype: np.dtype, order: str) -> n
     return converted
 
 
+@dataclass(frozen=True)
+class ShmRef:
+    """A tensor's system shared-memory parameters, as the request gave them (the region is
+    looked up, and the range checked, by `edged.serving.shared_memory`)."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+def shm_ref(params: Mapping[str, Any], where: str) -> ShmRef | None:
+    """The shared-memory parameters of one input or output (plain values: HTTP's JSON, or
+    gRPC's InferParameter unpacked), None when it has none. Triton's rule: region and
+    byte_size together, the offset optional (0)."""
+    if not any(key in params for key in SHM_PARAMETERS):
+        return None
+    region = params.get("shared_memory_region")
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset", 0)
+    if region is None or size is None:
+        raise ProtocolError(
+            f"{where}: shared_memory_region and shared_memory_byte_size go together "
+            f"(shared_memory_offset is optional)"
+        )
+    if not isinstance(region, str) or not region:
+        raise ProtocolError(f"{where}.shared_memory_region must be a non-empty string")
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ProtocolError(f"{where}.{key} must be a non-negative integer")
+    return ShmRef(region, offset, size)
+
+
+SHM_PARAMETERS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+
+
 @dataclass
 class InferRequest:
     id: str | None
@@ -67,6 +102,11 @@ class InferRequest:
     binary_outputs: dict[str, bool] = field(default_factory=dict)  # requested output -> binary
     binary_default: bool = False  # `binary_data_output` request parameter
     timeout_ms: float | None = None
+    # Inputs in system shared memory (read into `inputs` by the shared infer path, after
+    # decoding), outputs to write there, and, once written, their response entries.
+    shm_inputs: dict[str, tuple[np.dtype, tuple[int, ...], ShmRef]] = field(default_factory=dict)
+    shm_outputs: dict[str, ShmRef] = field(default_factory=dict)
+    shm_results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def decode_request(
@@ -110,6 +150,7 @@ def decode_request(
         raise ProtocolError("request has no 'inputs' list")
     params = _object(doc.get("parameters", {}), "parameters")
     inputs: dict[str, np.ndarray] = {}
+    shm_inputs: dict[str, tuple[np.dtype, tuple[int, ...], ShmRef]] = {}
     offset = 0
     slices: list[tuple[str, np.dtype, tuple[int, ...], int]] | None = []
     for index, item in enumerate(raw_inputs):
@@ -118,12 +159,22 @@ def decode_request(
         name = item.get("name")
         if not isinstance(name, str):
             raise ProtocolError(f"{where}.name must be a string")
-        if name in inputs:
+        if name in inputs or name in shm_inputs:
             raise ProtocolError(f"{where}: input {name!r} given twice")
         shape = _shape(item.get("shape"), f"{where}.shape")
         dtype = _dtype(item.get("datatype"), f"{where}.datatype")
         in_params = _object(item.get("parameters", {}), f"{where}.parameters")
         size = in_params.get("binary_data_size")
+        ref = shm_ref(in_params, f"{where}.parameters")
+        if ref is not None:
+            if size is not None or "data" in item:
+                raise ProtocolError(
+                    f"input {name!r} is in shared memory and has "
+                    f"{'binary_data_size' if size is not None else 'data'} too: give one"
+                )
+            shm_inputs[name] = (dtype, shape, ref)
+            slices = None  # not only binary data: nothing to reuse
+            continue
         count = math.prod(shape)
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -159,12 +210,17 @@ def decode_request(
     if raw_outputs is not None and not isinstance(raw_outputs, list):
         raise ProtocolError("'outputs' must be a list")
     outputs = {}
+    shm_outputs = {}
     for index, out in enumerate(raw_outputs or []):
         out = _object(out, f"outputs[{index}]")
         if not isinstance(out.get("name"), str):
             raise ProtocolError(f"outputs[{index}].name must be a string")
         where = f"outputs[{index}].parameters"
         out_params = _object(out.get("parameters", {}), where)
+        ref = shm_ref(out_params, where)
+        if ref is not None:
+            shm_outputs[out["name"]] = ref
+            continue
         outputs[out["name"]] = _flag(out_params, "binary_data", binary_default, where)
     timeout = params.get("timeout")
     if timeout is not None and not _positive_finite(timeout):
@@ -177,8 +233,10 @@ def decode_request(
         binary_default=binary_default,
         # The protocol's timeout parameter is in microseconds; edged deadlines are in ms.
         timeout_ms=timeout / 1000.0 if timeout is not None else None,
+        shm_inputs=shm_inputs,
+        shm_outputs=shm_outputs,
     )
-    if key is not None and slices is not None:
+    if key is not None and slices is not None and not shm_outputs:
         if len(_LAYOUTS) >= CACHED_HEADERS:
             _LAYOUTS.pop(next(iter(_LAYOUTS), None), None)  # the oldest: a bounded FIFO
         _LAYOUTS[key] = _Layout(
@@ -364,6 +422,14 @@ def tensor_from_values(
                 f"input {name!r}: values outside [{info.min}, {info.max}] for {datatype}"
             )
     return array.astype(byteorder(_NATIVE, dtype, "="), copy=False).reshape(dims)
+
+
+def dtype_and_shape(
+    datatype: str, shape: Sequence[int], where: str
+) -> tuple[np.dtype, tuple[int, ...]]:
+    """A tensor's datatype and shape, checked as every input's are (a gRPC input in shared
+    memory has only these)."""
+    return _dtype(datatype, f"{where}.datatype"), _shape(list(shape), f"{where}.shape")
 
 
 def _from_bytes(data: bytes | memoryview, dtype: np.dtype) -> np.ndarray:

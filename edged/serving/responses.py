@@ -62,6 +62,7 @@ def encode_response(
             entry["data"] = array.ravel().tolist()
             as_data.append(array)
         doc["outputs"].append(entry)
+    doc["outputs"].extend(request.shm_results.values())  # written to shared memory: no data
     if not chunks:
         return _dumps(doc, as_data), None
     # Binary outputs only carry strings and integers in the header: orjson writes the same
@@ -71,7 +72,10 @@ def encode_response(
 
 
 def _wanted(request: InferRequest, outputs: Mapping[str, np.ndarray]) -> dict[str, bool]:
-    return request.binary_outputs or dict.fromkeys(outputs, request.binary_default)
+    """The outputs to send: those named (but not in shared memory), or all when none is."""
+    if request.binary_outputs or request.shm_outputs:
+        return request.binary_outputs
+    return dict.fromkeys(outputs, request.binary_default)
 
 
 def json_output_values(request: InferRequest, outputs: Mapping[str, np.ndarray]) -> int:

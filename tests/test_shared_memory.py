@@ -1,0 +1,453 @@
+"""The system shared-memory extension against the real edged process ([server]
+allow_shared_memory = true), with unmodified tritonclient.utils.shared_memory and the http
+and grpc clients (gRPC over TCP and the Unix socket): register, status, unregister; inputs
+and outputs in shared memory equal to in-process; each bad input a clear error with the
+daemon serving on; no mapping left behind. Without a daemon: the registry's rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from edged.serving.protocol import ShmRef
+from edged.serving.shared_memory import SHM_ROOT, SharedMemory, SharedMemoryError, check_key
+from tests.support.daemon_harness import Daemon, get, write_config
+from tests.test_grpc import OUT, cls_input, grpc_port
+
+pytestmark = pytest.mark.skipif(not SHM_ROOT.is_dir(), reason="no /dev/shm")
+
+X_BYTES = 1 * 3 * 48 * 192 * 4  # the cls model's input, FP32
+OUT_BYTES = 2 * 4  # its output, [1, 2] FP32
+
+
+@pytest.fixture(scope="module")
+def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
+    folder = tmp_path_factory.mktemp("shm")
+    models = f"""
+[[models]]
+name = "cls"
+path = "{models_dir / "ppocr_cls.onnx"}"
+backend = "onnxruntime"
+threads = 1
+shapes = {{ x = [1, 3, 48, 192] }}
+max_batch_size = 4
+max_queue_delay_us = 200
+"""
+    d = Daemon(write_config(folder, models, "allow_shared_memory = true")).wait_ready()
+    yield d
+    assert d.stop() == 0, d.log_text()
+    assert "still mapped" not in d.log_text()
+
+
+@pytest.fixture(scope="module")
+def reference(models_dir: Path):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(models_dir / "ppocr_cls.onnx"))
+    return lambda x: session.run(None, {"x": x})[0]
+
+
+@pytest.fixture(params=["http", "grpc-tcp", "grpc-unix"])
+def client(request, daemon: Daemon):
+    if request.param == "http":
+        c = th.InferenceServerClient(daemon.address)
+    elif request.param == "grpc-tcp":
+        c = tg.InferenceServerClient(f"127.0.0.1:{grpc_port(daemon)}")
+    else:
+        c = tg.InferenceServerClient(f"unix://{daemon.config.parent / 'grpc.sock'}")
+    yield c
+    c.unregister_system_shared_memory()  # whatever a test left registered
+    c.close()
+
+
+class Regions:
+    """Client-side regions (tritonclient's own helper), destroyed at the end."""
+
+    def __init__(self) -> None:
+        self.handles = []
+
+    def create(self, size: int, name: str = "") -> tuple[str, str, object]:
+        tag = uuid.uuid4().hex[:10]
+        name = name or f"r{tag}"
+        key = f"/edged_test_{tag}"
+        handle = shm.create_shared_memory_region(name, key, size)
+        self.handles.append(handle)
+        return name, key, handle
+
+    def destroy(self) -> None:
+        for handle in self.handles:
+            shm.destroy_shared_memory_region(handle)
+
+
+@pytest.fixture
+def regions():
+    r = Regions()
+    yield r
+    r.destroy()
+
+
+def is_grpc(client) -> bool:
+    return isinstance(client, tg.InferenceServerClient)
+
+
+def module(client):
+    return tg if is_grpc(client) else th
+
+
+def statuses(client) -> dict[str, dict]:
+    """Region name -> {key, offset, byte_size}, from either client's answer."""
+    if is_grpc(client):
+        answer = client.get_system_shared_memory_status()
+        return {
+            name: {"key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+            for name, r in answer.regions.items()
+        }
+    return {
+        r["name"]: {"key": r["key"], "offset": r["offset"], "byte_size": r["byte_size"]}
+        for r in client.get_system_shared_memory_status()
+    }
+
+
+def error_of(call) -> tuple[str, str]:
+    with pytest.raises(InferenceServerException) as err:
+        call()
+    return str(err.value.status()), err.value.message()
+
+
+def bad_input(client) -> str:
+    """The status a 400 has on this client."""
+    return "StatusCode.INVALID_ARGUMENT" if is_grpc(client) else "400"
+
+
+def mapped(daemon: Daemon, key: str) -> bool:
+    maps = Path(f"/proc/{daemon.proc.pid}/maps").read_text()
+    return f"/dev/shm{key}" in maps
+
+
+def shm_infer(client, x: np.ndarray, in_name: str, out_name: str | None, out_size: int = 0):
+    mod = module(client)
+    inp = mod.InferInput("x", list(x.shape), "FP32")
+    inp.set_shared_memory(in_name, x.nbytes)
+    out = mod.InferRequestedOutput(OUT)
+    if out_name is not None:
+        out.set_shared_memory(out_name, out_size or OUT_BYTES)
+    return client.infer("cls", [inp], outputs=[out])
+
+
+def serves(client, reference) -> None:
+    """The daemon answers a plain request correctly (after an error)."""
+    mod = module(client)
+    x = cls_input(3)
+    inp = mod.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("cls", [inp])
+    np.testing.assert_allclose(result.as_numpy(OUT), reference(x), rtol=1e-5, atol=1e-6)
+
+
+# -- against the daemon -----------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_metadata_lists_the_extension(daemon: Daemon) -> None:
+    extensions = json.loads(get(daemon, "/v2")[1])["extensions"]
+    assert "system_shared_memory" in extensions
+    with tg.InferenceServerClient(f"127.0.0.1:{grpc_port(daemon)}") as c:
+        assert list(c.get_server_metadata().extensions) == extensions
+
+
+@pytest.mark.integration
+def test_register_status_unregister(client, daemon: Daemon, regions: Regions) -> None:
+    a, key_a, _ = regions.create(4096)
+    b, key_b, _ = regions.create(8192)
+    client.register_system_shared_memory(a, key_a, 4096)
+    client.register_system_shared_memory(b, key_b, 100, offset=4096)
+    assert statuses(client) == {
+        a: {"key": key_a, "offset": 0, "byte_size": 4096},
+        b: {"key": key_b, "offset": 4096, "byte_size": 100},
+    }
+    one = client.get_system_shared_memory_status(b)
+    names = list(one.regions) if is_grpc(client) else [r["name"] for r in one]
+    assert names == [b]
+    assert mapped(daemon, key_a) and mapped(daemon, key_b)
+    client.unregister_system_shared_memory(a)
+    assert list(statuses(client)) == [b]
+    assert not mapped(daemon, key_a)
+    client.unregister_system_shared_memory()  # all
+    assert statuses(client) == {}
+    assert not mapped(daemon, key_b)
+
+
+@pytest.mark.integration
+def test_infer_in_and_out_of_shared_memory(
+    client, daemon: Daemon, regions: Regions, reference
+) -> None:
+    x = cls_input(1)
+    in_name, in_key, in_handle = regions.create(X_BYTES)
+    out_name, out_key, out_handle = regions.create(64)
+    shm.set_shared_memory_region(in_handle, [x])
+    client.register_system_shared_memory(in_name, in_key, X_BYTES)
+    client.register_system_shared_memory(out_name, out_key, 64)
+    expected = reference(x)
+
+    result = shm_infer(client, x, in_name, out_name)
+    output = result.get_output(OUT)
+    if is_grpc(client):
+        params = {k: v.string_param or v.int64_param for k, v in output.parameters.items()}
+        assert list(output.shape) == [1, 2] and not result.get_response().raw_output_contents
+    else:
+        params = output["parameters"]
+        assert output["shape"] == [1, 2] and "data" not in output  # no data, as on Triton
+    assert params == {"shared_memory_region": out_name, "shared_memory_byte_size": OUT_BYTES}
+    got = shm.get_contents_as_numpy(out_handle, np.float32, [1, 2])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+    # Input in shared memory, output in the response; the client rewrites its region.
+    y = cls_input(2)
+    shm.set_shared_memory_region(in_handle, [y])
+    result = shm_infer(client, y, in_name, None)
+    np.testing.assert_allclose(result.as_numpy(OUT), reference(y), rtol=1e-5, atol=1e-6)
+
+    client.unregister_system_shared_memory()
+    assert not mapped(daemon, in_key) and not mapped(daemon, out_key)  # no view outlived it
+
+
+@pytest.mark.integration
+def test_bad_input_is_a_clear_error(client, daemon: Daemon, regions: Regions, reference) -> None:
+    x = cls_input(1)
+    name, key, handle = regions.create(X_BYTES)
+    shm.set_shared_memory_region(handle, [x])
+    out_name, out_key, out_handle = regions.create(64)
+    sentinel = np.full(16, 7.0, np.float32)
+    shm.set_shared_memory_region(out_handle, [sentinel])
+    bad = bad_input(client)
+
+    cases = {
+        # keys that are no POSIX shm object name
+        "path key": (lambda: client.register_system_shared_memory("p", "../x", 16), "../x"),
+        "nested key": (lambda: client.register_system_shared_memory("p", "a/b", 16), "a/b"),
+        "slash key": (lambda: client.register_system_shared_memory("p", "/a/b", 16), "/a/b"),
+        "missing object": (
+            lambda: client.register_system_shared_memory("p", "/edged_test_none", 16),
+            "no such shared-memory object",
+        ),
+        "offset past the end": (
+            lambda: client.register_system_shared_memory("p", key, 16, offset=X_BYTES),
+            "runs past the end",
+        ),
+        "size past the end": (
+            lambda: client.register_system_shared_memory("p", key, X_BYTES + 1),
+            "runs past the end",
+        ),
+        "unknown region": (lambda: shm_infer(client, x, "nope", None), "'nope'"),
+        "unregister unknown": (lambda: client.unregister_system_shared_memory("nope"), "'nope'"),
+    }
+    for what, (call, text) in cases.items():
+        status, message = error_of(call)
+        assert status == bad and text in message, (what, status, message)
+    serves(client, reference)
+
+    client.register_system_shared_memory(name, key, X_BYTES)
+    status, message = error_of(lambda: client.register_system_shared_memory(name, key, 16))
+    twice = "StatusCode.ALREADY_EXISTS" if is_grpc(client) else "400"  # Triton's codes
+    assert status == twice and "already registered" in message
+    client.register_system_shared_memory(out_name, out_key, 64)
+    mod = module(client)
+
+    # a byte size that does not match the input's shape
+    inp = mod.InferInput("x", list(x.shape), "FP32")
+    inp.set_shared_memory(name, X_BYTES - 4)
+    status, message = error_of(lambda: client.infer("cls", [inp]))
+    assert status == bad and "does not match shape" in message, message
+    # an input range past the end of its region
+    inp.set_shared_memory(name, X_BYTES, offset=4)
+    status, message = error_of(lambda: client.infer("cls", [inp]))
+    assert status == bad and "runs past the end of region" in message, message
+    # an output region too small: refused, nothing written
+    status, message = error_of(lambda: shm_infer(client, x, name, out_name, out_size=4))
+    assert status == bad and "more than its shared_memory_byte_size 4" in message, message
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [16]), sentinel)
+    # an output range past the end of the region
+    status, message = error_of(lambda: shm_infer(client, x, name, out_name, out_size=128))
+    assert status == bad and "runs past the end of region" in message, message
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [16]), sentinel)
+    serves(client, reference)
+
+    client.unregister_system_shared_memory(name)
+    status, message = error_of(lambda: client.unregister_system_shared_memory(name))
+    assert status == bad and "not registered" in message  # twice
+    client.unregister_system_shared_memory()
+    assert not mapped(daemon, key) and not mapped(daemon, out_key)
+    serves(client, reference)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() == 0, reason="root opens any object")
+def test_a_region_the_daemon_cannot_open(daemon: Daemon, regions: Regions) -> None:
+    name, key, _ = regions.create(64)
+    path = SHM_ROOT / key.lstrip("/")
+    path.chmod(0)
+    try:
+        with th.InferenceServerClient(daemon.address) as c:
+            status, message = error_of(lambda: c.register_system_shared_memory(name, key, 64))
+    finally:
+        path.chmod(0o600)
+    assert status == "400" and "permission denied" in message
+
+
+@pytest.mark.integration
+def test_http_shapes(daemon: Daemon, regions: Regions) -> None:
+    """Triton's JSON: status is a list of {name, key, offset, byte_size}; a malformed
+    register body is a 400 naming the field."""
+    import http.client
+
+    name, key, _ = regions.create(64)
+
+    def post(path: str, body: bytes) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(daemon.address, timeout=30)
+        try:
+            conn.request("POST", path, body=body)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    base = f"/v2/systemsharedmemory/region/{name}"
+    assert post(f"{base}/register", b'{"key": "%s"}' % key.encode())[0] == 400
+    assert post(f"{base}/register", b'{"key": "%s", "byte_size": -1}' % key.encode())[0] == 400
+    assert post(f"{base}/register", b"[1]")[0] == 400
+    assert post(f"{base}/register", b'{"key": "%s", "byte_size": 64}' % key.encode()) == (200, b"")
+    status, body = get(daemon, f"{base}/status")
+    assert (status, json.loads(body)) == (
+        200,
+        [{"name": name, "key": key, "offset": 0, "byte_size": 64}],
+    )
+    assert post(f"{base}/unregister", b"") == (200, b"")
+    assert json.loads(get(daemon, "/v2/systemsharedmemory/status")[1]) == []
+
+
+# -- without a daemon ---------------------------------------------------------------------------
+
+
+def test_keys_name_only_shm_objects() -> None:
+    assert check_key("/input0") == "input0" and check_key("input0") == "input0"
+    for key in ("", "/", "..", "/..", ".", "a/b", "/a/b", "../x", "/dev/shm/x", "x\0y", 7):
+        with pytest.raises(SharedMemoryError) as err:
+            check_key(key)
+        assert err.value.status == 400
+    with pytest.raises(SharedMemoryError, match="longer than"):
+        check_key("/" + "x" * 256)
+
+
+def test_off_refuses_everything() -> None:
+    registry = SharedMemory(enabled=False)
+    calls = [
+        lambda: registry.status(),
+        lambda: registry.register("r", "/r", 0, 16),
+        lambda: registry.unregister(),
+        lambda: registry.read_input("x", np.dtype("float32"), (1,), ShmRef("r", 0, 4)),
+    ]
+    for call in calls:
+        with pytest.raises(SharedMemoryError, match="allow_shared_memory = false") as err:
+            call()
+        assert err.value.status == 403
+
+
+def test_unregister_while_a_view_is_alive_closes_when_it_goes(regions: Regions) -> None:
+    """A request's input view keeps the mapping until the view is gone, then it is closed
+    (the next registry operation, or close() at shutdown)."""
+    name, key, handle = regions.create(64)
+    shm.set_shared_memory_region(handle, [np.arange(16, dtype=np.float32)])
+    registry = SharedMemory(enabled=True)
+    registry.register(name, key, 0, 64)
+    view = registry.read_input("x", np.dtype("float32"), (4, 4), ShmRef(name, 0, 64))
+    assert view.base is not None and view[1, 1] == 5.0  # a view, not a copy
+    registry.unregister(name)
+    assert registry.close() == [key]  # still mapped: the view is alive
+    del view
+    assert registry.close() == []
+
+
+def test_an_object_the_daemon_cannot_open_is_a_400(regions: Regions, monkeypatch) -> None:
+    """EACCES (a mode or owner that shuts the daemon's user out; tested here without
+    changing users: root opens anything) is a 400 saying so, and nothing is registered."""
+    import errno
+
+    from edged.serving import shared_memory
+
+    name, key, _ = regions.create(64)
+
+    def refuse(path, flags, *args):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(shared_memory.os, "open", refuse)
+    registry = SharedMemory(enabled=True)
+    with pytest.raises(SharedMemoryError, match="permission denied") as err:
+        registry.register(name, key, 0, 64)
+    assert err.value.status == 400 and registry.status() == []
+
+
+def test_http_decoding_of_the_parameters() -> None:
+    from edged.serving.protocol import ProtocolError, decode_request
+
+    def body(inputs, outputs=()) -> bytes:
+        return json.dumps({"inputs": inputs, "outputs": list(outputs)}).encode()
+
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": 8}
+    x = {"name": "x", "shape": [1, 2], "datatype": "FP32", "parameters": region}
+    out = {"name": "y", "parameters": {**region, "shared_memory_offset": 16}}
+    request = decode_request(body([x], [out]), None, [])
+    assert request.inputs == {} and request.binary_outputs == {}
+    assert request.shm_inputs["x"][1:] == ((1, 2), ShmRef("r", 0, 8))
+    assert request.shm_outputs == {"y": ShmRef("r", 16, 8)}
+    bad = {
+        "region alone": {"shared_memory_region": "r"},
+        "size alone": {"shared_memory_byte_size": 8},
+        "negative offset": {**region, "shared_memory_offset": -1},
+        "size as text": {"shared_memory_region": "r", "shared_memory_byte_size": "8"},
+        "and binary data": {**region, "binary_data_size": 8},
+    }
+    for what, params in bad.items():
+        with pytest.raises(ProtocolError):
+            decode_request(body([{**x, "parameters": params}]), None, [])
+            raise AssertionError(what)
+
+
+def test_remote_clients_are_refused() -> None:
+    """Over a TCP listener that is not loopback, a peer elsewhere gets 403: a region is
+    this machine's memory, and another local program's region is not a remote client's."""
+    import asyncio
+
+    from edged.serving.api import Api
+    from edged.serving.metrics import ServingMetrics
+
+    api = Api(dict, ServingMetrics(), 1024, shared_memory=SharedMemory(enabled=True))
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/v2/systemsharedmemory/status",
+        "headers": [],
+        "server": ("0.0.0.0", 8000),
+        "client": ("192.0.2.7", 40000),
+    }
+    asyncio.run(api(scope, receive, send))
+    assert sent[0]["status"] == 403 and b"from this machine only" in sent[1]["body"]
+    sent.clear()
+    asyncio.run(api({**scope, "client": ("127.0.0.1", 40000)}, receive, send))
+    assert (sent[0]["status"], sent[1]["body"]) == (200, b"[]")
