@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from edged.serving import grpc_server
 from edged.serving.inference import EXTENSIONS
 from edged.serving.protocol import ProtocolError, ShmRef
-from tests.support.daemon_harness import HANG_MARK, Daemon, get, write_config
+from tests.support.daemon_harness import HANG_MARK, Daemon, cls_table, get, write_config
 
 OUT = "save_infer_model/scale_0.tmp_1"  # the cls model's output
 HANG_S = 1.0  # onnxruntime's stand-in hang on a request whose first value is HANG_MARK
@@ -32,18 +32,10 @@ MAX_BODY = 1_000_000
 def models_toml(models_dir: Path) -> str:
     # onnxruntime for cls, so the in-process reference is the same runtime and the hang
     # stand-in applies; a queue of 2 so that one hang fills it.
-    return f"""
-[[models]]
-name = "cls"
-path = "{models_dir / "ppocr_cls.onnx"}"
-backend = "onnxruntime"
-threads = 1
-shapes = {{ x = [1, 3, 48, 192] }}
-max_batch_size = 4
-max_queue_delay_us = 200
-max_queue_size = 2
-timeout_ms = 5000
-
+    cls = cls_table(
+        models_dir, max_batch_size=4, max_queue_delay_us=200, max_queue_size=2, timeout_ms=5000
+    )
+    return f"""{cls}
 [[models]]
 name = "face"
 path = "{models_dir / "face_detection_short_range.tflite"}"

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from edged.serving import grpc_server
 from edged.serving.api import _is_local
 from edged.serving.inference import Inference, RequestError
-from tests.support.daemon_harness import HANG_MARK, Daemon, get, write_config
+from tests.support.daemon_harness import HANG_MARK, Daemon, cls_table, get, write_config
 from tests.test_grpc import OUT, cls_input, grpc_port
 
 HANG_S = 1.0
@@ -32,17 +32,8 @@ def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
     folder = tmp_path_factory.mktemp("repository")
     (folder / "broken.onnx").write_bytes((models_dir / "ppocr_cls.onnx").read_bytes()[:5000])
     # "broken" passes the config's checks and fails to load (an input shape of the wrong rank)
-    models = f"""
-[[models]]
-name = "cls"
-path = "{models_dir / "ppocr_cls.onnx"}"
-backend = "onnxruntime"
-threads = 1
-shapes = {{ x = [1, 3, 48, 192] }}
-max_batch_size = 4
-max_queue_size = 64
-timeout_ms = 5000
-
+    cls = cls_table(models_dir, max_batch_size=4, max_queue_size=64, timeout_ms=5000)
+    models = f"""{cls}
 [[models]]
 name = "broken"
 path = "{models_dir / "ppocr_cls.onnx"}"

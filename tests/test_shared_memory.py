@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from edged.serving.protocol import ShmRef
 from edged.serving.shared_memory import SHM_ROOT, SharedMemory, SharedMemoryError, check_key
-from tests.support.daemon_harness import Daemon, get, write_config
+from tests.support.daemon_harness import Daemon, cls_table, get, write_config
 from tests.test_grpc import OUT, cls_input, grpc_port
 
 pytestmark = pytest.mark.skipif(not SHM_ROOT.is_dir(), reason="no /dev/shm")
@@ -32,16 +32,7 @@ OUT_BYTES = 2 * 4  # its output, [1, 2] FP32
 @pytest.fixture(scope="module")
 def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
     folder = tmp_path_factory.mktemp("shm")
-    models = f"""
-[[models]]
-name = "cls"
-path = "{models_dir / "ppocr_cls.onnx"}"
-backend = "onnxruntime"
-threads = 1
-shapes = {{ x = [1, 3, 48, 192] }}
-max_batch_size = 4
-max_queue_delay_us = 200
-"""
+    models = cls_table(models_dir, max_batch_size=4, max_queue_delay_us=200)
     d = Daemon(write_config(folder, models, "allow_shared_memory = true")).wait_ready()
     yield d
     assert d.stop() == 0, d.log_text()

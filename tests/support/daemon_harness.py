@@ -169,6 +169,23 @@ time_budget_s = 1.0
 # -- requests to a running daemon -------------------------------------------------------------
 
 
+def cls_table(models_dir: Path, **settings) -> str:
+    """A [[models]] table for the PP-OCR cls model on onnxruntime at its served shape, one
+    thread, with `settings` (TOML values as Python: ints, strings) after it."""
+    extra = "".join(
+        f"{key} = {value if isinstance(value, int) else chr(34) + str(value) + chr(34)}\n"
+        for key, value in settings.items()
+    )
+    return f"""
+[[models]]
+name = "cls"
+path = "{models_dir / "ppocr_cls.onnx"}"
+backend = "onnxruntime"
+threads = 1
+shapes = {{ x = [1, 3, 48, 192] }}
+{extra}"""
+
+
 def binary_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
     """An infer body for input "x" with the tensor as binary data (no JSON decoding)."""
     data = x.tobytes()
