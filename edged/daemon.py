@@ -309,9 +309,7 @@ class Daemon:
         if self._reload_lock.locked():
             self._reload_pending = True
             return
-        task = asyncio.ensure_future(self._reload_serialized())
-        self._tasks.add(task)  # keep a reference until done (the loop holds only a weak one)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._reload_serialized())
 
     async def _reload_serialized(self) -> None:
         assert self._reload_lock is not None
@@ -322,9 +320,7 @@ class Daemon:
                 await self.reload()
 
     def _on_hotplug(self, action: str, path: str) -> None:
-        task = asyncio.ensure_future(self._hardware_changed(action, path))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._hardware_changed(action, path))
 
     async def _hardware_changed(self, action: str, path: str) -> None:
         """Re-probe; when what decides backend speed changed, let every model adapt (in a
@@ -372,9 +368,7 @@ class Daemon:
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
         self.start_variant_jobs()
         if self.publisher is not None:
-            task = asyncio.ensure_future(self._audit_at_start())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._audit_at_start())
         if _hup_during_start.is_set():  # a HUP that came while models were loading
             self._on_hup()
 
@@ -437,6 +431,7 @@ class Daemon:
             self.notifier.notify(f"STATUS={self._status_line()}")
 
     def _spawn(self, coro) -> None:
+        """Run `coro` as a task, referenced until done (the loop holds only a weak one)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
