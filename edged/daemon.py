@@ -1,10 +1,11 @@
 """edged: the inference daemon.
 
 Start: read and validate the config (exit 2 naming file and key on error), select and load
-every model (a cached selection makes this fast), bind TCP and the Unix socket, serve the Open
-Inference Protocol with uvicorn, then tell systemd READY=1. SIGHUP reloads the config (models
-that changed load beside the old ones and swap in atomically; a model that fails keeps its old
-version). SIGTERM: STOPPING=1, stop accepting, drain in-flight requests (bounded), exit 0.
+every model (a cached selection makes this fast), bind TCP and the Unix sockets, serve the
+Open Inference Protocol over HTTP (uvicorn) and gRPC (grpcio, `edged.serving.grpc_server`),
+then tell systemd READY=1. SIGHUP reloads the config (models that changed load beside the old
+ones and swap in atomically; a model that fails keeps its old version). SIGTERM: STOPPING=1,
+stop accepting, drain in-flight requests (bounded), exit 0.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class Daemon:
         self.last_reload_error: str | None = None
         self.restart_needed: list[str] = []  # [server] keys a reload changed (need a restart)
         self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of our Unix socket
+        # Where it serves, once bound: "http" and "grpc", each its addresses.
+        self.listening: dict[str, list[str]] = {"http": [], "grpc": []}
         self.memory_locked: bool | None = None
         self.publisher = None
         self.telemetry = None
@@ -116,6 +119,7 @@ class Daemon:
             "pid": os.getpid(),
             "config": str(self.config.source),
             "uptime_s": round(time.time() - self.started, 1),
+            "listening": self.listening,
             "reloads": self.reloads,
             "last_reload_error": self.last_reload_error,
             "restart_needed": [f"server.{k}" for k in self.restart_needed],
@@ -162,6 +166,10 @@ class Daemon:
             sockets = bind_sockets(self.config)
             self._socket_id = socket_identity(self.config)
             grpc_server = bind_grpc(api.inference, self.config.server)  # None: gRPC is off
+            self.listening = {
+                "http": [describe(s) for s in sockets],
+                "grpc": grpc_server.where if grpc_server is not None else [],
+            }
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             self.notifier.notify(f"STATUS=cannot listen: {exc}")
@@ -363,7 +371,7 @@ class Daemon:
     async def _announce_ready(self, server, sockets: list[socket.socket]) -> None:
         while not server.started:
             await asyncio.sleep(0.01)
-        where = ", ".join(describe(s) for s in sockets)
+        where = ", ".join(self.listening["http"])
         log.info("serving %d model(s) on %s", len(self.models), where)
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
         self.start_variant_jobs()

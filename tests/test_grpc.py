@@ -19,7 +19,7 @@ import tritonclient.grpc as tg
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from edged.serving import grpc_server
+from edged.serving import grpc_messages, grpc_server
 from edged.serving.inference import EXTENSIONS
 from edged.serving.protocol import ProtocolError, ShmRef
 from tests.support.daemon_harness import HANG_MARK, Daemon, cls_table, get, write_config
@@ -459,7 +459,7 @@ def test_messages_match_tritonclients() -> None:
     from google.protobuf import descriptor_pool
 
     theirs = descriptor_pool.Default()  # tritonclient's modules registered there on import
-    for name, cls in grpc_server.MESSAGES.items():
+    for name, cls in grpc_messages.MESSAGES.items():
         ours = cls.DESCRIPTOR
         other = theirs.FindMessageTypeByName(f"inference.{name}")
         for field in ours.fields:
@@ -501,7 +501,7 @@ def test_messages_match_tritonclients() -> None:
 
 def _decode(request: service_pb2.ModelInferRequest, remaining_s: float | None = None):
     """tritonclient's message, as edged parses and decodes it."""
-    ours = grpc_server.ModelInferRequest.FromString(request.SerializeToString())
+    ours = grpc_messages.ModelInferRequest.FromString(request.SerializeToString())
     return grpc_server.decode_infer_request(ours, remaining_s)
 
 

@@ -37,7 +37,7 @@ def cmd_status(args) -> int:
         try:
             with Client(address, timeout=10) as client:
                 status = client.status()
-                metrics = client.get_text("/metrics")
+                metrics = client.get_text("/metrics?names=edged")  # whatever metrics_names says
         except (OSError, EdgedError) as exc:
             errors.append(f"{address}: {exc}")
             continue
@@ -81,6 +81,10 @@ def format_status(status: dict[str, Any]) -> str:
         f"edged {status['version']} (pid {status['pid']}) at {status['address']}, up "
         f"{status['uptime_s']} s, config {status['config']}, reloads {status['reloads']}"
     ]
+    listening = status.get("listening") or {}
+    for kind in ("http", "grpc"):
+        if listening.get(kind):
+            lines.append(f"  {kind} on {', '.join(listening[kind])}")
     if status.get("last_reload_error"):
         lines.append(f"  last reload: {status['last_reload_error']}")
     if status.get("restart_needed"):

@@ -98,12 +98,12 @@ class Api:
                 return
             if method not in ("GET", "HEAD"):
                 raise HttpError(405, f"{method} {path} is not supported")
-            await self._get(send, path)
+            await self._get(send, path, scope.get("query_string", b""))
         except HttpError as exc:
             await _send_json(send, exc.status, {"error": str(exc)})
 
     # -- GET routes --------------------------------------------------------------------------
-    async def _get(self, send, path: str) -> None:
+    async def _get(self, send, path: str, query: bytes = b"") -> None:
         parts = [p for p in path.split("/") if p]
         if parts == ["v2", "health", "live"]:
             await _send_json(send, 200, {"live": True})
@@ -120,7 +120,7 @@ class Api:
             await _send(
                 send,
                 200,
-                self._metrics_text(),
+                self._metrics_text(_metrics_names(query, self.metrics_names)),
                 [(b"content-type", CONTENT_TYPE_LATEST.encode())],
             )
         elif parts == ["edged", "status"]:
@@ -240,15 +240,23 @@ class Api:
             rest = rest[2:]
         return served, rest
 
-    def _metrics_text(self) -> bytes:
-        """edged's metrics, or (`metrics_names = "triton"`) Triton's names, read from the
-        statistics extension's counters."""
-        if self.metrics_names == "triton":
-            from edged.serving.metrics import triton_metrics_text
+    def _metrics_text(self, names: str) -> bytes:
+        """edged's metrics; or under Triton's names (`metrics_names = "triton"`) the request
+        metrics, read from the statistics extension's counters, then edged's families that
+        Triton has no name for."""
+        if names == "triton":
+            from edged.serving.metrics import (
+                RENAMED_BY_TRITON,
+                WithoutFamilies,
+                triton_metrics_text,
+            )
 
-            return triton_metrics_text(
+            triton = triton_metrics_text(
                 self.inference.statistics(),
                 {n: m.worker.queue_depth for n, m in self._models().items()},
+            )
+            return triton + generate_latest(
+                WithoutFamilies(self.metrics.registry, RENAMED_BY_TRITON)
             )
         return generate_latest(self.metrics.registry)
 
@@ -478,6 +486,19 @@ def _model_config(served: ServedModel) -> dict[str, Any]:
         "input": tensor_metadata(served.session.inputs),
         "output": tensor_metadata(served.session.outputs),
     }
+
+
+def _metrics_names(query: bytes, default: str) -> str:
+    """`/metrics?names=edged|triton`: one scrape's names, whatever `[server] metrics_names`
+    says (edgectl status reads edged's histogram; a dashboard can move over a model at a time)."""
+    from urllib.parse import parse_qs
+
+    asked = parse_qs(query.decode("latin-1")).get("names")
+    if asked is None:
+        return default
+    if asked[-1] not in ("edged", "triton"):
+        raise HttpError(400, f"/metrics?names={asked[-1]}: names is edged or triton")
+    return asked[-1]
 
 
 async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:

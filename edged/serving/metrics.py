@@ -199,6 +199,25 @@ TRITON_COUNTERS = (
 )
 
 
+# edged's families that the Triton set renames: left out of a scrape under Triton's names.
+# The others (backends, fail-overs, CPU intrusion, ...) have no Triton name and stay.
+RENAMED_BY_TRITON = frozenset(
+    {"edged_requests", "edged_request_duration_seconds", "edged_queue_depth"}
+)
+
+
+class WithoutFamilies:
+    """A registry's families but `names`, for prometheus_client's `generate_latest` (which
+    takes anything with `collect()`)."""
+
+    def __init__(self, registry: CollectorRegistry, names: frozenset[str]) -> None:
+        self.registry = registry
+        self.names = names
+
+    def collect(self) -> Iterator[Any]:
+        return (family for family in self.registry.collect() if family.name not in self.names)
+
+
 def triton_metrics_text(rows: list[dict[str, Any]], pending: Mapping[str, int]) -> bytes:
     """`/metrics` under Triton's names (`[server] metrics_names = "triton"`), from the
     statistics extension's rows (Triton's JSON shape: one source for both) and the pending
