@@ -224,15 +224,7 @@ class BareServer:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(15)
-        if self.proc.stdout:
-            self.proc.stdout.close()
+        benchlib.stop_child(self.proc)
 
 
 # -- the real daemon --------------------------------------------------------------------------

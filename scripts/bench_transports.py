@@ -242,15 +242,7 @@ class BareGrpc:
         self.tcp, self.unix = f"127.0.0.1:{line}", f"unix://{unix_socket}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(15)
-        if self.proc.stdout:
-            self.proc.stdout.close()
+        benchlib.stop_child(self.proc)
 
 
 # -- the paths ---------------------------------------------------------------------------------

@@ -99,6 +99,23 @@ def report_header(
     }
 
 
+def stop_child(proc) -> None:
+    """A server this script started (a subprocess.Popen): SIGTERM, 15 s, then SIGKILL; its
+    stdout pipe closed."""
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+    if proc.stdout:
+        proc.stdout.close()
+
+
 def write_json(report: Mapping[str, Any]) -> None:
     """The --json report, on stdout."""
     print(json.dumps(report, indent=2))
