@@ -531,7 +531,9 @@ def test_typo_is_an_error_not_a_default(folder: Path) -> None:
         f"log_level, housekeeping_cpus, mlockall, max_connections, hang_s, "
         f"socket_max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, "
         f"max_header_bytes, max_decode_bytes, grpc_listen, grpc_socket, allow_shared_memory, "
-        f"model_control, metrics_names"
+        f"model_control, metrics_names, tcp_control, max_shm_regions, "
+        f"max_shm_regions_per_client, grpc_idle_timeout_s, max_models, max_model_bytes, "
+        f"load_dirs"
     )
 
 

@@ -313,6 +313,23 @@ def test_deliberate_exceptions_stay_explicit() -> None:
     )
 
 
+# Descriptors outside the caps: runtimes, model files, MQTT, spool, journal, udev, Python.
+FD_BASELINE = 512
+
+
+def test_limit_nofile_holds_what_the_default_caps_allow() -> None:
+    """LimitNOFILE (soft and hard) covers every descriptor the [server] caps let clients make
+    the daemon hold: each HTTP connection, again while a refused one lingers, each gRPC RPC
+    on its own connection, each shared-memory region."""
+    svc = service()
+    limit = single(svc, "LimitNOFILE")
+    assert ":" not in limit, "one value: soft = hard"
+    d = ServerConfig()
+    http = d.max_connections + d.socket_max_connections
+    needed = 2 * http + http + d.max_shm_regions + FD_BASELINE
+    assert int(limit) >= needed
+
+
 def test_directories_match_daemon_defaults() -> None:
     """The unit creates exactly the directories the daemon's defaults point into."""
     svc = service()

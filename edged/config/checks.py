@@ -16,7 +16,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from edged.config.schema import TOP_KEYS, default_of, toml_keys
+from edged.config.schema import TOP_KEYS, ServerConfig, default_of, toml_keys
 from sysconf.cpulist import MAX_CPUS, parse_cpulist
 
 # The test data folder's default, as in scripts/fetch_test_data.py: the demo config names
@@ -45,6 +45,11 @@ class Checker:
         # cache keeps its own name (and extension).
         self.absolute = Path(os.path.normpath(Path(source).absolute()))
         self.base = self.absolute.parent
+        # The largest model file read at load ([server] max_model_bytes, set once the
+        # [server] table is read; its default before that).
+        self.max_model_bytes = default_of(
+            next(f for f in fields(ServerConfig) if f.name == "max_model_bytes")
+        )
 
     def fail(self, key: str | None, problem: str) -> ConfigError:
         return ConfigError(self.source, key, problem)

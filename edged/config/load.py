@@ -64,6 +64,7 @@ def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = 
     check = Checker(source, online_cpus)
     check.keys(doc, None, toml_keys(Config))
     server = sections.server(check, check.table(doc, "server"))
+    check.max_model_bytes = server.max_model_bytes
     selection = sections.selection(check, check.table(doc, "selection"))
     found = models(check, doc.get("models", []))
     telemetry = sections.telemetry(check, check.table(doc, "telemetry"))

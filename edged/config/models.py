@@ -111,14 +111,31 @@ def _npu_cores(check: Checker, t: Table) -> tuple[int, ...] | None:
     return tuple(sorted(cores))
 
 
+# The kernel's own files: regular files whose size says nothing (0) and whose reading may
+# never end (/proc/self/pagemap) or has effects. No model lives there.
+KERNEL_DIRS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
 def _model_file(check: Checker, raw: str, key: str) -> Path:
+    """A regular, readable file of at most [server] max_model_bytes, outside the
+    kernel's folders: checked before anything reads it, so an endless, sparse or special
+    file fails here and not by filling memory."""
     path = check.path(raw, key)
     if not path.exists():
         raise check.fail(key, f"no such file: {path}")
+    real = path.resolve()
+    if any(real.is_relative_to(kernel) for kernel in KERNEL_DIRS):
+        raise check.fail(key, f"{path} is a kernel file ({real}), not a model")
     if not path.is_file():
         raise check.fail(key, f"not a file: {path}")
     if not os.access(path, os.R_OK):
         raise check.fail(key, f"permission denied: {path}")
+    size = path.stat().st_size
+    if size > check.max_model_bytes:
+        raise check.fail(
+            key,
+            f"{path} is {size} bytes, more than [server] max_model_bytes ({check.max_model_bytes})",
+        )
     return path
 
 

@@ -91,6 +91,25 @@ class ServerConfig:
     # /metrics in edged's names (the default) or Triton's (nv_inference_*), for dashboards
     # that scrape Triton.
     metrics_names: str = "edged"
+    # Shared memory and the repository's load/unload are for clients on the Unix sockets
+    # (their file mode and group gate who connects). true: loopback TCP clients too, each as
+    # the user that owns its socket (read from /proc/net/tcp at each such request).
+    tcp_control: bool = False
+    # Shared-memory regions registered at once, in all and per client user: each holds an
+    # open descriptor (systemd/edged.service's LimitNOFILE is sized for the defaults).
+    max_shm_regions: int = 64
+    max_shm_regions_per_client: int = 16
+    # A gRPC connection with no RPC in flight for this long is closed (streams included:
+    # an open stream is an RPC in flight, so a stream idle this long is closed too).
+    grpc_idle_timeout_s: float = 300.0
+    # Models served at once (the file's and those a client loaded); a load past it is 409.
+    max_models: int = 32
+    # The largest model file (original, variant) read at load: a sparse or endless file
+    # fails here instead of filling memory.
+    max_model_bytes: int = 4 * 2**30
+    # Folders a client's load table (the repository extension's parameters.config) may name
+    # files in; empty: the folders of the config file's own models.
+    load_dirs: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,27 @@ def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
         allow_shared_memory=t.boolean("allow_shared_memory"),
         model_control=_model_control(check, t),
         metrics_names=_metrics_names(check, t.string("metrics_names")),
+        tcp_control=t.boolean("tcp_control"),
+        max_shm_regions=t.integer("max_shm_regions", 1, 4096),
+        max_shm_regions_per_client=t.integer("max_shm_regions_per_client", 1, 4096),
+        grpc_idle_timeout_s=seconds("grpc_idle_timeout_s"),
+        max_models=t.integer("max_models", 1, 1024),
+        max_model_bytes=t.integer("max_model_bytes", 1024, 2**40),
+        load_dirs=_load_dirs(check, t),
     )
+
+
+def _load_dirs(check: Checker, t: Table) -> tuple[Path, ...]:
+    if "load_dirs" not in t:
+        return ()
+    raw = t.get("load_dirs")
+    if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
+        raise check.fail("server.load_dirs", f"must be an array of folder paths, got {show(raw)}")
+    dirs = tuple(check.path(x, f"server.load_dirs[{i}]") for i, x in enumerate(raw))
+    for i, folder in enumerate(dirs):
+        if not folder.is_dir():
+            raise check.fail(f"server.load_dirs[{i}]", f"not a folder: {folder}")
+    return dirs
 
 
 METRICS_NAMES = ("edged", "triton")
