@@ -134,7 +134,7 @@ class Daemon:
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> int:
         from edged.serving.api import Api
-        from edged.serving.grpc_server import bind_grpc
+        from edged.serving.grpc_listen import bind_grpc
 
         self.housekeeping = pin_housekeeping(self.config)
         if self.cpu_plan is not None and self.cpu_plan.source == "models":
@@ -157,8 +157,13 @@ class Daemon:
             self.status,
             lambda: self.failed,
             reload=self._on_hup,
-            shared_memory=SharedMemory(srv.allow_shared_memory),
+            shared_memory=SharedMemory(
+                srv.allow_shared_memory,
+                max_regions=srv.max_shm_regions,
+                max_per_client=srv.max_shm_regions_per_client,
+            ),
             control=control,
+            tcp_control=srv.tcp_control,
         )
         api.max_decode_bytes = self.config.server.max_decode_bytes
         api.metrics_names = self.config.server.metrics_names

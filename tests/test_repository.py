@@ -19,8 +19,9 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from edged.serving import grpc_server
-from edged.serving.api import _is_local
+from edged.serving.api import _peer
 from edged.serving.inference import Inference, RequestError
+from edged.serving.peers import Peer
 from tests.support.daemon_harness import HANG_MARK, Daemon, cls_table, get, write_config
 from tests.test_grpc import OUT, cls_input, grpc_port
 
@@ -40,7 +41,8 @@ path = "{models_dir / "ppocr_cls.onnx"}"
 backend = "onnxruntime"
 shapes = {{ x = [1, 3] }}
 """
-    config = write_config(folder, models, 'model_control = "explicit"')
+    # tcp_control: tritonclient.http loads over TCP (gRPC over the Unix socket).
+    config = write_config(folder, models, 'model_control = "explicit"\ntcp_control = true')
     d = Daemon(config, hang_s=HANG_S).wait_ready()
     yield d
     assert d.stop() == 0, d.log_text()
@@ -195,25 +197,26 @@ def test_unload_during_a_flood_then_load_again(client, daemon: Daemon) -> None:
 # -- without a daemon ---------------------------------------------------------------------------
 
 
-def test_only_local_clients_may_load() -> None:
+def test_who_may_load() -> None:
+    """The peer each front end sees: the HTTP scope's addresses (or the connection's Peer),
+    grpcio's peer string (IPv6 percent-encoded, as grpcio writes it)."""
     tcp = ("127.0.0.1", 8000)
-    assert _is_local({"server": tcp, "client": ("127.0.0.1", 5000)})
-    assert _is_local({"server": tcp, "client": ("::ffff:127.0.0.1", 5000)})
-    assert _is_local({"server": ("/run/edged/edged.sock", None), "client": None})
-    assert not _is_local({"server": ("0.0.0.0", 8000), "client": ("10.1.2.3", 5000)})
+    assert _peer({"server": tcp, "client": ("127.0.0.1", 5000)}).local
+    assert _peer({"server": tcp, "client": ("::ffff:127.0.0.1", 5000)}).local
+    unix = _peer({"server": ("/run/edged/edged.sock", None), "client": None})
+    assert unix.transport == "unix" and unix.local
+    assert not _peer({"server": ("0.0.0.0", 8000), "client": ("10.1.2.3", 5000)}).local
 
-    class Context:
-        def __init__(self, peer: str) -> None:
-            self._peer = peer
-
-        def peer(self) -> str:
-            return self._peer
-
-    assert grpc_server._is_local(Context("ipv4:127.0.0.1:5000"))
-    assert grpc_server._is_local(Context("ipv6:[::1]:5000"))
-    assert grpc_server._is_local(Context("unix:/run/edged/grpc.sock"))
-    assert not grpc_server._is_local(Context("ipv4:192.168.1.9:5000"))
-    assert not grpc_server._is_local(Context("ipv6:[fe80::1]:5000"))
+    for text, local in (
+        ("ipv4:127.0.0.1:5000", True),
+        ("ipv6:[::1]:5000", True),
+        ("ipv6:%5B::1%5D:5000", True),
+        ("ipv4:192.168.1.9:5000", False),
+        ("ipv6:%5Bfe80::1%5D:5000", False),
+        ("garbage", False),
+    ):
+        peer = grpc_server.grpc_tcp_peer(text, ("127.0.0.1", 8001))
+        assert peer.transport == "tcp" and peer.local is local, text
 
 
 def test_off_or_remote_is_refused() -> None:
@@ -227,11 +230,15 @@ def test_off_or_remote_is_refused() -> None:
 
     off = Inference(dict, ServingMetrics())
     on = Inference(dict, ServingMetrics(), control=ModelControl(never, never, set))
-    for inference, local, text in (
-        (off, True, 'model_control = "none"'),
-        (on, False, "from this machine only"),
+    unix = Peer("unix", 0, True, "unix")
+    remote = Peer("tcp", None, False, "10.1.2.3:5000")
+    loopback = Peer("tcp", None, True, "127.0.0.1:5000")
+    for inference, peer, text in (
+        (off, unix, 'model_control = "none"'),
+        (on, remote, "from this machine only"),
+        (on, loopback, "tcp_control = false"),
     ):
-        for call in (inference.load("m", {}, local), inference.unload("m", local)):
+        for call in (inference.load("m", {}, peer), inference.unload("m", peer)):
             with pytest.raises(RequestError, match=text) as err:
                 asyncio.run(call)
             assert err.value.status == 403

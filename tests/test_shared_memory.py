@@ -18,6 +18,7 @@ import tritonclient.http as th
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from edged.serving.peers import Peer
 from edged.serving.protocol import ShmRef
 from edged.serving.shared_memory import SHM_ROOT, SharedMemory, SharedMemoryError, check_key
 from tests.support.daemon_harness import Daemon, cls_table, get, write_config
@@ -33,7 +34,9 @@ OUT_BYTES = 2 * 4  # its output, [1, 2] FP32
 def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
     folder = tmp_path_factory.mktemp("shm")
     models = cls_table(models_dir, max_batch_size=4, max_queue_delay_us=200)
-    d = Daemon(write_config(folder, models, "allow_shared_memory = true")).wait_ready()
+    # tcp_control: tritonclient.http speaks TCP only; gRPC is tried on both listeners.
+    server = "allow_shared_memory = true\ntcp_control = true"
+    d = Daemon(write_config(folder, models, server)).wait_ready()
     yield d
     assert d.stop() == 0, d.log_text()
     assert "still mapped" not in d.log_text()
@@ -71,6 +74,9 @@ class Regions:
         name = name or f"r{tag}"
         key = f"/edged_test_{tag}"
         handle = shm.create_shared_memory_region(name, key, size)
+        # Shared with the group, as a client shares with the daemon's user on a device
+        # (tritonclient makes it 0600); a gRPC Unix-socket client's must be (README).
+        os.chmod(SHM_ROOT / key.lstrip("/"), 0o660)
         self.handles.append(handle)
         return name, key, handle
 
@@ -119,9 +125,20 @@ def bad_input(client) -> str:
     return "StatusCode.INVALID_ARGUMENT" if is_grpc(client) else "400"
 
 
-def mapped(daemon: Daemon, key: str) -> bool:
+def held(daemon: Daemon, key: str) -> bool:
+    """The daemon holds the object open (one descriptor per region), and never maps it: a
+    mapped client object is a SIGBUS away from killing the daemon."""
     maps = Path(f"/proc/{daemon.proc.pid}/maps").read_text()
-    return f"/dev/shm{key}" in maps
+    assert f"/dev/shm{key}" not in maps
+    fds = Path(f"/proc/{daemon.proc.pid}/fd")
+    target = f"/dev/shm{key}"
+    for fd in fds.iterdir():
+        try:
+            if os.readlink(fd) == target:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def shm_infer(client, x: np.ndarray, in_name: str, out_name: str | None, out_size: int = 0):
@@ -168,13 +185,13 @@ def test_register_status_unregister(client, daemon: Daemon, regions: Regions) ->
     one = client.get_system_shared_memory_status(b)
     names = list(one.regions) if is_grpc(client) else [r["name"] for r in one]
     assert names == [b]
-    assert mapped(daemon, key_a) and mapped(daemon, key_b)
+    assert held(daemon, key_a) and held(daemon, key_b)
     client.unregister_system_shared_memory(a)
     assert list(statuses(client)) == [b]
-    assert not mapped(daemon, key_a)
+    assert not held(daemon, key_a)
     client.unregister_system_shared_memory()  # all
     assert statuses(client) == {}
-    assert not mapped(daemon, key_b)
+    assert not held(daemon, key_b)
 
 
 @pytest.mark.integration
@@ -208,7 +225,7 @@ def test_infer_in_and_out_of_shared_memory(
     np.testing.assert_allclose(result.as_numpy(OUT), reference(y), rtol=1e-5, atol=1e-6)
 
     client.unregister_system_shared_memory()
-    assert not mapped(daemon, in_key) and not mapped(daemon, out_key)  # no view outlived it
+    assert not held(daemon, in_key) and not held(daemon, out_key)  # no view outlived it
 
 
 @pytest.mark.integration
@@ -276,7 +293,7 @@ def test_bad_input_is_a_clear_error(client, daemon: Daemon, regions: Regions, re
     status, message = error_of(lambda: client.unregister_system_shared_memory(name))
     assert status == bad and "not registered" in message  # twice
     client.unregister_system_shared_memory()
-    assert not mapped(daemon, key) and not mapped(daemon, out_key)
+    assert not held(daemon, key) and not held(daemon, out_key)
     serves(client, reference)
 
 
@@ -338,13 +355,17 @@ def test_keys_name_only_shm_objects() -> None:
         check_key("/" + "x" * 256)
 
 
+ROOT = Peer("unix", 0, True, "unix")
+
+
 def test_off_refuses_everything() -> None:
     registry = SharedMemory(enabled=False)
+    ref = ShmRef("r", 0, 4)
     calls = [
-        lambda: registry.status(),
-        lambda: registry.register("r", "/r", 0, 16),
-        lambda: registry.unregister(),
-        lambda: registry.read_input("x", np.dtype("float32"), (1,), ShmRef("r", 0, 4)),
+        lambda: registry.status(ROOT),
+        lambda: registry.register(ROOT, "r", "/r", 0, 16),
+        lambda: registry.unregister(ROOT),
+        lambda: registry.read_input(ROOT, "x", np.dtype("float32"), (1,), ref),
     ]
     for call in calls:
         with pytest.raises(SharedMemoryError, match="allow_shared_memory = false") as err:
@@ -352,19 +373,17 @@ def test_off_refuses_everything() -> None:
         assert err.value.status == 403
 
 
-def test_unregister_while_a_view_is_alive_closes_when_it_goes(regions: Regions) -> None:
-    """A request's input view keeps the mapping until the view is gone, then it is closed
-    (the next registry operation, or close() at shutdown)."""
+def test_inputs_are_the_daemons_own_copy(regions: Regions) -> None:
+    """An input is read into an array of the daemon's (no view of the client's object), so
+    it stays valid whatever the client does to its region after."""
     name, key, handle = regions.create(64)
     shm.set_shared_memory_region(handle, [np.arange(16, dtype=np.float32)])
     registry = SharedMemory(enabled=True)
-    registry.register(name, key, 0, 64)
-    view = registry.read_input("x", np.dtype("float32"), (4, 4), ShmRef(name, 0, 64))
-    assert view.base is not None and view[1, 1] == 5.0  # a view, not a copy
-    registry.unregister(name)
-    assert registry.close() == [key]  # still mapped: the view is alive
-    del view
-    assert registry.close() == []
+    registry.register(ROOT, name, key, 0, 64)
+    x = registry.read_input(ROOT, "x", np.dtype("float32"), (4, 4), ShmRef(name, 0, 64))
+    assert x.base is None and x[1, 1] == 5.0
+    registry.unregister(ROOT, name)
+    assert x[3, 3] == 15.0 and registry.count() == 0
 
 
 def test_an_object_the_daemon_cannot_open_is_a_400(regions: Regions, monkeypatch) -> None:
@@ -382,8 +401,8 @@ def test_an_object_the_daemon_cannot_open_is_a_400(regions: Regions, monkeypatch
     monkeypatch.setattr(shared_memory.os, "open", refuse)
     registry = SharedMemory(enabled=True)
     with pytest.raises(SharedMemoryError, match="permission denied") as err:
-        registry.register(name, key, 0, 64)
-    assert err.value.status == 400 and registry.status() == []
+        registry.register(ROOT, name, key, 0, 64)
+    assert err.value.status == 400 and registry.status(ROOT) == []
 
 
 def test_http_decoding_of_the_parameters() -> None:
@@ -414,7 +433,8 @@ def test_http_decoding_of_the_parameters() -> None:
 
 def test_remote_clients_are_refused() -> None:
     """Over a TCP listener that is not loopback, a peer elsewhere gets 403: a region is
-    this machine's memory, and another local program's region is not a remote client's."""
+    this machine's memory; a loopback TCP client too, unless [server] tcp_control; a client
+    on the Unix socket is served."""
     import asyncio
 
     from edged.serving.api import Api
@@ -441,4 +461,7 @@ def test_remote_clients_are_refused() -> None:
     assert sent[0]["status"] == 403 and b"from this machine only" in sent[1]["body"]
     sent.clear()
     asyncio.run(api({**scope, "client": ("127.0.0.1", 40000)}, receive, send))
+    assert sent[0]["status"] == 403 and b"tcp_control = false" in sent[1]["body"]
+    sent.clear()
+    asyncio.run(api({**scope, "server": ("/run/edged/edged.sock", None)}, receive, send))
     assert (sent[0]["status"], sent[1]["body"]) == (200, b"[]")

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.tensors import TensorSpec
 from edged import __version__
-from edged.serving.http_limits import BODY_TIMED_OUT
+from edged.serving.http_limits import BODY_TIMED_OUT, PEER
 from edged.serving.inference import (
     UNKNOWN_MODEL,
     VERSION,
@@ -27,10 +27,10 @@ from edged.serving.inference import (
     ModelControl,
     RequestError,
     UnknownVersion,
-    is_loopback,
 )
 from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel, device_used
+from edged.serving.peers import Peer, tcp_peer
 from edged.serving.protocol import InferRequest, ProtocolError, decode_request, json_decode_bytes
 from edged.serving.responses import encode_response, json_output_values, tensor_metadata
 from edged.serving.shared_memory import SharedMemory
@@ -45,6 +45,9 @@ JSON = [(b"content-type", b"application/json")]
 OFFLOAD_JSON_BYTES = 1024 * 1024
 OFFLOAD_JSON_VALUES = 128 * 1024  # and responses with this many values as JSON data
 MiB = 2**20
+# The largest body of a control route (shared-memory register, repository index, load with
+# a [[models]] table, unload): a JSON object of a few fields, decoded on the event loop.
+CONTROL_BODY_BYTES = 64 * 1024
 
 
 HttpError = RequestError  # the shared path's error: its status is the HTTP status
@@ -62,12 +65,13 @@ class Api:
         max_decode_bytes: int = 256 * MiB,
         shared_memory: SharedMemory | None = None,
         control: ModelControl | None = None,
+        tcp_control: bool = False,
     ) -> None:
         self._models = models  # a callable: reload swaps the mapping atomically
         self.metrics = metrics
         # The infer path, model lookup, readiness, statistics, the shared-memory registry
         # and model control, shared with gRPC.
-        self.inference = Inference(models, metrics, failed, shared_memory, control)
+        self.inference = Inference(models, metrics, failed, shared_memory, control, tcp_control)
         self.metrics_names = "edged"  # `[server] metrics_names`: "triton" for Triton's
         self.max_body_bytes = max_body_bytes
         # The most a request's JSON may take to decode (`[server] max_decode_bytes`); such
@@ -163,13 +167,13 @@ class Api:
         parts = [p for p in path.split("/") if p]
         shm = self.inference.shared_memory
         shm.check_enabled()  # off: said so before anything of the request is read
-        self.inference.require_local(_is_local(scope), "system shared memory")
+        peer = self.inference.control_peer(_peer(scope), "system shared memory")
         region = _region_name(parts, path)
         op = (method, parts[-1])
         if op in (("GET", "status"), ("HEAD", "status")):
-            await _send_json(send, 200, shm.status(region))
+            await _send_json(send, 200, shm.status(peer, region))
         elif op == ("POST", "unregister"):
-            shm.unregister(region)
+            shm.unregister(peer, region)
             await _send(send, 200, b"", JSON)
         elif op == ("POST", "register"):
             if not region:
@@ -180,7 +184,7 @@ class Api:
                 raise HttpError(400, f"unknown register field {unknown[0]!r}")
             if "key" not in doc or "byte_size" not in doc:
                 raise HttpError(400, "register needs key and byte_size (offset optional)")
-            shm.register(region, doc["key"], doc.get("offset", 0), doc["byte_size"])
+            shm.register(peer, region, doc["key"], doc.get("offset", 0), doc["byte_size"])
             await _send(send, 200, b"", JSON)
         elif parts[-1] in ("status", "register", "unregister"):
             raise HttpError(405, f"{method} {path} is not supported")
@@ -201,26 +205,32 @@ class Api:
             and parts[:3] == ["v2", "repository", "models"]
             and parts[4] in ("load", "unload")
         ):
+            # Who may is decided before the body is read: a refused client sends nothing in.
+            _, peer = self.inference.check_control(_peer(scope), parts[4])
             doc = await self._json_body(scope, receive)
             parameters = doc.get("parameters", {})
             if not isinstance(parameters, dict):
                 raise HttpError(400, "parameters must be a JSON object")
-            local = _is_local(scope)
             if parts[4] == "load":
-                await self.inference.load(parts[3], parameters, local)
+                await self.inference.load(parts[3], parameters, peer)
             else:
-                await self.inference.unload(parts[3], local)
+                await self.inference.unload(parts[3], peer)
             await _send(send, 200, b"", JSON)
         else:
             raise HttpError(404, f"no route {path}")
 
     async def _json_body(self, scope, receive) -> dict[str, Any]:
-        """A small request body as a JSON object ({} when empty)."""
-        body = await self._read_body(dict(scope["headers"]), receive)
+        """A control route's body (at most CONTROL_BODY_BYTES) as a JSON object ({} when
+        empty). Small enough to decode on the event loop."""
+        body = await self._read_body(dict(scope["headers"]), receive, CONTROL_BODY_BYTES)
+        if body is None:
+            raise ClientGone(0)
         if not body:
             return {}
         try:
             doc = json.loads(body)
+        except RecursionError:
+            raise HttpError(400, "request JSON is nested too deeply") from None
         except ValueError as exc:
             raise HttpError(400, f"request is not valid JSON: {exc}") from None
         if not isinstance(doc, dict):
@@ -314,9 +324,7 @@ class Api:
         async def encode(request: InferRequest, outputs) -> tuple[bytes, int | None]:
             return await self._encode(name, request, outputs)
 
-        answer = await self.inference.infer(
-            name, model, read, decode, encode, local=_is_local(scope)
-        )
+        answer = await self.inference.infer(name, model, read, decode, encode, _peer(scope))
         if answer is None:
             return
         payload, json_length = answer.payload
@@ -367,10 +375,16 @@ class Api:
             )
         return decode_request(body, header_length, specs)
 
-    async def _read_body(self, headers: dict[bytes, bytes], receive) -> bytes | None:
+    async def _read_body(
+        self, headers: dict[bytes, bytes], receive, limit: int | None = None
+    ) -> bytes | None:
         """The body, one message in the common case (no copy). A body in several messages
         goes into one buffer of the declared size, so a large body is held once rather than
-        as chunks plus their join; chunked bodies (no Content-Length) are joined."""
+        as chunks plus their join; chunked bodies (no Content-Length) are joined. `limit`:
+        the route's own bound, below max_body_bytes (a declared length over it is 413 before
+        anything is read or allocated)."""
+        if limit is not None and limit < self.max_body_bytes:
+            return await _read_small_body(headers, receive, limit)
         declared = headers.get(b"content-length")
         size = None
         if declared is not None:
@@ -441,13 +455,41 @@ def _region_name(parts: list[str], path: str) -> str:
     raise HttpError(404, f"no route {path}")
 
 
-def _is_local(scope) -> bool:
-    """The request came over the Unix socket or from a loopback address."""
+async def _read_small_body(headers: dict[bytes, bytes], receive, limit: int) -> bytes | None:
+    """A body of at most `limit` bytes, read as it comes (chunks joined; nothing allocated for
+    what a client merely declares)."""
+    declared = headers.get(b"content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise HttpError(400, "Content-Length is not a number") from None
+        if size > limit:
+            raise HttpError(413, f"request body of {size} bytes is over this route's {limit}")
+    chunks, total = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        total += len(chunk)
+        if total > limit:
+            raise HttpError(413, f"request body is over this route's limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _peer(scope) -> Peer:
+    """The request's client, as the connection found it (http_limits.PEER); a scope made
+    elsewhere (tests calling the app directly) from its addresses."""
+    peer = scope.get(PEER)
+    if peer is not None:
+        return peer
     server = scope.get("server")
     if server is None or server[1] is None:  # uvicorn gives a Unix socket's server port None
-        return True
-    client = scope.get("client")
-    return client is not None and is_loopback(client[0])
+        return Peer("unix", None, True, "unix")
+    return tcp_peer(scope.get("client"), server)
 
 
 def _header_length(headers: dict[bytes, bytes]) -> int | None:

@@ -12,14 +12,10 @@ without a second copy (`_raw_outputs`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
 import math
-import os
-import stat
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,8 +24,6 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
 from edged import __version__
-from edged.config import ServerConfig
-from edged.config.schema import MAX_SOCKET_PATH
 from edged.serving.grpc_messages import (
     ModelConfigRequest,
     ModelConfigResponse,
@@ -67,9 +61,9 @@ from edged.serving.inference import (
     Inference,
     RequestError,
     UnknownModel,
-    is_loopback,
 )
 from edged.serving.models import ServedModel
+from edged.serving.peers import GRPC_UNIX, Peer, tcp_peer
 from edged.serving.protocol import (
     DATATYPES,
     SHM_PARAMETERS,
@@ -83,10 +77,13 @@ from edged.serving.protocol import (
     tensor_from_values,
 )
 from edged.serving.responses import datatype_of_dtype, little_endian, tensor_metadata
+from edged.serving.shared_memory import SharedMemory
 
 log = logging.getLogger("edged.serving.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
+# Requests of one ModelStreamInfer stream running or answered and not yet read, at most.
+STREAM_IN_FLIGHT = 16
 
 # -- errors --------------------------------------------------------------------------------------
 # edged's statuses (HTTP's) as gRPC codes, the way Triton maps its errors: its gRPC server's
@@ -330,10 +327,21 @@ def model_config(served: ServedModel) -> Message:
 
 
 class Service:
-    """The RPCs, over the shared Inference."""
+    """The RPCs of one listener ("tcp" or "unix"), over the shared Inference. `address`:
+    the TCP listener's own (host, port), to tell which user a loopback client is."""
 
-    def __init__(self, inference: Inference) -> None:
+    def __init__(self, inference: Inference, listener: str = "tcp", idle_s: float = 300.0):
         self.inference = inference
+        self.listener = listener
+        self.idle_s = idle_s  # [server] grpc_idle_timeout_s: a stream idle this long ends
+        self.address: tuple[str, int] | None = None
+
+    def peer(self, context) -> Peer:
+        """Who calls: the Unix socket's clients are one principal (grpcio tells no peer
+        credentials); a TCP client is its address."""
+        if self.listener == "unix":
+            return GRPC_UNIX
+        return grpc_tcp_peer(context.peer() or "", self.address)
 
     async def ServerLive(self, request: Message, context) -> Message:
         return ServerLiveResponse(live=True)
@@ -385,40 +393,41 @@ class Service:
             choice = param.WhichOneof("parameter_choice")
             value = getattr(param, choice) if choice is not None else None
             parameters[key] = value.decode(errors="replace") if isinstance(value, bytes) else value
-        await self.inference.load(request.model_name, parameters, _is_local(context))
+        await self.inference.load(request.model_name, parameters, self.peer(context))
         return RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Message, context) -> Message:
-        await self.inference.unload(request.model_name, _is_local(context))
+        await self.inference.unload(request.model_name, self.peer(context))
         return RepositoryModelUnloadResponse()
 
-    def _shared_memory(self, context):
-        """The registry, for a client on this machine (a region is this machine's memory)."""
+    def _shared_memory(self, context) -> tuple[SharedMemory, Peer]:
+        """The registry and the caller, who may use it (a region is this machine's memory)."""
         shm = self.inference.shared_memory
         shm.check_enabled()
-        self.inference.require_local(_is_local(context), "system shared memory")
-        return shm
+        return shm, self.inference.control_peer(self.peer(context), "system shared memory")
 
     async def SystemSharedMemoryStatus(self, request: Message, context) -> Message:
-        regions = self._shared_memory(context).status(request.name)
+        shm, peer = self._shared_memory(context)
+        regions = shm.status(peer, request.name)
         return SystemSharedMemoryStatusResponse(regions={r["name"]: r for r in regions})
 
     async def SystemSharedMemoryRegister(self, request: Message, context) -> Message:
-        shm = self._shared_memory(context)
-        shm.register(request.name, request.key, request.offset, request.byte_size)
+        shm, peer = self._shared_memory(context)
+        shm.register(peer, request.name, request.key, request.offset, request.byte_size)
         return SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Message, context) -> Message:
-        self._shared_memory(context).unregister(request.name)
+        shm, peer = self._shared_memory(context)
+        shm.unregister(peer, request.name)
         return SystemSharedMemoryUnregisterResponse()
 
     async def ModelInfer(self, request: Message, context) -> bytes:
-        answer = await self._infer(request, context.time_remaining(), _is_local(context))
+        answer = await self._infer(request, context.time_remaining(), self.peer(context))
         answer.sent()  # counted as answered here: grpcio sends it when the handler returns
         return answer.payload
 
     async def _infer(
-        self, request: Message, remaining_s: float | None, local: bool
+        self, request: Message, remaining_s: float | None, peer: Peer
     ) -> Answer[bytes]:
         inference = self.inference
         name = request.model_name
@@ -440,7 +449,7 @@ class Service:
             receive,
             decode,
             encode,
-            local=local,
+            peer,
         )
         assert answer is not None  # receive never gives up
         return answer
@@ -451,14 +460,22 @@ class Service:
         """Each request of the stream is one inference through the same path, answered as it
         completes (so a slow one does not hold the others up); a failure is a response with
         error_message, and the stream goes on, as on Triton. Requests wait in the model's
-        queue like any other (a full queue refuses them): a stream cannot hold more."""
+        queue like any other (a full queue refuses them).
+
+        At most STREAM_IN_FLIGHT requests of a stream are running or answered-but-unread at
+        once: past that the stream's requests are not read until the client reads answers
+        (HTTP/2 flow control then holds the client), so a client that never reads cannot
+        grow the daemon's memory. A stream with nothing running that sends nothing for
+        [server] grpc_idle_timeout_s is ended (DEADLINE_EXCEEDED, with the reason)."""
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         running: set[asyncio.Task] = set()
-        local = _is_local(context)
+        peer = self.peer(context)
+        idle: list[str] = []
 
         async def one(raw: bytes) -> None:
             try:
-                answer = await self._infer(_parse(ModelInferRequest, raw), None, local)
+                answer = await self._infer(_parse(ModelInferRequest, raw), None, peer)
             except RequestError as exc:
                 payload = ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
             except Exception as exc:  # never leave the stream waiting for this answer
@@ -472,7 +489,25 @@ class Service:
             await answers.put(payload)
 
         async def read() -> None:
-            async for raw in requests:
+            incoming = requests.__aiter__()
+            while True:
+                await slots.acquire()  # released when an answer is taken off `answers`
+                following = asyncio.ensure_future(incoming.__anext__())
+                while True:
+                    done, _ = await asyncio.wait({following}, timeout=self.idle_s)
+                    if done:
+                        break
+                    if running or not answers.empty():
+                        continue  # busy, or the client has answers to read: not idle
+                    following.cancel()
+                    idle.append(f"stream idle for {self.idle_s:g} s ([server] grpc_idle_timeout_s)")
+                    await answers.put(None)
+                    return
+                try:
+                    raw = following.result()
+                except StopAsyncIteration:
+                    slots.release()
+                    break
                 task = asyncio.ensure_future(one(raw))
                 running.add(task)
                 task.add_done_callback(running.discard)
@@ -483,7 +518,10 @@ class Service:
         reader = asyncio.ensure_future(read())
         try:
             while (payload := await answers.get()) is not None:
+                slots.release()
                 yield payload
+            if idle:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, idle[0])
             await reader
         finally:
             reader.cancel()
@@ -545,19 +583,14 @@ def _unary(
     return handle
 
 
-def _is_local(context) -> bool:
-    """The call came over the Unix socket or from a loopback address (grpcio's peer:
-    "unix:...", "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000")."""
-    return _is_local_peer(context.peer() or "")
-
-
-@functools.lru_cache(maxsize=1024)  # a peer per connection; parsing one was 8 % of a call
-def _is_local_peer(peer: str) -> bool:
-    kind, _, address = peer.partition(":")
-    if kind == "unix":
-        return True
-    host = address.rpartition(":")[0].strip("[]")
-    return kind in ("ipv4", "ipv6") and is_loopback(host)
+def grpc_tcp_peer(peer: str, server: tuple[str, int] | None) -> Peer:
+    """A TCP client from grpcio's peer string: "ipv4:127.0.0.1:5000", or "ipv6:%5B::1%5D:5000"
+    (grpcio percent-encodes the brackets)."""
+    kind, _, address = urllib.parse.unquote(peer).partition(":")
+    host, _, port = address.rpartition(":")
+    if kind not in ("ipv4", "ipv6") or not port.isdigit():
+        return tcp_peer(None, server)
+    return tcp_peer((host.strip("[]"), int(port)), server)
 
 
 def _not_served(why: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
@@ -566,118 +599,3 @@ def _not_served(why: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
         return b""  # not reached: abort raises
 
     return handle
-
-
-# -- the server ----------------------------------------------------------------------------------
-
-
-class GrpcServer:
-    """grpcio's asyncio server on the daemon's loop, bound to its addresses (`bind_grpc`)."""
-
-    def __init__(self, server: grpc.aio.Server, where: list[str], unix: _UnixSocket | None):
-        self.server = server
-        self.where = where  # "127.0.0.1:8001", "unix:/run/edged/grpc.sock"
-        self._unix = unix
-        self._stopping: asyncio.Future | None = None
-
-    async def start(self) -> None:
-        await self.server.start()
-        log.info("gRPC (%s) on %s", SERVICE, ", ".join(self.where))
-
-    async def stop(self, grace_s: float) -> None:
-        """Refuse new calls, give those running `grace_s` to finish (then cancel them), and
-        remove the socket file. Once, however often called (the first call's grace holds)."""
-        if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._stop(grace_s))
-        await asyncio.shield(self._stopping)
-
-    async def _stop(self, grace_s: float) -> None:
-        try:
-            await self.server.stop(grace_s)
-        finally:
-            if self._unix is not None:
-                self._unix.remove()
-
-    async def stop_when(self, should_exit: Callable[[], bool], grace_s: float) -> None:
-        """Stop as soon as `should_exit()` (uvicorn's flag, set at SIGTERM): gRPC drains
-        while HTTP does, not after it."""
-        while not should_exit():
-            await asyncio.sleep(0.05)
-        await self.stop(grace_s)
-
-
-def bind_grpc(inference: Inference, srv: ServerConfig) -> GrpcServer | None:
-    """The gRPC server for `srv`, its ports bound (OSError naming the address when one cannot
-    be), not yet serving; None when grpc_listen and grpc_socket are both off.
-
-    Messages up to max_body_bytes (grpcio answers a larger one RESOURCE_EXHAUSTED without
-    reading it into a handler); answers of any size. At most as many calls at once as HTTP
-    has connections (each carries one request at a time), so the two bound memory alike;
-    one more is RESOURCE_EXHAUSTED at once. SO_REUSEPORT off, so a second daemon on the
-    same port fails to start instead of sharing its calls."""
-    if srv.grpc_listen_host is None and srv.grpc_socket is None:
-        return None
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", srv.max_body_bytes),
-            ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),
-        ],
-        maximum_concurrent_rpcs=srv.max_connections + srv.socket_max_connections,
-    )
-    server.add_generic_rpc_handlers((Service(inference).handler(),))
-    where = []
-    if srv.grpc_listen_host is not None:
-        host = f"[{srv.grpc_listen_host}]" if ":" in srv.grpc_listen_host else srv.grpc_listen_host
-        port = _add_port(server, f"{host}:{srv.grpc_listen_port}")
-        where.append(f"{host}:{port}")
-    unix = None
-    if srv.grpc_socket is not None:
-        unix = _UnixSocket(srv.grpc_socket, srv.socket_mode)
-        unix.bind(server)
-        where.append(f"unix:{srv.grpc_socket}")
-    return GrpcServer(server, where, unix)
-
-
-def _add_port(server: grpc.aio.Server, address: str) -> int:
-    try:
-        port = server.add_insecure_port(address)
-    except RuntimeError as exc:  # grpcio: "Failed to bind to address ..."
-        raise OSError(f"gRPC cannot listen on {address}: {exc}") from None
-    if not port:  # older grpcio returned 0
-        raise OSError(f"gRPC cannot listen on {address}")
-    return port
-
-
-class _UnixSocket:
-    """The gRPC socket file, with `[server] socket_mode` from the start: bound under a
-    temporary name in the same folder, its mode set, then renamed into place (grpcio creates
-    the file with the process umask; a rename keeps the listening socket). Removed at stop
-    only while it is still the file this process created, as the HTTP socket is."""
-
-    def __init__(self, path: Path, mode: int) -> None:
-        self.path = path
-        self.mode = mode
-        self._identity: tuple[int, int] | None = None
-
-    def bind(self, server: grpc.aio.Server) -> None:
-        path = self.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            if not stat.S_ISSOCK(path.lstat().st_mode):
-                raise OSError(f"gRPC cannot listen on unix:{path}: a file is there (no socket)")
-        temp = path.with_name(f".{path.name}.{os.getpid()}")
-        if len(os.fsencode(temp)) > MAX_SOCKET_PATH:  # then in place (the umask's mode a moment)
-            temp = path
-        _add_port(server, f"unix:{temp}")
-        os.chmod(temp, self.mode)
-        if temp != path:
-            os.replace(temp, path)  # over a stale socket of an earlier run
-        st = path.lstat()
-        self._identity = (st.st_dev, st.st_ino)
-
-    def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            st = self.path.lstat()
-            if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == self._identity:
-                self.path.unlink()

@@ -12,7 +12,11 @@ would pick the same parser.
 
 Per connection, all on the event loop and without a timer on the common path:
 - a budget per listener (TCP, Unix socket), checked when the connection is accepted: one over
-  it gets a JSON 503 at once and is closed;
+  it gets a JSON 503 at once and is closed; refused connections still lingering (below) are
+  bounded by the same budget, past which one more is closed without an answer, so a flood
+  of refused connections cannot hold the daemon's descriptors either;
+- who the client is (`edged.serving.peers.Peer`, the Unix socket's peer uid from the kernel),
+  found once per connection and put in each request's scope under PEER;
 - the request head (request line and headers) within `max_header_bytes` (431) and within
   `header_timeout_s` of the connection (or of the request's first byte, on a kept-alive one):
   a connection that sends nothing is closed, one that sends part of a head gets 408;
@@ -39,6 +43,8 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from edged.serving.peers import Peer, tcp_peer, unix_peer
+
 log = logging.getLogger("edged.http")
 
 LINGER_S = 1.0  # how long a refused or answered-and-closed connection's input is drained
@@ -47,6 +53,7 @@ STOP_STALL_S = 1.0  # at shutdown: a body receiving nothing for this long is cut
 # it otherwise sees as a client that went away.
 BODY_TIMED_OUT = "edged.body_timed_out"
 LISTENER_KEYS = {"tcp": "max_connections", "unix": "socket_max_connections"}
+PEER = "edged.peer"  # the scope key of the request's Peer
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,7 @@ def protocol_class(limits: HttpLimits) -> type[HttpToolsProtocol]:
     return type(
         "LimitedHttpToolsProtocol",
         (LimitedHttpToolsProtocol,),
-        {"limits": limits, "open": {}, "warn": _Throttled()},
+        {"limits": limits, "open": {}, "lingering": {}, "warn": _Throttled()},
     )
 
 
@@ -96,6 +103,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # Per class (protocol_class makes one per server): uvicorn makes the instances.
     limits: ClassVar[HttpLimits] = HttpLimits()
     open: ClassVar[dict[str, int]] = {}  # listener -> connections counted against its budget
+    lingering: ClassVar[dict[str, int]] = {}  # listener -> refused connections not yet closed
     warn: ClassVar[_Throttled] = _Throttled()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -109,6 +117,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._body_timer: Any = None
         self._body_deadline = 0.0
         self._stop_deadline: float | None = None  # set at shutdown
+        self._refused: str | None = None  # the listener this refused connection lingers on
+        self._who = Peer("tcp", None, False, "?")
 
     # -- connection --------------------------------------------------------------------------
     def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -117,6 +127,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         budget = self.limits.budget(listener)
         if budget is not None and self.open.get(listener, 0) >= budget:
             self.transport = transport
+            if self.lingering.get(listener, 0) >= budget:
+                transport.abort()  # refusing takes descriptors too: past the budget, none
+                return
+            self.lingering[listener] = self.lingering.get(listener, 0) + 1
+            self._refused = listener
             key = LISTENER_KEYS[listener]
             where = "on the Unix socket" if listener == "unix" else "over TCP"
             # The phrase uvicorn logged for its own limit: operators may grep for it.
@@ -135,11 +150,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         self.open[listener] = self.open.get(listener, 0) + 1
         self._listener = listener
+        if listener == "unix":
+            self._who = unix_peer(sock)
+        else:
+            self._who = tcp_peer(
+                transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+            )
         super().connection_made(transport)
         self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        if self._refused is not None:
+            self.lingering[self._refused] -= 1
+            self._refused = None
         if self._listener is not None:
             self.open[self._listener] -= 1
             self._listener = None
@@ -195,6 +219,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # Parser callbacks (httptools calls them from feed_data).
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope[PEER] = self._who  # type: ignore[literal-required]
         if self._head_timer is None:  # a later request on a kept-alive connection
             self._head_timer = self.loop.call_later(
                 self.limits.header_timeout_s, self._head_timed_out

@@ -7,7 +7,6 @@ brings only its wire format: how a request is read and decoded, how the answer i
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -19,6 +18,7 @@ import numpy as np
 from backends.errors import BackendError, InputError
 from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel
+from edged.serving.peers import Peer
 from edged.serving.protocol import InferRequest, ProtocolError
 from edged.serving.requests import EngineError, Timing
 
@@ -89,6 +89,7 @@ class Inference:
         failed: Callable[[], Mapping[str, str]] | None = None,
         shared_memory: SharedMemory | None = None,
         control: ModelControl | None = None,
+        tcp_control: bool = False,
     ) -> None:
         self.models = models  # a callable: reload swaps the mapping atomically
         self.failed = failed or dict
@@ -100,6 +101,7 @@ class Inference:
             shared_memory = SharedMemory(enabled=False)
         self.shared_memory = shared_memory
         self.control = control  # None: [server] model_control = "none"
+        self.tcp_control = tcp_control  # [server] tcp_control
         # Large decodes (JSON tensor data, long typed value lists) run in a thread, one at a
         # time: they are bound by the GIL, not by cores, so more at once only take it from
         # the event loop more often (and hold more memory).
@@ -148,15 +150,15 @@ class Inference:
         receive: Callable[[ServedModel], Awaitable[Any]],
         decode: Callable[[Any, ServedModel], Awaitable[InferRequest]],
         encode: Callable[[InferRequest, Mapping[str, np.ndarray]], Awaitable[T]],
-        local: bool = True,
+        peer: Peer,
     ) -> Answer[T] | None:
         """One request: `model()` finds the served model (raising RequestError), admission
         (a full queue or a model that is not serving is refused before `receive` reads the
         request), `decode`, the shapes the model is served at, the engine (with the request's
         deadline), `encode`. Every failure leaves as a RequestError with its status, counted;
         the answer is counted when the front end has sent it (`Answer.sent`). None when
-        `receive` raised ClientGone: there is nothing to send. `local`: the client is on this
-        machine (loopback or a Unix socket), which tensors in shared memory need."""
+        `receive` raised ClientGone: there is nothing to send. `peer`: the client, whose own
+        regions tensors in shared memory must name (`control`)."""
         start = time.perf_counter()
         code = 200
         served = None
@@ -173,9 +175,9 @@ class Inference:
                 request = await decode(received, served)
                 if request.shm_inputs or request.shm_outputs:
                     self.shared_memory.check_enabled()
-                    self.require_local(local, "system shared memory")
+                    peer = self.control_peer(peer, "system shared memory")
                 if request.shm_inputs:
-                    self._read_shared_memory(request)
+                    self._read_shared_memory(peer, request)
                 served.check_shapes(request.inputs)
                 input_s = time.perf_counter() - decoding
             finally:
@@ -188,7 +190,7 @@ class Inference:
             encoding = time.perf_counter()
             if request.shm_outputs:  # all checked before any is written
                 shm = self.shared_memory
-                request.shm_results = shm.write_outputs(request.shm_outputs, outputs)
+                request.shm_results = shm.write_outputs(peer, request.shm_outputs, outputs)
             payload = await encode(request, outputs)
             output_s = time.perf_counter() - encoding
         except ClientGone as exc:
@@ -222,35 +224,48 @@ class Inference:
                     self.stats.failed(name, time.perf_counter() - start)
         return Answer(self, name, payload, start, timing, input_s, output_s, samples)
 
-    def _read_shared_memory(self, request: InferRequest) -> None:
-        """The request's shared-memory inputs as views of their regions, beside the others
-        (the views live as long as the request: nothing here keeps them)."""
+    def _read_shared_memory(self, peer: Peer, request: InferRequest) -> None:
+        """The request's shared-memory inputs, read from the caller's regions, beside the
+        others."""
         shm = self.shared_memory
         for name, (dtype, shape, ref) in request.shm_inputs.items():
-            request.inputs[name] = shm.read_input(name, dtype, shape, ref)
+            request.inputs[name] = shm.read_input(peer, name, dtype, shape, ref)
 
     # -- the repository extension's load and unload -------------------------------------
-    def _control(self, local: bool, what: str) -> ModelControl:
+    def check_control(self, peer: Peer, what: str) -> tuple[ModelControl, Peer]:
+        """Model load or unload (`what`) is served and `peer` may ask for it."""
         if self.control is None:
             raise RequestError(
                 403,
                 f'model {what} is off ([server] model_control = "none"); set it to '
                 f'"explicit", or edit the config file and reload (SIGHUP)',
             )
-        self.require_local(local, f"model {what}")
-        return self.control
+        return self.control, self.control_peer(peer, f"model {what}")
 
-    def require_local(self, local: bool, what: str) -> None:
-        if not local:
-            raise RequestError(
-                403, f"{what} is accepted from this machine only (loopback or the Unix socket)"
-            )
+    def control_peer(self, peer: Peer, what: str) -> Peer:
+        """`peer`, allowed to act on this machine's resources (`what`: shared memory, model
+        load/unload), with its uid where it can be known. The Unix sockets' clients may (the
+        sockets' mode and group say who connects); loopback TCP clients only with
+        [server] tcp_control, as the user owning their socket (edged.serving.peers)."""
+        if peer.transport == "tcp":
+            if not peer.local:
+                raise RequestError(403, f"{what} is accepted from this machine only")
+            if not self.tcp_control:
+                raise RequestError(
+                    403,
+                    f"{what} is accepted on the Unix sockets only ([server] tcp_control = "
+                    f"false); connect there, or set tcp_control = true",
+                )
+            peer = peer.with_uid()
+            if peer.uid is None:
+                raise RequestError(403, f"{what}: cannot tell which user {peer.address} is")
+        return peer
 
-    async def load(self, name: str, parameters: Mapping[str, Any], local: bool) -> None:
+    async def load(self, name: str, parameters: Mapping[str, Any], peer: Peer) -> None:
         """Load (or reload) `name`. `parameters` may hold "config": the model's [[models]]
         table as a JSON object (a string, as tritonclient sends it), replacing the file's
         table for that model until it is loaded again without one."""
-        control = self._control(local, "load")
+        control, _ = self.check_control(peer, "load")
         table = None
         config = parameters.get("config")
         if config is not None:
@@ -267,8 +282,9 @@ class Inference:
             raise RequestError(400, f"load parameter {unknown[0]!r} is not supported (config)")
         await control.load(name, table)
 
-    async def unload(self, name: str, local: bool) -> None:
-        await self._control(local, "unload").unload(name)
+    async def unload(self, name: str, peer: Peer) -> None:
+        control, _ = self.check_control(peer, "unload")
+        await control.unload(name)
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """The statistics extension's `model_stats` (Triton's shape): every served model, or
@@ -295,16 +311,6 @@ class Inference:
             if not ready_only or entry["state"] == "READY":
                 index.append(entry)
         return index
-
-
-def is_loopback(host: str) -> bool:
-    """`host` is a loopback address (IPv4-mapped IPv6 included)."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
 
 
 def _samples(request: InferRequest) -> int:

@@ -42,6 +42,9 @@ def http_server(app: Any, srv: ServerConfig, drain_s: float):
         ws="none",
         timeout_keep_alive=srv.idle_timeout_s,  # type: ignore
         limit_concurrency=None,
+        # A local client must not claim another address (X-Forwarded-For): the peer is what
+        # the socket says (edged.serving.peers).
+        proxy_headers=False,
     )
     return _Server(uv_config)
 

@@ -20,7 +20,7 @@ import ipaddress
 import socket
 import struct
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 PROC_NET = Path("/proc/net")
@@ -37,11 +37,20 @@ class Peer:
     uid: int | None = None
     local: bool = True
     address: str = ""  # for messages: "127.0.0.1:53412", "unix"
+    # TCP: (client, server) addresses, to find the client's uid (`with_uid`) when needed.
+    ends: tuple[tuple[str, int], tuple[str, int]] | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
         """The principal: regions and loads are tied to it."""
         return f"uid:{self.uid}" if self.uid is not None else self.transport
+
+    def with_uid(self, root: Path = PROC_NET) -> Peer:
+        """A TCP peer with its uid looked up (the Unix sockets' peers have theirs, or none
+        to find: gRPC's)."""
+        if self.transport != "tcp" or self.uid is not None or self.ends is None:
+            return self
+        return replace(self, uid=tcp_uid(*self.ends, root=root))
 
     def describe(self) -> str:
         who = f"uid {self.uid}" if self.uid is not None else "unknown user"
@@ -66,7 +75,11 @@ def tcp_peer(client: tuple[str, int] | None, server: tuple[str, int] | None) -> 
     if client is None:
         return Peer("tcp", None, False, "?")
     host, port = client[0], client[1]
-    return Peer("tcp", None, is_loopback(host), f"{host}:{port}")
+    ends = ((host, port), (server[0], server[1])) if server is not None else None
+    return Peer("tcp", None, is_loopback(host), f"{host}:{port}", ends)
+
+
+GRPC_UNIX = Peer("grpc-unix", None, True, "unix")
 
 
 def tcp_uid(client: tuple[str, int], server: tuple[str, int], root: Path = PROC_NET) -> int | None:

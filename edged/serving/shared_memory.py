@@ -1,27 +1,27 @@
-"""The system shared-memory extension: the registry of regions a local client registered
+"""The system shared-memory extension: the registry of regions local clients registered
 (POSIX shm objects under /dev/shm), and the reading of input tensors from them and writing of
 output tensors into them, for both front ends (HTTP and gRPC share one registry).
 
-Each region maps the object with `os.open` + `mmap`, not `multiprocessing.shared_memory`:
-before Python 3.13 attaching a SharedMemory registers it with the resource tracker, which
-unlinks the client's object when the daemon exits (and warns of "leaked" segments); and
-here the open takes O_NOFOLLOW and O_CLOEXEC, the mapping covers only the registered
-range, and the descriptor stays open so each use can fstat the object (a client that
-shrank it after registering gets a 400, not a SIGBUS that kills the daemon).
+A client's object is never mapped into the daemon. The client owns it and may shrink it at
+any moment (ftruncate), or it may be a sparse object on a full /dev/shm: touching a mapped
+page that is no longer backed is SIGBUS, which kills the daemon, and no check made earlier
+can rule it out (the request waits in a queue between its check and its read). So inputs are
+read with pread(2) on the region's descriptor into an array the daemon owns, and outputs are
+written with pwrite(2): a shrunk object is a short read, a full one ENOSPC, each a 400 naming
+the region. The price is one copy of each input (about 0.2 ms for 4.9 MB here).
 
-Inputs are numpy views over the mapping (no copy; the engine copies only when it batches
-several requests into one). A region unregistered while a request still holds such a view
-is closed as soon as the view is gone (`_retired`): the mapping never outlives its users,
-and never outlives them by more than the next registry operation or `close()` at shutdown.
+Regions belong to the client that registered them (`edged.serving.peers.Peer.key`): each
+client user has its own names, and sees, uses and unregisters only its own. The object must
+be the caller's: owned by its uid (uid 0 may name any), or, for a caller whose uid is not
+known (the gRPC Unix socket), shared on purpose (its mode grants the group or others access).
+Regions are capped in all and per client: each holds one open descriptor (O_NOFOLLOW,
+O_CLOEXEC), so its object cannot be swapped for another by renaming.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import errno
 import math
-import mmap
 import os
 import stat
 from collections.abc import Mapping
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from edged.serving.inference import RequestError
+from edged.serving.peers import Peer
 from edged.serving.protocol import ProtocolError, ShmRef, byteorder
 from edged.serving.responses import datatype_of_dtype, little_endian
 
@@ -43,6 +44,12 @@ _NATIVE: dict[np.dtype, np.dtype] = {}
 class SharedMemoryError(RequestError):
     """A refused shared-memory request, with its HTTP status (400: bad input, 403: off);
     gRPC gives INVALID_ARGUMENT and PERMISSION_DENIED."""
+
+
+class TooManyRegions(SharedMemoryError):
+    """A cap reached ([server] max_shm_regions, max_shm_regions_per_client)."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 class AlreadyRegistered(SharedMemoryError):
@@ -71,15 +78,14 @@ def check_key(key: Any) -> str:
 
 @dataclass
 class Region:
-    """One registered region: [offset, offset + byte_size) of the shm object `key`."""
+    """One registered region: [offset, offset + byte_size) of the shm object `key`, open as
+    `fd` (for reading; and writing when `writable`)."""
 
     name: str
     key: str
     offset: int
     byte_size: int
     fd: int
-    map: mmap.mmap
-    start: int  # where the region starts in the mapping (its offset within a page)
     writable: bool
 
     def status(self) -> dict[str, Any]:
@@ -90,9 +96,8 @@ class Region:
             "byte_size": self.byte_size,
         }
 
-    def check(self, ref: ShmRef, where: str) -> int:
-        """The start of `ref`'s bytes in the mapping, after checking they lie in the region
-        and the object still covers them."""
+    def position(self, ref: ShmRef, where: str) -> int:
+        """Where `ref`'s bytes start in the object, after checking they lie in the region."""
         if ref.offset + ref.byte_size > self.byte_size:
             raise SharedMemoryError(
                 400,
@@ -100,39 +105,70 @@ class Region:
                 f"{ref.byte_size} runs past the end of region {self.name!r} "
                 f"({self.byte_size} bytes)",
             )
-        # A client may shrink the object after registering: touching the lost pages then is
-        # SIGBUS. One fstat per use (≈1 µs) turns that into this error.
-        size = os.fstat(self.fd).st_size
-        if size < self.offset + self.byte_size:
-            raise SharedMemoryError(
-                400,
-                f"{where}: region {self.name!r} ({self.key}) shrank to {size} bytes since "
-                f"it was registered (offset {self.offset}, {self.byte_size} bytes)",
-            )
-        return self.start + ref.offset
+        return self.offset + ref.offset
 
-    def close(self) -> bool:
-        """Unmap; False while a view into the mapping is still alive (try again later)."""
+    def shrank(self, where: str, got: int, wanted: int) -> SharedMemoryError:
+        return SharedMemoryError(
+            400,
+            f"{where}: region {self.name!r} ({self.key}) holds {got} of the {wanted} bytes "
+            f"asked for: the object shrank since it was registered",
+        )
+
+    def read_into(self, buffer: memoryview, position: int, where: str) -> None:
+        """Fill `buffer` from the object at `position` (a short read: the object shrank)."""
+        done, wanted = 0, len(buffer)
+        while done < wanted:
+            try:
+                n = os.preadv(self.fd, [buffer[done:]], position + done)
+            except OSError as exc:
+                raise SharedMemoryError(
+                    400, f"{where}: cannot read region {self.name!r} ({self.key}): {_why(exc)}"
+                ) from None
+            if n == 0:
+                raise self.shrank(where, done, wanted)
+            done += n
+
+    def write_from(self, data: memoryview, position: int, where: str) -> None:
+        """Write `data` into the object at `position`. The object must still cover it (a
+        write past its end would grow the client's object); a full /dev/shm is ENOSPC."""
+        size = os.fstat(self.fd).st_size
+        if size < position + len(data):
+            raise self.shrank(where, max(0, size - position), len(data))
+        done = 0
+        while done < len(data):
+            try:
+                done += os.pwrite(self.fd, data[done:], position + done)
+            except OSError as exc:
+                raise SharedMemoryError(
+                    400,
+                    f"{where}: cannot write region {self.name!r} ({self.key}): "
+                    f"{_why(exc)}; {done} of {len(data)} bytes written",
+                ) from None
+
+    def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        try:
-            self.map.close()
-        except BufferError:  # an input view of a request still running
-            return False
-        return True
 
 
 class SharedMemory:
-    """The registry. Every operation runs on the event loop (HTTP and gRPC share it), so
-    it needs no lock. `enabled` is `[server] allow_shared_memory`."""
+    """The registry. Every operation runs on the event loop (HTTP and gRPC share it) except
+    the reads and writes of tensors, which take the region they were handed; so it needs no
+    lock. `enabled` is `[server] allow_shared_memory`; the caps are max_shm_regions and
+    max_shm_regions_per_client."""
 
-    def __init__(self, enabled: bool, root: Path = SHM_ROOT) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        root: Path = SHM_ROOT,
+        max_regions: int = 64,
+        max_per_client: int = 16,
+    ) -> None:
         self.enabled = enabled
         self.root = root
-        self._regions: dict[str, Region] = {}
-        self._retired: list[Region] = []  # unregistered, still mapped (a view is alive)
-        self._sweeping: asyncio.TimerHandle | None = None
+        self.max_regions = max_regions
+        self.max_per_client = max_per_client
+        self._regions: dict[tuple[str, str], Region] = {}  # (Peer.key, name) -> region
 
     def check_enabled(self) -> None:
         if not self.enabled:
@@ -142,68 +178,88 @@ class SharedMemory:
                 "tensors in the request (binary data, raw_input_contents)",
             )
 
-    # -- the extension's operations ---------------------------------------------------------
-    def status(self, name: str = "") -> list[dict[str, Any]]:
-        self.check_enabled()
-        self._sweep()
-        if name:
-            return [self._region(name).status()]
-        return [r.status() for r in self._regions.values()]
+    def count(self) -> int:
+        """Regions registered now (each one open descriptor)."""
+        return len(self._regions)
 
-    def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+    # -- the extension's operations ---------------------------------------------------------
+    def status(self, peer: Peer, name: str = "") -> list[dict[str, Any]]:
         self.check_enabled()
-        self._sweep()
+        if name:
+            return [self._region(peer, name).status()]
+        return [r.status() for (owner, _), r in self._regions.items() if owner == peer.key]
+
+    def register(self, peer: Peer, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        self.check_enabled()
         if not isinstance(name, str) or not name:
             raise SharedMemoryError(400, "a region needs a non-empty name")
+        if len(name) > NAME_MAX:
+            raise SharedMemoryError(400, f"region name {name[:40]!r}... is over {NAME_MAX} chars")
         file_name = check_key(key)
         for what, value in (("offset", offset), ("byte_size", byte_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise SharedMemoryError(400, f"{what} must be a non-negative integer")
         if byte_size == 0:
             raise SharedMemoryError(400, "byte_size must be at least 1")
-        if name in self._regions:
-            have = self._regions[name]
+        have = self._regions.get((peer.key, name))
+        if have is not None:
             raise AlreadyRegistered(
                 400,
                 f"shared memory region {name!r} is already registered (key {have.key}); "
                 f"unregister it first",
             )
-        self._regions[name] = self._open(name, key, file_name, offset, byte_size)
+        mine = sum(1 for owner, _ in self._regions if owner == peer.key)
+        if mine >= self.max_per_client:
+            raise TooManyRegions(
+                400,
+                f"{mine} regions are registered by this client ({peer.key}), the most "
+                f"[server] max_shm_regions_per_client allows: unregister some first",
+            )
+        if len(self._regions) >= self.max_regions:
+            raise TooManyRegions(
+                400,
+                f"{len(self._regions)} regions are registered, the most [server] "
+                f"max_shm_regions allows: unregister some first",
+            )
+        self._regions[(peer.key, name)] = self._open(peer, name, key, file_name, offset, byte_size)
 
-    def unregister(self, name: str = "") -> None:
-        """One region, or all ("" as Triton's unregister-all). A name not registered is an
-        error (Triton answers it with success; an error tells a client its mistake)."""
+    def unregister(self, peer: Peer, name: str = "") -> None:
+        """One region, or all of the caller's ("" as Triton's unregister-all). A name not
+        registered is an error (Triton answers it with success; an error tells a client its
+        mistake)."""
         self.check_enabled()
         if name:
-            region = self._regions.pop(name, None)
+            region = self._regions.pop((peer.key, name), None)
             if region is None:
                 raise SharedMemoryError(
                     400, f"shared memory region {name!r} is not registered (nothing unregistered)"
                 )
-            self._retire(region)
-        else:
-            regions, self._regions = list(self._regions.values()), {}
-            for region in regions:
-                self._retire(region)
-        self._sweep()
+            region.close()
+            return
+        for k in [k for k in self._regions if k[0] == peer.key]:
+            self._regions.pop(k).close()
 
     def close(self) -> list[str]:
-        """At shutdown, after the workers stopped: unmap everything. Returns the keys of
-        mappings that could not be closed (a view still alive: none once workers stopped)."""
+        """At shutdown: close every region. Returns nothing left open (kept for callers)."""
         for region in self._regions.values():
-            self._retire(region)
+            region.close()
         self._regions = {}
-        self._sweep()
-        return [r.key for r in self._retired]
+        return []
 
     # -- tensors ------------------------------------------------------------------------------
+    def region(self, peer: Peer, ref: ShmRef, where: str) -> Region:
+        """The caller's region a tensor names (at admission; the read or write comes later
+        and is checked again then)."""
+        self.check_enabled()
+        return self._region(peer, ref.region, where)
+
     def read_input(
-        self, name: str, dtype: np.dtype, shape: tuple[int, ...], ref: ShmRef
+        self, peer: Peer, name: str, dtype: np.dtype, shape: tuple[int, ...], ref: ShmRef
     ) -> np.ndarray:
-        """Input `name` as a view of its bytes in the region (a copy only for BOOL, made 0/1)."""
+        """Input `name` read from its region into an array of its own."""
         self.check_enabled()
         where = f"input {name!r}"
-        region = self._region(ref.region, where)
+        region = self._region(peer, ref.region, where)
         expected = math.prod(shape) * dtype.itemsize
         if ref.byte_size != expected:
             raise SharedMemoryError(
@@ -211,15 +267,20 @@ class SharedMemory:
                 f"{where}: shared_memory_byte_size {ref.byte_size} does not match shape "
                 f"{list(shape)} of {datatype_of_dtype(dtype)} ({expected} bytes)",
             )
-        start = region.check(ref, where)
+        position = region.position(ref, where)
         if dtype.kind == "b":
-            raw = np.frombuffer(region.map, np.uint8, expected, start)
+            raw = np.empty(expected, np.uint8)
+            region.read_into(memoryview(raw), position, where)
             return (raw != 0).reshape(shape)
-        array = np.frombuffer(region.map, dtype, math.prod(shape), start).reshape(shape)
-        return array.astype(byteorder(_NATIVE, dtype, "="), copy=False)
+        array = np.empty(shape, byteorder(_NATIVE, dtype, "="))
+        target = memoryview(array.reshape(-1).view(np.uint8))
+        region.read_into(target, position, where)
+        if array.dtype != dtype:  # the wire is little-endian; this machine is not
+            array = array.view(dtype).astype(array.dtype)
+        return array
 
     def write_outputs(
-        self, refs: Mapping[str, ShmRef], outputs: Mapping[str, np.ndarray]
+        self, peer: Peer, refs: Mapping[str, ShmRef], outputs: Mapping[str, np.ndarray]
     ) -> dict[str, dict[str, Any]]:
         """Each output of `refs` written into its region: all checked first (unknown output,
         too large, a read-only region), so a refused request writes nothing. Returns each
@@ -232,7 +293,7 @@ class SharedMemory:
             if name not in outputs:
                 raise ProtocolError(f"unknown output {name!r}; outputs are {sorted(outputs)}")
             array = np.ascontiguousarray(little_endian(np.asarray(outputs[name])))
-            region = self._region(ref.region, where)
+            region = self._region(peer, ref.region, where)
             if array.nbytes > ref.byte_size:
                 raise SharedMemoryError(
                     400,
@@ -243,12 +304,10 @@ class SharedMemory:
                 raise SharedMemoryError(
                     400, f"{where}: region {ref.region!r} ({region.key}) is read-only here"
                 )
-            plan.append((name, ref, array, region, region.check(ref, where)))
+            plan.append((name, ref, array, region, region.position(ref, where)))
         entries = {}
-        for name, ref, array, region, start in plan:
-            target = np.frombuffer(region.map, np.uint8, array.nbytes, start)
-            target[:] = array.reshape(-1).view(np.uint8)
-            del target
+        for name, ref, array, region, position in plan:
+            region.write_from(memoryview(array.reshape(-1).view(np.uint8)), position, name)
             params: dict[str, Any] = {
                 "shared_memory_region": ref.region,
                 "shared_memory_byte_size": array.nbytes,
@@ -264,8 +323,8 @@ class SharedMemory:
         return entries
 
     # -- inside --------------------------------------------------------------------------------
-    def _region(self, name: str, where: str = "") -> Region:
-        region = self._regions.get(name)
+    def _region(self, peer: Peer, name: str, where: str = "") -> Region:
+        region = self._regions.get((peer.key, name))
         if region is None:
             prefix = f"{where}: " if where else ""
             raise SharedMemoryError(
@@ -273,7 +332,9 @@ class SharedMemory:
             )
         return region
 
-    def _open(self, name: str, key: str, file_name: str, offset: int, byte_size: int) -> Region:
+    def _open(
+        self, peer: Peer, name: str, key: str, file_name: str, offset: int, byte_size: int
+    ) -> Region:
         path = self.root / file_name
         flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
         writable = True
@@ -289,36 +350,37 @@ class SharedMemory:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise SharedMemoryError(400, f"{key!r} ({path}) is not a shared-memory object")
+            _check_owner(peer, key, st)
             if offset + byte_size > st.st_size:
                 raise SharedMemoryError(
                     400,
                     f"offset {offset} + byte_size {byte_size} runs past the end of {key!r} "
                     f"({st.st_size} bytes)",
                 )
-            page_start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-            mapping = mmap.mmap(
-                fd, offset + byte_size - page_start, access=access, offset=page_start
-            )
         except BaseException:
             os.close(fd)
             raise
-        return Region(name, key, offset, byte_size, fd, mapping, offset - page_start, writable)
+        return Region(name, key, offset, byte_size, fd, writable)
 
-    def _retire(self, region: Region) -> None:
-        self._retired.append(region)
 
-    def _sweep(self) -> None:
-        """Close the retired mappings whose views are gone; retry the others soon."""
-        self._retired = [r for r in self._retired if not r.close()]
-        if self._retired and self._sweeping is None:
-            with contextlib.suppress(RuntimeError):  # no loop: the next operation retries
-                loop = asyncio.get_running_loop()
-                self._sweeping = loop.call_later(0.1, self._swept)
-
-    def _swept(self) -> None:
-        self._sweeping = None
-        self._sweep()
+def _check_owner(peer: Peer, key: str, st: os.stat_result) -> None:
+    """The object is the caller's to hand over: the daemon must never read or write, on a
+    client's say-so, an object that client could not open itself."""
+    if peer.uid is not None:
+        if peer.uid != 0 and st.st_uid != peer.uid:
+            raise SharedMemoryError(
+                403,
+                f"{key!r} belongs to uid {st.st_uid}, not to this client (uid {peer.uid}): "
+                f"register your own objects",
+            )
+        return
+    if not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SharedMemoryError(
+            403,
+            f"{key!r} is private to its owner (mode {stat.S_IMODE(st.st_mode):04o}) and this "
+            f"client's user is not known ({peer.transport}): share it with the group "
+            f"(fchmod 0660) or register it over the HTTP Unix socket",
+        )
 
 
 def _why(exc: OSError) -> str:
