@@ -79,7 +79,10 @@ class Daemon:
         self.telemetry = None
         self._server = None
         self._reload_lock: asyncio.Lock | None = None
-        self._reload_pending = False
+        self._reload_queued = False  # a reload waits for the model set (_on_hup)
+        # Held by a variants job's swap and by stopping retired models (both in threads):
+        # a job never puts a session into a worker that is being stopped.
+        self._swap_lock = threading.Lock()
         self._tasks: set[asyncio.Task] = set()
         # The repository extension (model_control = "explicit"): models unloaded and not
         # loaded since, and [[models]] tables a load gave instead of the file's. Reloads
@@ -317,20 +320,19 @@ class Daemon:
             self.publisher.publish_event(kind, detail)
 
     def _on_hup(self) -> None:
-        """Reloads never overlap: a HUP during a reload runs one more reload after it."""
-        assert self._reload_lock is not None
-        if self._reload_lock.locked():
-            self._reload_pending = True
+        """Reloads never overlap, and a HUP is never lost: one that comes while the model set
+        is busy (a reload, a repository load or unload, a hot-plug) queues one reload, which
+        runs when the set is free; HUPs while one is queued are that one."""
+        if self._reload_queued:
             return
+        self._reload_queued = True
         self._spawn(self._reload_serialized())
 
     async def _reload_serialized(self) -> None:
         assert self._reload_lock is not None
         async with self._reload_lock:
+            self._reload_queued = False  # a HUP from now on is after this reload's read
             await self.reload()
-            while self._reload_pending:
-                self._reload_pending = False
-                await self.reload()
 
     def _on_hotplug(self, action: str, path: str) -> None:
         self._spawn(self._hardware_changed(action, path))
@@ -450,18 +452,25 @@ class Daemon:
         task.add_done_callback(self._tasks.discard)
 
     async def reload(self) -> None:
+        """Re-read the config and swap changed models in. Whatever fails, the running config
+        stays and systemd hears READY=1 (a unit left "reloading" is one nobody can reload)."""
         log.info("reloading %s", self.config.source)
         self.notifier.notify(
             "RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}", "STATUS=reloading"
         )
         try:
-            config = await asyncio.to_thread(load_config, self.config.source)
-            config = self.with_cpu_plan(self._with_control(config))
-        except ConfigError as exc:
-            self.last_reload_error = str(exc)
-            log.error("reload: keeping the running config: %s", exc)
+            await self._reload()
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, ConfigError):
+                log.exception("reload failed")
+            self.last_reload_error = reason
+            log.error("reload: keeping the running config: %s", reason)
             self.notifier.notify("READY=1", f"STATUS={self._status_line()}; reload failed")
-            return
+
+    async def _reload(self) -> None:
+        config = await asyncio.to_thread(load_config, self.config.source)
+        config = self.with_cpu_plan(self._with_control(config))
         # [server] is bound at start (sockets, limits, CPUs): a change there waits for a
         # restart, says so, and the running values stay in force (stop must remove the
         # socket this process bound, not whatever sits at a new path).
@@ -481,7 +490,7 @@ class Daemon:
         self.reloads += 1
         self.last_reload_error = "; ".join(f"{k}: {v}" for k, v in failed.items()) or None
         retired = [m for name, m in old.items() if models.get(name) is not m]
-        await asyncio.to_thread(stop_workers, retired, DRAIN_S)
+        await asyncio.to_thread(self._stop_models, retired)
         self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
         self.start_variant_jobs()
         self._event(
@@ -514,8 +523,14 @@ class Daemon:
 
         assert self._reload_lock is not None
         async with self._reload_lock:
+            if name not in self.models and len(self.models) >= self.config.server.max_models:
+                raise RequestError(
+                    409,
+                    f"cannot load {name!r}: {len(self.models)} models are served, the most "
+                    f"[server] max_models allows; unload one first",
+                )
             if table is not None:
-                mc = self._model_table(name, table)
+                mc = await asyncio.to_thread(self._model_table, name, table)
             else:
                 try:
                     mc = (await asyncio.to_thread(load_config, self.config.source)).model(name)
@@ -547,35 +562,36 @@ class Daemon:
             else:
                 self.overrides.pop(name, None)
             if old is not None and old is not served:
-                await asyncio.to_thread(stop_workers, [old], DRAIN_S)
+                await asyncio.to_thread(self._stop_models, [old])
         log.info("model %s: loaded (repository load)", name)
         self.notifier.notify(f"STATUS={self._status_line()}")
         self.start_variant_jobs()
         self._event("model_load", model=name, replaced=old is not None and old is not served)
 
     def _model_table(self, name: str, table: dict[str, Any]) -> ModelConfig:
-        """A load's config: the model's [[models]] table, checked as the file's are (paths
-        relative to the config file's folder)."""
-        from edged.config.checks import Checker
+        """A load's config from a client's table, held to what the operator allowed
+        (edged.config.client_table). Reads the model files: called in a thread."""
+        from edged.config.client_table import allowed_dirs, client_model
         from edged.config.load import live_online_cpus
-        from edged.config.models import models
         from edged.serving.inference import RequestError
 
-        if table.get("name", name) != name:
-            raise RequestError(400, f"parameters.config names {table['name']!r}, not {name!r}")
+        srv = self.config.server
         try:
-            (mc,) = models(
-                Checker(self.config.source, live_online_cpus()), [{**table, "name": name}]
+            mc = client_model(
+                table,
+                name,
+                self.config.source,
+                srv,
+                allowed_dirs(srv, self.config.models),
+                live_online_cpus(),
             )
         except ConfigError as exc:
-            key = (exc.key or "").removeprefix("models[0]").lstrip(".")
-            where = f"parameters.config.{key}" if key else "parameters.config"
-            raise RequestError(400, f"{where}: {exc.problem}") from None
-        if mc.watchdog_ms / 1000.0 >= self.config.server.hang_s:
+            raise RequestError(400, f"{exc.key}: {exc.problem}") from None
+        if mc.watchdog_ms / 1000.0 >= srv.hang_s:
             raise RequestError(
                 400,
                 f"parameters.config: watchdog_ms {mc.watchdog_ms} is not shorter than "
-                f"[server] hang_s ({self.config.server.hang_s:g} s)",
+                f"[server] hang_s ({srv.hang_s:g} s)",
             )
         return mc
 
@@ -595,7 +611,7 @@ class Daemon:
             self.failed = {k: v for k, v in self.failed.items() if k != name}
             self.unloaded.add(name)
             if served is not None:
-                await asyncio.to_thread(stop_workers, [served], DRAIN_S)
+                await asyncio.to_thread(self._stop_models, [served])
         log.info("model %s: unloaded (repository unload)", name)
         self.notifier.notify(f"STATUS={self._status_line()}")
         self._event("model_unload", model=name)
@@ -613,15 +629,24 @@ class Daemon:
             self._variants_made,
         )
 
+    def _stop_models(self, models: list[ServedModel]) -> None:
+        """Stop models that left the set (in a thread): after any variants swap under way
+        in them, so none puts a session into a stopped worker."""
+        with self._swap_lock:
+            stop_workers(models, DRAIN_S)
+
     def _variants_made(self, served: ServedModel, report: dict[str, Any]) -> str:
         """The job's decision (stored under the served policy's key) swapped in, in the
-        job's thread, if the model is still the one served."""
+        job's thread, if the model is still the one served (checked under the swap lock:
+        a model unloaded or replaced meanwhile is stopped only after this swap, or this
+        swap sees it gone)."""
         from edged.quantize.job import stored_decision
 
-        if self.models.get(served.name) is not served:
-            return "the model was reloaded meanwhile; its new version decides anew"
-        selection, variants = stored_decision(served, report, self.config.server.state_dir)
-        done = served.apply(selection, self.hw, variants)
+        with self._swap_lock:
+            if self.models.get(served.name) is not served:
+                return "the model was reloaded or unloaded meanwhile; it decides anew"
+            selection, variants = stored_decision(served, report, self.config.server.state_dir)
+            done = served.apply(selection, self.hw, variants)
         served.variants_pending = False
         log.info("model %s: %s; %s", served.name, done, selection.why)
         self._event("selection", model=served.name, result=done, why=selection.why)
@@ -653,6 +678,9 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"edged: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except Exception as exc:  # a reader's bug on some file: restarting cannot fix it either
+        print(f"edged: {args.config}: cannot be read: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.check_config:
         print(f"edged: {config.source}: OK ({len(config.models)} model(s))")

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from edged.config.checks import Checker, Table, show
+from edged.config.checks import Checker, ConfigError, Table, show
 from edged.config.schema import (
     CALIBRATION_KEYS,
     MAX_BATCH,
@@ -34,7 +34,7 @@ def models(check: Checker, value: Any) -> tuple[ModelConfig, ...]:
     found: list[ModelConfig] = []
     seen: dict[str, int] = {}
     for index, table in enumerate(value):
-        model = _model(check, table, f"models[{index}]")
+        model = _read_model(check, table, f"models[{index}]")
         if model.name in seen:
             raise check.fail(
                 f"models[{index}].name",
@@ -43,6 +43,21 @@ def models(check: Checker, value: Any) -> tuple[ModelConfig, ...]:
         seen[model.name] = index
         found.append(model)
     return tuple(found)
+
+
+def _read_model(check: Checker, data: Any, prefix: str) -> ModelConfig:
+    """One [[models]] table, whatever its files hold. Its checks read model and data files
+    that may be crafted or newer than the readers; a reader that fails in a way of its own
+    (not the project's ModelError) must still be this key's error, so that the daemon exits
+    2 (no restart loop) or a reload keeps the running config, instead of a traceback."""
+    try:
+        return _model(check, data, prefix)
+    except ConfigError:
+        raise
+    except (RecursionError, MemoryError, ValueError, LookupError, TypeError, OSError) as exc:
+        key = f"{prefix}.path"
+        name = data.get("path") if isinstance(data, dict) else None
+        raise check.fail(key, f"cannot read {name!r}: {type(exc).__name__}: {exc}"[:500]) from None
 
 
 def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:

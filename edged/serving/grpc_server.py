@@ -104,6 +104,7 @@ STATUS_CODES = {
     404: grpc.StatusCode.NOT_FOUND,
     405: grpc.StatusCode.UNIMPLEMENTED,
     408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.RESOURCE_EXHAUSTED,  # a cap reached ([server] max_models)
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
