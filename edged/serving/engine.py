@@ -66,8 +66,10 @@ class ModelWorker:
         self.primary = session.candidate.key
         self._retired: list[Session] = []  # switched away from; closed between batches
         self._running: Session | None = None  # the session the running batch is inside
-        # Sessions a stalled thread was left inside: never closed (it may still be in them).
-        self._abandoned: set[int] = set()
+        # Sessions a stalled thread was left inside, with that thread's generation: not closed
+        # while it may still be in them, closed when it returns (`_run`). Held by object, not
+        # id(): a freed session's id is reused by the next one allocated at its address.
+        self._abandoned: list[tuple[int, Session]] = []
         self.recorder = recorder  # per-request latency for telemetry (HDR histograms)
         self._queue: collections.deque[Pending] = collections.deque()
         self._cond = threading.Condition()
@@ -81,6 +83,11 @@ class ModelWorker:
         self.batches_run = 0
         self._busy_since: float | None = None  # monotonic start of the batch being run
         self._inflight: list[Pending] | None = None  # that batch
+        # The stall bounds (watchdog_ms, hang_s) are for a batch no larger than the largest
+        # that completed: a larger valid input (a dynamic size, no `shapes`) is given time in
+        # proportion, so a slow request is not taken for a hung device.
+        self._inflight_bytes = 0
+        self._largest_done = 0
         # A thread serves one generation; after a stall take-over its results are dropped.
         self._generation = 0
         self._switch_lock = threading.Lock()  # one fail-over at a time
@@ -130,13 +137,32 @@ class ModelWorker:
                 sessions = [self.session, self.standby, *self._retired]
                 self.standby, self._retired = None, []
             for session in {id(s): s for s in sessions if s is not None}.values():
-                if id(session) not in self._abandoned:
+                if not self._is_abandoned(session):
                     close_later(session)
 
     def stalled(self, bound_s: float) -> bool:
-        """True while one batch has been running for longer than `bound_s` (a hung runtime)."""
+        """True while one batch has been running for longer than `bound_s` (a hung runtime),
+        scaled by how much larger its inputs are than the largest batch that completed."""
         busy = self._busy_since
-        return busy is not None and time.monotonic() - busy > bound_s
+        return busy is not None and time.monotonic() - busy > bound_s * self._size_scale()
+
+    def _size_scale(self) -> float:
+        largest = self._largest_done
+        return max(1.0, self._inflight_bytes / largest) if largest else 1.0
+
+    def _is_abandoned(self, session: Session) -> bool:
+        return any(s is session for _, s in self._abandoned)
+
+    def _returned(self, generation: int) -> None:
+        """A thread taken over after a stall came back: the sessions it was left inside are
+        free now; closed unless they serve again (switched back to)."""
+        with self._switch_lock:
+            mine = [s for g, s in self._abandoned if g == generation]
+            self._abandoned = [(g, s) for g, s in self._abandoned if g != generation]
+            in_use = (self.session, self.standby, *self._retired)
+        for session in mine:
+            if not any(session is s for s in in_use) and not self._is_abandoned(session):
+                close_later(session)
 
     @property
     def queue_depth(self) -> int:
@@ -238,7 +264,7 @@ class ModelWorker:
             if (
                 session is not self.session
                 and session is not self.standby
-                and id(session) not in self._abandoned
+                and not self._is_abandoned(session)
             ):
                 close_later(session)
 
@@ -253,7 +279,8 @@ class ModelWorker:
                 return False
             stuck = self._inflight
             stuck_session = self._running or self.session
-            self._abandoned.add(id(stuck_session))  # the stuck thread is still inside it
+            # The stuck thread is still inside it.
+            self._abandoned.append((self._generation, stuck_session))
         if not self.fail_over(
             f"backend stalled: one batch ran for more than {bound:g} s",
             lambda c: c.key != stuck_session.candidate.key,
@@ -465,8 +492,10 @@ class ModelWorker:
             }
         )
         start = time.perf_counter()
+        size = sum(v.nbytes for v in feeds.values())
         with self._cond:
             self._inflight = live
+            self._inflight_bytes = size
             self._busy_since = time.monotonic()
         error: Exception | None = None
         usage = batch_begin()  # wakes the counter sampler; the thread's CPU time so far
@@ -477,10 +506,15 @@ class ModelWorker:
         end = time.perf_counter()
         switches, off_cpu, waking = batch_end(usage, end - start)  # preempted? off-CPU?
         with self._cond:
-            if generation != self._generation:
-                return  # taken over after a stall: these requests were re-run elsewhere
-            self._inflight = None
-            self._busy_since = None
+            taken_over = generation != self._generation
+            if not taken_over:
+                self._inflight = None
+                self._busy_since = None
+                if error is None:
+                    self._largest_done = max(self._largest_done, size)
+        if taken_over:  # after a stall: these requests were re-run elsewhere
+            self._returned(generation)
+            return
         if error is not None:
             for item in live:
                 item.done(None, error, None)

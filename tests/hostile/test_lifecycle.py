@@ -14,7 +14,6 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as tg
 from onnx import TensorProto, helper, numpy_helper
