@@ -68,9 +68,7 @@ def test_a_reload_with_a_crafted_file_keeps_serving_and_says_ready(
     daemon = Daemon(config).wait_ready()
     try:
         bad = unknown_element_type(tmp_path / "bad.onnx")
-        config.write_text(
-            config.read_text() + f'\n[[models]]\nname = "m"\npath = "{bad}"\n'
-        )
+        config.write_text(config.read_text() + f'\n[[models]]\nname = "m"\npath = "{bad}"\n')
         seen = len(daemon.notify.messages)
         daemon.signal(signal.SIGHUP)
         daemon.notify.wait_for("RELOADING=1", 60, after=seen)

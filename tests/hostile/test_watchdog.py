@@ -58,6 +58,7 @@ def test_a_large_valid_input_is_answered_on_the_pick(tmp_path: Path) -> None:
             big = infer(4_000_000)  # 16 MB: several times watchdog_ms on any CPU here
             assert big.shape == (1, 4_000_000)
         status, body = get(daemon, "/edged/status")
+        assert status == 200
         models = json.loads(body)["models"]
         slow = models["slow"] if isinstance(models, dict) else models[0]
         assert not slow.get("degraded"), slow
