@@ -55,16 +55,37 @@ def load_onnx(path: Path, data: bytes):
 
 
 def read(path: Path, data: bytes) -> FormatFacts:
-    import onnx
-
+    """The model's precision. A field this onnx cannot read (an element type from a newer
+    ONNX, initializer data that does not match its shape) is a ModelError naming it."""
     model = load_onnx(path, data)
     graph = model.graph
     if not graph.node or not graph.output:
         raise ModelError(f"{path}: not a valid ONNX model (empty graph; truncated file?)")
+    try:
+        return _facts(path, graph)
+    except ModelError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ModelError(
+            f"{path}: not a valid ONNX model ({exc.__class__.__name__}: {str(exc)[:120]})"
+        ) from None
+
+
+def _element_type(path: Path, init) -> str:
+    import onnx
+
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name
+    except (KeyError, ValueError, TypeError):
+        raise ModelError(
+            f"{path}: initializer {init.name[:80]!r} has element type {init.data_type}, which "
+            f"onnx {onnx.__version__} does not know (a newer or corrupt model)"
+        ) from None
+
+
+def _facts(path: Path, graph) -> FormatFacts:
     ops = Counter(node.op_type for node in graph.node)
-    weight_types = Counter(
-        onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name for t in graph.initializer
-    )
+    weight_types = Counter(_element_type(path, t) for t in graph.initializer)
     qop = sorted(op for op in ops if op in QOPERATOR_OPS)
     if qop:
         return FormatFacts("int8", f"ONNX QOperator ({', '.join(qop[:4])})", int8_scheme(graph))

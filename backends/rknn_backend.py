@@ -155,6 +155,8 @@ def read_rknn(path: Path, data: bytes) -> RknnFile:
         )
     try:
         meta = json.loads(data[json_at + 8 : end])
+    except RecursionError:
+        raise _corrupt(path, "its JSON section is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise _corrupt(path, f"its JSON section does not parse ({exc})") from None
     if not isinstance(meta, dict):
@@ -287,6 +289,8 @@ def _read_flatbuffer(path: Path, body: bytes) -> _Flatbuffer:
                 types[fb.int8(tensor, 0)] += 1
     except IndexError:
         raise _corrupt(path, "an offset in its compiled model lies outside the file") from None
+    except ValueError as exc:
+        raise _corrupt(path, str(exc)) from None
     return _Flatbuffer(npu, runtime, _attrs(literal), types)
 
 
@@ -309,6 +313,9 @@ class _Tables:
 
     def __init__(self, buf: bytes) -> None:
         self.buf = buf
+        # Vector entries visited, at most one per 4 bytes of the section: a crafted file
+        # whose entries all point at one table would be walked count x count times.
+        self.budget = len(buf) // 4
 
     def _u(self, pos: int, width: int, signed: bool = False) -> int:
         if not 0 <= pos <= len(self.buf) - width:
@@ -351,6 +358,9 @@ class _Tables:
         count = self._u(at, 4)
         if at + 4 + 4 * count > len(self.buf):
             raise IndexError(at)
+        self.budget -= count
+        if self.budget < 0:
+            raise ValueError("more vector entries than its compiled model holds (shared tables)")
         return [at + 4 + 4 * i + self._u(at + 4 + 4 * i, 4) for i in range(count)]
 
 

@@ -57,27 +57,41 @@ class _Tables:
 
     def __init__(self, data: bytes) -> None:
         self.data = data
-        self._buf = bytearray(data)
+        # Vector entries visited, at most one per 4 bytes of the file: each entry of a real
+        # file is 4 bytes of its own, read once. A crafted file whose entries all point at
+        # one table (say 100,000 subgraphs sharing one of 100,000 tensors) would otherwise
+        # be walked 10^10 times; it runs out of budget and is refused (ValueError).
+        self.budget = len(data) // 4
 
     def table(self, pos: int):
         from flatbuffers.table import Table
 
         if not 0 <= pos <= len(self.data) - 4:  # a table holds at least its vtable offset
             raise IndexError(pos)
-        return Table(self._buf, pos)
+        return Table(self.data, pos)
 
     def root(self):
         return self.table(int.from_bytes(self.data[:4], "little"))
 
-    def positions(self, tab, field_index: int, width: int = 4) -> list[int]:
-        """Where the elements of vector field `field_index` of `tab` lie."""
+    def span(self, tab, field_index: int, width: int = 4) -> tuple[int, int]:
+        """(start, count) of vector field `field_index` of `tab`, checked to lie in the file
+        (arithmetic only: a 100 MB buffer costs nothing to check)."""
         off = tab.Offset(4 + 2 * field_index)
         if not off:
-            return []
+            return 0, 0
         start, count = tab.Vector(off), tab.VectorLen(off)
-        if start + width * count > len(self.data):
+        if start < 0 or start + width * count > len(self.data):
             raise IndexError(start)
-        return [start + width * i for i in range(count)]
+        return start, count
+
+    def positions(self, tab, field_index: int, width: int = 4) -> range:
+        """Where the elements of vector field `field_index` of `tab` lie (counted against
+        the file's budget of entries)."""
+        start, count = self.span(tab, field_index, width)
+        self.budget -= count
+        if self.budget < 0:
+            raise _SharedTables("more vector entries than the file holds: its tables are shared")
+        return range(start, start + width * count, width)
 
     def tables(self, tab, field_index: int) -> list:
         return [
@@ -106,7 +120,13 @@ class _Tables:
         return self.data[start : start + length].decode("utf-8", "replace")
 
 
-def _corrupt(path: Path, data: bytes) -> ModelError:
+class _SharedTables(ValueError):
+    """A crafted file: vector entries point at tables other entries point at too."""
+
+
+def _corrupt(path: Path, data: bytes, exc: Exception | None = None) -> ModelError:
+    if isinstance(exc, _SharedTables):
+        return ModelError(f"{path}: not a well-formed TFLite model: {exc}")
     return ModelError(
         f"{path}: truncated or corrupt TFLite model (a table or buffer lies "
         f"outside the {len(data)}-byte file)"
@@ -122,9 +142,9 @@ def _tensor_types(path: Path, data: bytes) -> list[int]:
         # absent means FLOAT32); Model field 4: buffers, Buffer field 0: data.
         types = [reader.byte(t, 1) for sg in reader.tables(model, 2) for t in reader.tables(sg, 0)]
         for buf in reader.tables(model, 4):
-            reader.positions(buf, 0, width=1)
-    except (IndexError, ValueError, struct.error):
-        raise _corrupt(path, data) from None
+            reader.span(buf, 0, width=1)
+    except (IndexError, ValueError, struct.error) as exc:
+        raise _corrupt(path, data, exc) from None
     if not types:
         raise ModelError(f"{path}: TFLite model has no tensors")
     return types
@@ -153,8 +173,8 @@ def signature(path: Path, data: bytes) -> Signature:
             [spec(i) for i in reader.ints(subgraphs[0], 1)],
             [spec(i) for i in reader.ints(subgraphs[0], 2)],
         )
-    except (IndexError, ValueError, struct.error):
-        raise _corrupt(path, data) from None
+    except (IndexError, ValueError, struct.error) as exc:
+        raise _corrupt(path, data, exc) from None
 
 
 def custom_codes(path: str | Path, data: bytes | None = None) -> list[str]:
@@ -169,6 +189,6 @@ def custom_codes(path: str | Path, data: bytes | None = None) -> list[str]:
     reader = _Tables(data)
     try:
         codes = [reader.string(code, 1) for code in reader.tables(reader.root(), 1)]
-    except (IndexError, ValueError, struct.error):
-        raise _corrupt(path, data) from None
+    except (IndexError, ValueError, struct.error) as exc:
+        raise _corrupt(path, data, exc) from None
     return [code for code in codes if code]

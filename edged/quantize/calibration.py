@@ -26,6 +26,11 @@ from backends.tensors import TensorSpec, format_shape
 from edged.quantize.calibration_spec import CalibrationError, Preprocess
 from edged.quantize.defaults import EVAL_SPLIT
 
+# Bounds on what calibration data may decode to: checked from each array's header and each
+# image's size before anything is decompressed, so a zip or image bomb is an error naming
+# the file, not the daemon's memory.
+MAX_ARRAY_BYTES = 1 << 30  # one .npy array, or one array of an .npz
+MAX_IMAGE_PIXELS = 64 * 1024 * 1024  # one image (a 8192x8192 photo)
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"})
 RECOMMENDED_SAMPLES = 100
 # Narrowness thresholds, on pixel values scaled to [0, 1] (images) or to the data set's own
@@ -86,6 +91,11 @@ def load_samples(
     path = Path(path)
     if not path.exists():
         raise CalibrationError(f"{path}: no such file or folder")
+    if not path.is_file() and not path.is_dir():
+        raise CalibrationError(
+            f"{path}: neither a regular file nor a folder (a device, FIFO or socket is not "
+            "calibration data)"
+        )
     if path.is_file():
         if path.suffix.lower() != ".npz":
             raise CalibrationError(
@@ -228,6 +238,7 @@ def _range_stats(arrays: Sequence[np.ndarray]) -> tuple[list[float], list[float]
 
 def _load_npz(path: Path, inputs: Sequence[TensorSpec]) -> Samples:
     try:
+        _check_npz_sizes(path)
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
@@ -286,6 +297,8 @@ def _load_npy_folder(files: Sequence[Path], inputs: Sequence[TensorSpec]) -> Sam
     feeds = []
     for file in files:
         try:
+            with open(file, "rb") as f:
+                _check_npy_size(file, f)
             array = np.load(file, allow_pickle=False)
         except (OSError, ValueError, EOFError) as exc:
             raise CalibrationError(f"{file}: not a readable .npy file ({exc})") from None
@@ -367,10 +380,15 @@ def _load_images(
     samples = Samples([], [], "images", resized=preprocess.size is not None)
     for file in files:
         try:
-            with Image.open(file) as img:
+            with Image.open(file) as img:  # reads the header only
+                if img.width * img.height > MAX_IMAGE_PIXELS:
+                    raise CalibrationError(
+                        f"{file}: {img.width}x{img.height} pixels, more than the "
+                        f"{MAX_IMAGE_PIXELS} a calibration image may have"
+                    )
                 img.load()
                 rgb = img.convert("L" if color == "gray" else "RGB")
-        except (OSError, UnidentifiedImageError, ValueError) as exc:
+        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as exc:
             raise CalibrationError(f"{file}: cannot read the image ({exc})") from None
         size = (rgb.height, rgb.width)
         th, tw = _target_size(spec, layout, preprocess, size, file)
@@ -419,3 +437,33 @@ def parse_size(text: str) -> tuple[int, int]:
     if h < 1 or w < 1:
         raise CalibrationError(f"resize {text!r}: height and width must be positive")
     return h, w
+
+
+def _check_npy_size(name: object, f) -> None:
+    """The array in .npy stream `f` decodes to at most MAX_ARRAY_BYTES (read from its
+    header; ValueError otherwise, as np.load's own errors are)."""
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(f)
+    if version == (1, 0):
+        shape, _, dtype = npy.read_array_header_1_0(f)
+    else:
+        shape, _, dtype = npy.read_array_header_2_0(f)
+    count = 1
+    for dim in shape:
+        count *= dim
+    if count * dtype.itemsize > MAX_ARRAY_BYTES:
+        raise ValueError(
+            f"array {name} of shape {shape} would take {count * dtype.itemsize} bytes, "
+            f"more than {MAX_ARRAY_BYTES}"
+        )
+
+
+def _check_npz_sizes(path: Path) -> None:
+    """Every array of an .npz within MAX_ARRAY_BYTES, from the headers, before np.load
+    decompresses any."""
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.filename.endswith(".npy"):
+                with archive.open(info) as f:
+                    _check_npy_size(info.filename.removesuffix(".npy"), f)
