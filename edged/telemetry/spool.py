@@ -8,7 +8,12 @@ away or when the daemon is killed. The spool is bounded, because a device's disk
   own page and index overhead come on top; `scripts/bench_spool.py` measures the file size).
   An append that would go over drops the oldest items (insertion order) first.
 - age: items whose `created` is more than `max_age_s` before now are dropped, at open and at
-  every append.
+  every append. Ages are kept on the spool's own clock, not the wall clock: CLOCK_BOOTTIME
+  within a boot, continued across restarts from the value the file last recorded (meta
+  `clock_us`). A board without a real-time clock boots in 1970 and jumps to today when NTP
+  answers; on the wall clock that jump made everything spooled offline "decades old" and
+  dropped it. On this clock the device's time powered off does not count, and only the
+  time it ran does.
 
 Dropped items are counted in the file itself (table `meta`), so the daemon can publish how
 many were lost even when the drop happened before a restart.
@@ -81,7 +86,7 @@ class SpoolItem:
     topic: str
     payload: bytes
     qos: int
-    created: float  # time.time() at append
+    created: float  # the spool's clock at append (Spool.now(): seconds, not wall time)
 
 
 class SpoolError(RuntimeError):
@@ -97,8 +102,9 @@ class Spool:
         max_bytes: int = DEFAULT_MAX_BYTES,
         max_age_s: float = DEFAULT_MAX_AGE_S,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """`clock`: seconds for ages (tests); default the spool's own clock (module doc)."""
         if max_bytes <= 0:
             raise ValueError(f"spool max_bytes must be positive, got {max_bytes}")
         if not max_age_s > 0:
@@ -106,7 +112,9 @@ class Spool:
         self.path = Path(path)
         self.max_bytes = int(max_bytes)
         self.max_age_s = float(max_age_s)
-        self._clock = clock
+        self._given_clock = clock
+        self._clock_base = 0.0  # the spool clock's value at _clock_start (read at open)
+        self._clock_start = _boottime()
         self._lock = threading.Lock()
         self._sync = ""  # the connection's current `synchronous` setting
         self._count = 0  # items in the file, and the sum of their payload sizes
@@ -186,7 +194,23 @@ class Spool:
             "SELECT count(*), coalesce(sum(length(payload)), 0) FROM items"
         ).fetchone()
         self._dropped_total = self._meta(db, "dropped_total")
+        row = db.execute("SELECT value FROM meta WHERE key = 'clock_us'").fetchone()
+        if row is not None:
+            self._clock_base = row[0] / 1e6
+        else:  # a new file, or one from before this clock: continue from its newest item
+            newest = db.execute("SELECT max(created) FROM items").fetchone()[0]
+            self._clock_base = float(newest or 0.0)
+        self._clock_start = _boottime()
         self._write(db, durable=True, body=lambda: self._drop_expired(db, self._clock()))
+
+    def now(self) -> float:
+        """The spool's clock: what `created` is measured in."""
+        return self._clock()
+
+    def _clock(self) -> float:
+        if self._given_clock is not None:
+            return self._given_clock()
+        return self._clock_base + (_boottime() - self._clock_start)
 
     # -- the API ------------------------------------------------------------------------------
 
@@ -215,6 +239,10 @@ class Spool:
                 cur = db.execute(
                     "INSERT INTO items (topic, payload, qos, created) VALUES (?, ?, ?, ?)",
                     (topic, payload, qos, now),
+                )
+                db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_us', ?)",
+                    (int(now * 1e6),),
                 )
                 self._count += 1
                 self._bytes += len(payload)
@@ -383,3 +411,8 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _boottime() -> float:
+    """Seconds since boot, suspend included, never set by anyone (unlike the wall clock)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)

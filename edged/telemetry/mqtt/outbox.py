@@ -104,7 +104,7 @@ class Outbox:
         """A new connection: everything pending goes again, from the oldest, at most the
         broker's Receive Maximum unacknowledged, less a few slots for state and audit."""
         self._window_now = max(1, min(self.window, receive_max - RESERVED_INFLIGHT))
-        self._connected_at = time.time()
+        self._connected_at = self.spool.now()  # ages are on the spool's clock
         self._state_seq = 0
         self.forget()
         self._cursor = 0
