@@ -47,7 +47,11 @@ revert restores it there, leaving the link a link. Under /proc and /sys of an im
 kernel's own shape of link is followed (relative, staying in that folder); a root with any
 other link there is refused (`PathRefused`, a ValueError like `UntrustedJournal`) by
 `check_trusted`, and so is a change or record leading through one, before anything is
-written. The live root is used by plain paths, as it always was.
+written. So is a change or record whose file is a FIFO, socket or device node of the image,
+and, at apply, a root where the plan's own reads met one (`check_read`): those are never
+opened (sysconf.regular_files). An image's /proc and /sys are no live kernel: a kernel file
+there is written in place only if the image holds it as a regular file, never created (a
+missing one is skipped, ENOENT). The live root is used by plain paths, as it always was.
 
 Values are compared and recorded as exact text (bytes decoded as UTF-8 with surrogateescape,
 no newline translation), so a CRLF cmdline.txt or a Latin-1 comment comes back byte for byte.
@@ -228,7 +232,7 @@ class Journal:
         self.path = root.path(state_dir) / name  # as the host names it (messages, reports)
         self._folder = "/" + state_dir.strip("/")
         self._file = posixpath.join(self._folder, name)  # the device path it is used by
-        self.files = ConfinedRoot(root.root, live=root.is_live)
+        self.files = ConfinedRoot(root.root, live=root.is_live, refused=root.refused)
         self._writer = None if writer is write_file else writer
         self._systemctl = systemctl
         self._boot_id: str | None = None
@@ -256,11 +260,26 @@ class Journal:
 
     def check_paths(self, paths: Iterable[tuple[str, bool]]) -> None:
         """Raise PathRefused for the first (device path, follow last link) the root refuses,
-        before anything is written. Other errors (a link loop) are left to the operation,
-        which records them as refused like any failed write."""
+        a FIFO, socket or device node of an image included (NotRegularFile), before anything
+        is written. Other errors (a link loop) are left to the operation, which records them
+        as refused like any failed write."""
         for path, follow in paths:
             with contextlib.suppress(OSError):
                 self._resolve(path, follow)
+            self.files.check_file(path, follow)
+
+    def check_read(self) -> None:
+        """Raise PathRefused when a read of this root (the plan's, through the same SysRoot)
+        met a FIFO, socket or device node, or a file too large, where it wanted a file: the
+        plan had to leave that file out, so applying it would apply a plan of a root that is
+        not what it seems (sysconf.regular_files). Before anything is written."""
+        refused = list(dict.fromkeys(self.root.refused))
+        if refused:
+            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+            raise PathRefused(
+                f"{refused[0]}{more}; the plan had to leave it out, so nothing was applied: "
+                "make it a regular file or remove it from the image"
+            )
 
     def check_trusted(self) -> None:
         """Refuse a journal that someone other than the acting user could have written.
@@ -441,6 +460,7 @@ class Journal:
         changes = list(changes)
         self.check_trusted()
         self.check_paths((c.path, c.kind not in LINK_KINDS) for c in changes)
+        self.check_read()
         result = ApplyResult(stale=self.retire_stale())
         for change in changes:
             if change.kind in LINK_KINDS:
@@ -813,6 +833,7 @@ class Journals:
         changes = list(changes)
         # Every path of both journals before either writes anything (PathRefused).
         self.tuning.check_paths((c.path, c.kind not in LINK_KINDS) for c in changes)
+        self.tuning.check_read()
         result = ApplyResult(stale=self.retire_stale())
         lasting = [c for c in changes if outlives_tuning(c)]
         parts = [self.persistent.apply(lasting)] if lasting else []

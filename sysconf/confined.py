@@ -23,6 +23,14 @@ mount points). sysfs's own links are relative and stay inside /sys (cpu2/cpufreq
 out of its /proc or /sys) is refused with `PathRefused`, and `check_kernel_links` refuses a
 root that has one before anything is written.
 
+Only regular files are read or written in an image (sysconf.regular_files): a device node,
+FIFO or socket is refused with `NotRegularFile` (a `PathRefused`) before it is opened, and a
+read stops at MAX_READ_BYTES. Each refusal of a read is also noted in `refused` (shared with
+the SysRoot the plan reads through), so `apply` can refuse a root whose plan had to leave a
+file out. Under proc/ and sys/ an image holds no live kernel: a kernel file there is written
+in place only when the image already has it as a regular file (a captured tree, a fixture),
+and never created.
+
 The live root ("/") is not confined: there the paths are the system's own and every
 operation is the plain path-based one it always was.
 """
@@ -35,19 +43,24 @@ import os
 import posixpath
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from sysconf.regular_files import (  # noqa: F401  (PathRefused, MAX_READ_BYTES: this API)
+    MAX_READ_BYTES,
+    NotRegularFile,
+    PathRefused,
+    check_mode,
+    note,
+    open_regular,
+    read_capped,
+)
 
 # The kernel's MAXSYMLINKS: following more links than this for one path is a loop (ELOOP).
 MAX_LINKS = 40
 # The top folders of an image root that only ever hold the kernel's files.
 KERNEL_DIRS = ("proc", "sys")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class PathRefused(ValueError):
-    """A path of an image root that leads somewhere it must not (a link under /proc or /sys
-    that is absolute or leaves that folder). Nothing is written through it."""
 
 
 def temp_name(name: str) -> str:
@@ -100,10 +113,12 @@ class ConfinedRoot:
 
     `live`: the root is the running system: paths are used as they are (see the module doc).
     Operations take device paths and raise OSError like their os counterparts; `resolve`
-    gives the path a link chain leads to, as a device path inside the root."""
+    gives the path a link chain leads to, as a device path inside the root. `refused`: where
+    the reads that met a special file (or a file too large) append their message."""
 
     root: Path
     live: bool = False
+    refused: list[str] | None = field(default=None, compare=False, repr=False)
 
     def host(self, device_path: str) -> Path:
         """The path as the host names it (for messages, and for the live root)."""
@@ -251,13 +266,32 @@ class ConfinedRoot:
                 return self.host(device_path).read_bytes()
             except (FileNotFoundError, NotADirectoryError):
                 return None
+        shown = self.host(device_path)
         try:
             with self._at(device_path, follow=True) as (folder, name):
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+                fd = open_regular(name, os.O_RDONLY | os.O_NONBLOCK, shown, dir_fd=folder)
+            return read_capped(fd, shown)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        with os.fdopen(fd, "rb") as f:
-            return f.read()
+        except PathRefused as exc:
+            if isinstance(exc, NotRegularFile):
+                resolved = self.resolve(device_path)
+                if resolved != device_path:  # name the node too, not only the link to it
+                    exc = NotRegularFile(f"{shown} (a link to {self.host(resolved)})", exc.kind)
+            note(self.refused, exc)
+            raise exc from None
+
+    def check_file(self, device_path: str, follow: bool = True) -> None:
+        """NotRegularFile when the path leads to a FIFO, socket or device node of the image
+        (anything else, nothing included, passes): `apply` checks every path it will act on
+        before it writes any. The live root's files are the system's own: not checked."""
+        if self.live:
+            return
+        try:
+            mode = self.stat(device_path).st_mode if follow else self.lstat(device_path).st_mode
+        except OSError:
+            return  # missing, or unreadable: the operation itself reports it
+        check_mode(self.host(device_path), mode)
 
     def read(self, device_path: str) -> str | None:
         """`read_bytes` as exact text (UTF-8 with surrogateescape, no newline translation)."""
@@ -315,7 +349,13 @@ class ConfinedRoot:
         if self.live:
             return os.open(self.host(device_path), flags | os.O_NOFOLLOW, mode)
         with self._at(device_path, follow=False) as (folder, name):
-            return os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=folder)
+            try:  # what is there must be a regular file (sysconf.regular_files)
+                return open_regular(name, flags, self.host(device_path), dir_fd=folder)
+            except FileNotFoundError:
+                if not flags & os.O_CREAT:
+                    raise
+            # Made here, so a regular file (O_EXCL: nothing may appear there meanwhile).
+            return os.open(name, flags | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=folder)
 
     def write(self, device_path: str, content: str, kernel: bool) -> None:
         """Write `content` to the file the path leads to (a link stays a link: its target is
@@ -326,10 +366,12 @@ class ConfinedRoot:
             return
         with self._at(device_path, follow=True) as (folder, name):
             if kernel:
-                fd = os.open(
+                # In place, as the kernel takes it; an image's kernel file only if it has one
+                # as a regular file (module doc): never created, never a node's device.
+                fd = open_regular(
                     name,
-                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o666,
+                    os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK,
+                    self.host(device_path),
                     dir_fd=folder,
                 )
                 with _text(fd) as f:
@@ -342,6 +384,7 @@ class ConfinedRoot:
                     raise OSError(
                         errno.ELOOP, os.strerror(errno.ELOOP), str(self.host(device_path))
                     )
+                check_mode(self.host(device_path), st.st_mode)  # never replace a node
                 mode = stat.S_IMODE(st.st_mode)
             tmp = temp_name(name)
             _unlink_quiet(tmp, folder)  # a left-over, or a link planted at that name

@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 
 from sysconf.confined import ConfinedRoot
+from sysconf.regular_files import PathRefused, note, open_regular, read_capped
 
 
 @dataclass(frozen=True)
 class SysRoot:
+    """`refused`: what reads of an image root met instead of a regular file (a FIFO, a device
+    node) or found too large, one message each. Those reads answer "absent" so a probe or plan
+    goes on; `apply` refuses a root with any (sysconf.changes), and a caller may show them."""
+
     root: Path = Path("/")
+    refused: list[str] = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def at(cls, root: str | os.PathLike[str] | None) -> SysRoot:
@@ -36,7 +42,7 @@ class SysRoot:
     def files(self) -> ConfinedRoot:
         """This root's files with every symlink resolved inside it (plain paths when live):
         what the change journal writes through and what planned changes are read from."""
-        return ConfinedRoot(self.root, live=self.is_live)
+        return ConfinedRoot(self.root, live=self.is_live, refused=self.refused)
 
     def path(self, path: str) -> Path:
         """`path` is absolute as seen on the device; the result is under this root."""
@@ -54,15 +60,25 @@ class SysRoot:
     def read_text(self, path: str, default: str | None = None) -> str | None:
         """The file's text, or `default` when it is missing or unreadable (sysfs answers EIO,
         EINVAL or EACCES for some attributes; to a probe that means "not known")."""
-        try:
-            return self.path(path).read_text(errors="replace")
-        except OSError:
-            return default
+        data = self.read_bytes(path)
+        return default if data is None else data.decode(errors="replace")
 
     def read_bytes(self, path: str) -> bytes | None:
+        """The file's bytes, or None when it is missing or unreadable. In an image root, a
+        regular file only (sysconf.regular_files): a FIFO, socket or device node there is
+        never opened, and neither it nor a file past MAX_READ_BYTES is read; each is noted
+        in `refused` and answers None."""
         try:
-            return self.path(path).read_bytes()
+            if self.is_live:
+                return self.path(path).read_bytes()
+            shown = self.path(path)
+            # follow: path() joins, and the host resolves links (module doc)
+            fd = open_regular(shown, os.O_RDONLY | os.O_NONBLOCK, shown, follow=True)
+            return read_capped(fd, shown)
         except OSError:
+            return None
+        except PathRefused as exc:
+            note(self.refused, exc)
             return None
 
     def read_line(self, path: str) -> str | None:

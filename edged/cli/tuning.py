@@ -248,6 +248,7 @@ def cmd_plan_apply(args) -> int:
                 f"and its /proc and /sys values dropped ({len(stale)} records)"
             )
     root, isolation = _isolation_plan(args, placed)
+    notes.extend(f"left out of the plan: {why}" for why in dict.fromkeys(root.refused))
     report: dict[str, Any] = isolation.to_dict()
     code = EXIT_OK
     if applying:

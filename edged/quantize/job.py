@@ -6,6 +6,13 @@ child puts itself at SCHED_IDLE. Readiness never waits for it: the model already
 original (and given variants). When the child is done, `on_done` gets its JSON report (in
 this thread) and swaps the new pick in. What status shows: state, start, duration, the
 child's peak memory, what it made and picked, or why it failed.
+
+The child's two pipes are read at once, stdout by a helper thread: reading stderr to its end
+first deadlocked as soon as the child (or a runtime it loads) wrote more to stdout than the
+pipe holds (64 KiB), since the child then blocked in write() and never closed stderr. Both are
+read in bounded pieces: of stdout only the last STDOUT_TAIL_BYTES are kept (the report is its
+last line), of stderr lines of at most LINE_BYTES (a longer one is taken in pieces), so
+whatever a child prints costs this process bounded memory.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edged.config import Config
@@ -25,6 +32,8 @@ if TYPE_CHECKING:
     from edged.serving.models import ServedModel
 
 log = logging.getLogger("edged.quantize.variants")
+STDOUT_TAIL_BYTES = 1 << 20  # the report line is a few KiB
+LINE_BYTES = 4096  # of a stderr line kept for progress and for the error tail
 
 
 class VariantJob:
@@ -92,18 +101,12 @@ class VariantJob:
                 self.command,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                text=True,
                 stdin=subprocess.DEVNULL,
             )
-            tail = []
-            assert self._proc.stderr is not None
-            for line in self._proc.stderr:  # progress lines, and whatever a runtime prints
-                line = line.rstrip()
-                if line.startswith("progress "):
-                    self.progress = line.removeprefix("progress ")
-                elif line:
-                    tail = [*tail[-9:], line]
-            out = self._proc.stdout.read() if self._proc.stdout else ""
+            assert self._proc.stdout is not None and self._proc.stderr is not None
+            stdout = _Tail(self._proc.stdout, STDOUT_TAIL_BYTES)
+            tail = self._read_stderr(self._proc.stderr)
+            out = stdout.result()
             code = self._proc.wait()
         except OSError as exc:
             self._finish(start, "failed", f"cannot start the job: {exc}")
@@ -127,6 +130,19 @@ class VariantJob:
             return
         self._finish(start, "done", None)
 
+    def _read_stderr(self, stream: IO[bytes]) -> list[str]:
+        """Progress lines into `progress` until the child closes stderr; the last ten other
+        lines, for the error of a failed job."""
+        tail: list[str] = []
+        for chunk in iter(lambda: stream.readline(LINE_BYTES), b""):
+            line = chunk.decode("utf-8", "replace").rstrip()
+            if line.startswith("progress "):
+                self.progress = line.removeprefix("progress ")
+            elif line:
+                tail = [*tail[-9:], line[:500]]
+        stream.close()
+        return tail
+
     def _finish(self, start: float, state: str, error: str | None) -> None:
         self.duration_s = round(time.perf_counter() - start, 2)
         self.state, self.error = state, error
@@ -141,6 +157,28 @@ class VariantJob:
                 peak / 2**20,
                 self.result,
             )
+
+
+class _Tail:
+    """The last `keep` bytes of a pipe, read to its end by a thread of its own."""
+
+    def __init__(self, stream: IO[bytes], keep: int) -> None:
+        self._stream, self._keep = stream, keep
+        self._data = bytearray()
+        self._thread = threading.Thread(target=self._read, name="variants-stdout", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        with self._stream:
+            for chunk in iter(lambda: self._stream.read(65536), b""):
+                self._data += chunk
+                if len(self._data) > 2 * self._keep:  # trim now and then, not per chunk
+                    del self._data[: -self._keep]
+
+    def result(self) -> str:
+        """Once the child closed its stdout: the kept tail as text."""
+        self._thread.join()
+        return bytes(self._data[-self._keep :]).decode("utf-8", "replace")
 
 
 def start_variant_jobs(

@@ -6,7 +6,12 @@ away or when the daemon is killed. The spool is bounded, because a device's disk
 
 - size: the sum of the payload bytes (only the payloads: topics, ids, timestamps and sqlite's
   own page and index overhead come on top; `scripts/bench_spool.py` measures the file size).
-  An append that would go over drops the oldest items (insertion order) first.
+  An append that would go over drops the oldest items (insertion order) first, the
+  expendable ones before all others. An expendable item (an answer to a fleet command:
+  anyone with publish rights to `cmd/#` can cause any number of them) only ever displaces
+  older expendable items: when there is no room without dropping anything else, its append
+  raises `SpoolFull` and nothing is dropped. So answers never cost telemetry a byte of the
+  bound.
 - age: items whose `created` is more than `max_age_s` before now are dropped, at open and at
   every append. Ages are kept on the spool's own clock, not the wall clock: CLOCK_BOOTTIME
   within a boot, continued across restarts from the value the file last recorded (meta
@@ -66,7 +71,8 @@ CREATE TABLE IF NOT EXISTS items (
     topic TEXT NOT NULL,                   -- after every item was acked and the table emptied
     payload BLOB NOT NULL,
     qos INTEGER NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    expendable INTEGER NOT NULL DEFAULT 0  -- dropped first; see the module doc
 );
 -- the age bound by an index rather than by id order, so it holds whatever the clock did
 CREATE INDEX IF NOT EXISTS items_created ON items (created);
@@ -91,6 +97,10 @@ class SpoolItem:
 
 class SpoolError(RuntimeError):
     """The spool file cannot be used (corrupt, not a database, not ours, unwritable)."""
+
+
+class SpoolFull(SpoolError):
+    """An expendable item found no room that only expendable items held (module doc)."""
 
 
 class Spool:
@@ -185,6 +195,14 @@ class Spool:
                 f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA application_id={APPLICATION_ID};"
                 f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
             )
+        if "expendable" not in {r[1] for r in db.execute("PRAGMA table_info(items)")}:
+            # A file from before expendable items. A column with a default is all it needs
+            # (an older edged names the columns it writes, so it can still use the file).
+            db.executescript(
+                "BEGIN IMMEDIATE;"
+                "ALTER TABLE items ADD COLUMN expendable INTEGER NOT NULL DEFAULT 0;COMMIT;"
+            )
+        db.execute("CREATE INDEX IF NOT EXISTS items_expendable ON items (id) WHERE expendable")
         # A corrupt page would otherwise surface mid-run, in some later append; quick_check
         # reads every page once (the benchmark measures what that costs at open).
         problems = [r[0] for r in db.execute("PRAGMA quick_check(5)")]
@@ -214,10 +232,12 @@ class Spool:
 
     # -- the API ------------------------------------------------------------------------------
 
-    def append(self, topic: str, payload: bytes, qos: int = 1) -> int:
+    def append(self, topic: str, payload: bytes, qos: int = 1, *, expendable: bool = False) -> int:
         """Commit one message durably (fsync'd) and return its id; the caller publishes after.
 
-        Makes room by dropping the oldest items first, and drops expired ones."""
+        Makes room by dropping the oldest items first (expendable ones before the others),
+        and drops expired ones. An `expendable` item displaces only older expendable items:
+        SpoolFull (nothing dropped, nothing added) when that leaves no room."""
         if not isinstance(topic, str) or not topic:
             raise ValueError(f"spool topic must be a non-empty string, got {topic!r}")
         if not isinstance(payload, bytes | bytearray | memoryview):
@@ -235,10 +255,17 @@ class Spool:
 
             def body() -> int:
                 self._drop_expired(db, now)
-                self._drop_oldest(db, self._bytes + len(payload) - self.max_bytes)
+                excess = self._bytes + len(payload) - self.max_bytes
+                if expendable and excess > self._expendable_bytes(db):
+                    raise SpoolFull(
+                        f"{self.path}: no room for an expendable item of {len(payload)} bytes "
+                        "without dropping telemetry or events"
+                    )
+                self._drop_oldest(db, excess)
                 cur = db.execute(
-                    "INSERT INTO items (topic, payload, qos, created) VALUES (?, ?, ?, ?)",
-                    (topic, payload, qos, now),
+                    "INSERT INTO items (topic, payload, qos, created, expendable) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (topic, payload, qos, now, int(expendable)),
                 )
                 db.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('clock_us', ?)",
@@ -365,13 +392,30 @@ class Spool:
             db.execute("DELETE FROM items WHERE created < ?", (cutoff,))
             self._dropped(db, count, size)
 
+    @staticmethod
+    def _expendable_bytes(db: sqlite3.Connection) -> int:
+        # Few rows (answers are rate-limited, and acked within moments), by a partial index.
+        return db.execute(
+            "SELECT coalesce(sum(length(payload)), 0) FROM items WHERE expendable"
+        ).fetchone()[0]
+
     def _drop_oldest(self, db: sqlite3.Connection, excess: int) -> None:
-        """Drop the oldest items until at least `excess` payload bytes are freed."""
+        """Drop the oldest items until at least `excess` payload bytes are freed: the
+        expendable ones first, then (only once none is left) the others."""
+        if excess > 0:
+            freed = self._drop_range(db, excess, "expendable AND ")
+            if freed < excess:
+                self._drop_range(db, excess - freed, "")
+
+    def _drop_range(self, db: sqlite3.Connection, excess: int, which: str) -> int:
+        """Drop the oldest items matching `which` (an SQL condition and "AND ", or "")
+        until at least `excess` payload bytes are freed; returns the bytes freed."""
         freed = count = 0
         last = 0
         while freed < excess:
             rows = db.execute(
-                "SELECT id, length(payload) FROM items WHERE id > ? ORDER BY id LIMIT 256", (last,)
+                f"SELECT id, length(payload) FROM items WHERE {which}id > ? ORDER BY id LIMIT 256",
+                (last,),
             ).fetchall()
             if not rows:
                 break
@@ -382,8 +426,9 @@ class Spool:
                 if freed >= excess:
                     break
         if count:
-            db.execute("DELETE FROM items WHERE id <= ?", (last,))
+            db.execute(f"DELETE FROM items WHERE {which}id <= ?", (last,))
             self._dropped(db, count, freed)
+        return freed
 
     def _dropped(self, db: sqlite3.Connection, count: int, size: int) -> None:
         db.execute(

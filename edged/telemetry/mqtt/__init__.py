@@ -56,7 +56,8 @@ With no broker configured, `LogPublisher` writes the same payloads as JSON lines
 `edged.telemetry.loop` logger.
 
 The modules, by job: `session` (the paho client, CONNECT with its Will, bdSeq, reconnecting),
-`outbox` (what is spooled, sent and acknowledged), `commands` (`cmd/...`), `publisher` (the
+`outbox` (what is spooled, sent and acknowledged), `commands` (`cmd/...`), `ratelimit` (the
+per-kind token buckets commands pass), `publisher` (the
 three in the MQTT thread, and `open_publisher`), `log_publisher`, `payloads` (the JSON).
 The settings are `edged.config.MqttSettings`, checked when the config is loaded; the topic
 names come from `edged.telemetry.topics`.

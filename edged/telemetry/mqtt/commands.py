@@ -4,12 +4,17 @@ Commands arrive in the MQTT thread. An audit runs in a worker thread (it reads t
 system, about 0.2 s of a core here) and at most one per AUDIT_MIN_INTERVAL_S; a rebirth
 (the retained state again) at most one per REBIRTH_MIN_INTERVAL_S.
 
-Every answer is an event, and every event an fsync'd spool write that shares the spool's
-bound with unsent telemetry. So a flood of commands of any kind, known or not, is answered
-by at most ANSWER_BURST events and then ANSWERS_PER_S (a token bucket), the rest only
-counted; and the `id` a command carries is echoed only up to MAX_ID_CHARS (a longer one is
-refused, its first characters echoed). A broker-side flood therefore costs the spool a few
-hundred bytes a second, never the telemetry it holds.
+What a flood costs. Every command kind (rebirth, audit, and all unknown names together) has
+its own token bucket (`COMMAND_LIMITS`: a burst of ANSWER_BURST, then ANSWERS_PER_S): a
+command past it is dropped before its payload is parsed, counted, and reported by one
+warning per window (edged.telemetry.mqtt.ratelimit), so garbage on one topic never starves
+another command of its answer. A command that is admitted gets exactly one answer event
+(command_done, command_rejected or command_failed). The `id` a command carries is echoed
+only up to MAX_ID_CHARS: a longer one is refused, its first characters echoed. Answers are
+spooled as expendable (edged.telemetry.spool): they never displace telemetry or other
+events, and they are the first to go when the spool needs room. A broker-side flood
+therefore costs a few answers a second of a few hundred bytes each, never the telemetry the
+spool holds.
 """
 
 from __future__ import annotations
@@ -26,34 +31,21 @@ import paho.mqtt.client as paho
 
 from edged.telemetry.mqtt.outbox import Outbox
 from edged.telemetry.mqtt.payloads import short_reason
+from edged.telemetry.mqtt.ratelimit import KindLimits
 from edged.telemetry.topics import COMMAND_PREFIX, json_type
 
 log = logging.getLogger("edged.telemetry.mqtt")
 MAX_COMMAND_BYTES = 64 * 1024
+MAX_NAME_CHARS = 64  # of a command's name (the topic after cmd/), as answers echo it
 AUDIT_MIN_INTERVAL_S = 10.0
 REBIRTH_MIN_INTERVAL_S = 1.0
 ANSWER_BURST = 10
 ANSWERS_PER_S = 1.0
 MAX_ID_CHARS = 128
 KNOWN = ("audit", "rebirth")
-
-
-class TokenBucket:
-    """`burst` at once, then `rate` per second (monotonic clock)."""
-
-    def __init__(self, burst: int, rate: float) -> None:
-        self.burst, self.rate = burst, rate
-        self.tokens = float(burst)
-        self.at = time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
+UNKNOWN = "unknown"  # the one bucket every other command name shares
+COMMAND_LIMITS = {kind: (ANSWER_BURST, ANSWERS_PER_S) for kind in (*KNOWN, UNKNOWN)}
+DROP_REPORT_WINDOW_S = 60.0
 
 
 class Commands:
@@ -67,12 +59,18 @@ class Commands:
         self._busy = False  # an audit is running (its worker clears it)
         self._audit_started = -math.inf  # monotonic time of the last audit started
         self._rebirth_at = -math.inf  # monotonic time of the last rebirth
-        self._answers = TokenBucket(ANSWER_BURST, ANSWERS_PER_S)
+        self.limits = KindLimits(COMMAND_LIMITS, DROP_REPORT_WINDOW_S, log, "MQTT commands")
+        # commands: received; rejected: not run (refused, or dropped by the limit);
+        # unanswered: dropped by the limit, or whose answer the spool had no room for.
         self.counts = {"commands": 0, "commands_rejected": 0, "commands_unanswered": 0}
 
     def on_command(self, msg: paho.MQTTMessage) -> None:
-        command = msg.topic[len(self.prefix) :][:64]
         self.counts["commands"] += 1
+        command = command_name(msg, self.prefix)
+        if not self.limits.admit(command if command in KNOWN else UNKNOWN):
+            self.counts["commands_rejected"] += 1
+            self.counts["commands_unanswered"] += 1
+            return
         payload, reason = parse(msg)
         ident = payload.get("id") if payload else None
         ref = {"id": ident[:MAX_ID_CHARS]} if isinstance(ident, str) else {}
@@ -81,30 +79,20 @@ class Commands:
         if reason is None and command == "rebirth":
             reason = self._may_rebirth()
         if reason is None and command == "audit":
-            if not self._answers.take():  # would start work no answer could report
-                self.counts["commands_rejected"] += 1
-                self.counts["commands_unanswered"] += 1
-                return
             reason = self._start_audit(payload or {}, ref)
             if reason is None:
-                return
-            self._answers.tokens += 1.0  # the refusal below takes this one's place
+                return  # the worker answers
         if reason is not None:
             self.counts["commands_rejected"] += 1
-            if not self._answers.take():
-                self.counts["commands_unanswered"] += 1
-                return  # a flood: counted, not answered one by one
             log.warning("MQTT command %r rejected: %s", command, reason)
-            self.outbox.publish_event(
-                "command_rejected", {"command": command, "reason": reason, **ref}
-            )
+            self._answer("command_rejected", {"command": command, "reason": reason, **ref})
             return
-        if command == "rebirth":
-            self.outbox.publish_birth()
-            if self._answers.take():
-                self.outbox.publish_event("command_done", {"command": "rebirth", **ref})
-            else:
-                self.counts["commands_unanswered"] += 1
+        self.outbox.request_birth()  # rebirth: the MQTT thread publishes it at its next turn
+        self._answer("command_done", {"command": "rebirth", **ref})
+
+    def _answer(self, kind: str, detail: dict[str, Any]) -> None:
+        if self.outbox.publish_answer(kind, detail) is None:
+            self.counts["commands_unanswered"] += 1
 
     def _may_rebirth(self) -> str | None:
         now = time.monotonic()
@@ -133,10 +121,10 @@ class Commands:
             try:
                 summary = handler(payload)
                 self.outbox.publish_audit(summary)
-                self.outbox.publish_event("command_done", {"command": "audit", **ref})
+                self._answer("command_done", {"command": "audit", **ref})
             except Exception as exc:
                 log.exception("audit command failed")
-                self.outbox.publish_event(
+                self._answer(
                     "command_failed", {"command": "audit", "reason": short_reason(exc), **ref}
                 )
             finally:
@@ -145,6 +133,19 @@ class Commands:
 
         threading.Thread(target=work, name="edged-mqtt-audit", daemon=True).start()
         return None
+
+
+def command_name(msg: paho.MQTTMessage, prefix: str) -> str:
+    """The topic after `<base>cmd/`, at most MAX_NAME_CHARS characters. paho's `topic`
+    raises UnicodeDecodeError for a topic that is not UTF-8 (brokers should refuse one, but
+    a command must not take the MQTT thread down), so such a name is shown with U+FFFD."""
+    try:
+        topic = msg.topic
+    except UnicodeDecodeError:
+        raw = msg._topic  # paho keeps the bytes only there
+        topic = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else ""
+    name = topic[len(prefix) :] if topic.startswith(prefix) else topic
+    return name[:MAX_NAME_CHARS]
 
 
 def parse(msg: paho.MQTTMessage) -> tuple[dict[str, Any] | None, str | None]:
@@ -156,7 +157,7 @@ def parse(msg: paho.MQTTMessage) -> tuple[dict[str, Any] | None, str | None]:
     try:
         payload = orjson.loads(msg.payload)  # nesting past 1024 levels is a JSONDecodeError
     except orjson.JSONDecodeError as exc:
-        return None, f"payload is not JSON: {exc}"
+        return None, f"payload is not JSON: {short_reason(exc)}"
     if not isinstance(payload, dict):
         return None, f"payload must be a JSON object, got {json_type(payload)}"
     if "id" in payload and not isinstance(payload["id"], str):

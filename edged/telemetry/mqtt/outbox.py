@@ -21,7 +21,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edged.config.schema import MqttSettings
 from edged.telemetry.mqtt.payloads import check_keys, dumps, event_record, now
 from edged.telemetry.mqtt.session import RESERVED_INFLIGHT, STATE_SEQ_SPAN, Session, death_seq
-from edged.telemetry.spool import Spool, SpoolError
+from edged.telemetry.spool import Spool, SpoolError, SpoolFull
 
 log = logging.getLogger("edged.telemetry.mqtt")
 TELEMETRY_EXPIRY_S = 3600  # MQTT 5 message expiry of telemetry (from the broker's receipt)
@@ -76,6 +76,19 @@ class Outbox:
             "event", {"ts": now(), "bdSeq": self.session.bdseq.value, **event_record(kind, detail)}
         )
 
+    def publish_answer(self, kind: str, detail: dict[str, Any]) -> int | None:
+        """An event that answers a fleet command, spooled as expendable: it never displaces
+        telemetry or another event, and goes first when they need room (the spool's module
+        doc). None when the spool has no room for it without displacing them."""
+        record = {"ts": now(), "bdSeq": self.session.bdseq.value, **event_record(kind, detail)}
+        return self._append("event", record, expendable=True)
+
+    def request_birth(self) -> None:
+        """Any thread: publish the birth again at the MQTT thread's next turn (cmd/rebirth)."""
+        with self._lock:
+            self._birth_wanted = True
+        self.session.wake()
+
     def publish_audit(self, summary: dict[str, Any]) -> None:
         check_keys(summary, "audit summary")
         with self._lock:
@@ -85,10 +98,13 @@ class Outbox:
             )
         self.session.wake()
 
-    def _append(self, kind: str, record: dict[str, Any]) -> int | None:
+    def _append(self, kind: str, record: dict[str, Any], expendable: bool = False) -> int | None:
         data = dumps(record)
         try:
-            seq = self.spool.append(self.settings.topic(kind), data, qos=1)
+            seq = self.spool.append(self.settings.topic(kind), data, qos=1, expendable=expendable)
+        except SpoolFull as exc:  # an answer, with no room but what telemetry holds: the
+            log.debug("%s not spooled: %s", kind, exc)  # commands count it as unanswered
+            return None
         except (SpoolError, ValueError) as exc:  # ValueError: larger than the whole spool
             self.counts["spool_errors"] += 1
             log.error("%s not spooled: %s", kind, exc)

@@ -34,6 +34,13 @@ log = logging.getLogger("edged.telemetry.mqtt")
 STATE_SEQ_SPAN = 1 << 20
 BDSEQ_FILE = "mqtt-bdseq"
 RESERVED_INFLIGHT = 4  # in-flight slots kept for state and audit next to the spool window
+# The largest packet the broker may send us (MQTT 5 CONNECT's Maximum Packet Size; the broker
+# discards a larger message for us, spec 3.1.2.11.4). Only commands come our way, and one is
+# at most 64 KiB (commands.MAX_COMMAND_BYTES): twice that leaves room for topic and properties,
+# so a command a little too large is still answered, while a 256 MiB one (Mosquitto's default
+# limit) never reaches paho, which would hold all of it in memory. MQTT 3.1.1 has no such
+# property: there the broker's own message_size_limit is the bound.
+MAX_INCOMING_PACKET_BYTES = 128 * 1024
 _UNSUPPORTED_PROTOCOL = 0x84  # CONNACK reason; paho maps a 3.1.1 broker's "refused: version" to it
 _FILES = ("ca_file", "cert_file", "key_file", "password_file")
 
@@ -267,7 +274,11 @@ class Session:
         self._connecting_since = time.monotonic()
         try:
             if proto == paho.MQTTv5:
-                client.connect(s.host, s.port, keepalive=s.keepalive_s, clean_start=True)
+                props = Properties(PacketTypes.CONNECT)
+                props.MaximumPacketSize = MAX_INCOMING_PACKET_BYTES
+                client.connect(
+                    s.host, s.port, keepalive=s.keepalive_s, clean_start=True, properties=props
+                )
             else:
                 client.connect(s.host, s.port, keepalive=s.keepalive_s)
         except (OSError, ValueError) as exc:  # refused, unreachable, TLS verification
