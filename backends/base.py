@@ -55,6 +55,12 @@ class LoadOptions:
     shapes: Mapping[str, Sequence[int]] | None = None
     # Keep the batch dim dynamic when compiling `shapes` (the daemon batches requests).
     dynamic_batch: bool = False
+    # Whether requests come only at `shapes` (the daemon's per-model `shapes`, which it holds
+    # requests to). When False, `shapes` are a stand-in size the selection measured at
+    # (dynamic dims filled): a runtime that takes any shape where it runs (OpenVINO on the
+    # CPU) must not be fixed to them, or the sizes a model accepts would depend on which
+    # backend won; one that compiles statically (an NPU) still needs them.
+    shapes_bind: bool = True
     cache_dir: Path | None = None
     # NPU cores to run on, for runtimes with several (RK3588's three: the per-model
     # `npu_cores`); None lets the runtime choose.

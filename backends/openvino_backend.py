@@ -168,7 +168,7 @@ class OvSession:
             ov_model = core().read_model(str(model.path))
         except RuntimeError as exc:
             raise ModelError(f"{model.path}: openvino cannot read it: {_first_line(exc)}") from None
-        if options.shapes:
+        if options.shapes and (options.shapes_bind or not candidate.device.startswith("CPU")):
             first = -1 if options.dynamic_batch else None
             ov_model.reshape(
                 {

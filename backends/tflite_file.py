@@ -120,6 +120,13 @@ class _Tables:
         return self.data[start : start + length].decode("utf-8", "replace")
 
 
+# What reading a damaged flatbuffer raises: our bounds checks (IndexError), the budget
+# (_SharedTables, a ValueError), struct's short reads, and the flatbuffers runtime's own
+# range check (TypeError "bad number -4580 for type uint32" for a vtable offset that points
+# before the file's start).
+_DAMAGED = (IndexError, ValueError, struct.error, TypeError)
+
+
 class _SharedTables(ValueError):
     """A crafted file: vector entries point at tables other entries point at too."""
 
@@ -143,7 +150,7 @@ def _tensor_types(path: Path, data: bytes) -> list[int]:
         types = [reader.byte(t, 1) for sg in reader.tables(model, 2) for t in reader.tables(sg, 0)]
         for buf in reader.tables(model, 4):
             reader.span(buf, 0, width=1)
-    except (IndexError, ValueError, struct.error) as exc:
+    except _DAMAGED as exc:
         raise _corrupt(path, data, exc) from None
     if not types:
         raise ModelError(f"{path}: TFLite model has no tensors")
@@ -173,7 +180,7 @@ def signature(path: Path, data: bytes) -> Signature:
             [spec(i) for i in reader.ints(subgraphs[0], 1)],
             [spec(i) for i in reader.ints(subgraphs[0], 2)],
         )
-    except (IndexError, ValueError, struct.error) as exc:
+    except _DAMAGED as exc:
         raise _corrupt(path, data, exc) from None
 
 
@@ -189,6 +196,6 @@ def custom_codes(path: str | Path, data: bytes | None = None) -> list[str]:
     reader = _Tables(data)
     try:
         codes = [reader.string(code, 1) for code in reader.tables(reader.root(), 1)]
-    except (IndexError, ValueError, struct.error) as exc:
+    except _DAMAGED as exc:
         raise _corrupt(path, data, exc) from None
     return [code for code in codes if code]

@@ -191,7 +191,7 @@ def _measure(
             original, policy, options, evaluation, [c for m, c in work if m is original]
         )
         feeds = samples[0]
-        options = replace(options, shapes=shapes)
+        options = replace(options, shapes=shapes, shapes_bind=bool(policy.shapes))
         sessions: dict[str, Session] = {}
         for index, (member, candidate) in enumerate(work):
             if progress:

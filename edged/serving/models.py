@@ -536,6 +536,7 @@ def _load_options(
         threads=policy.threads,
         cpus=policy.cpus,
         shapes=selection.shapes,
+        shapes_bind=bool(policy.shapes),
         dynamic_batch=batching.max_batch_size > 1,
         cache_dir=state_dir / "openvino-cache",
         npu_cores=policy.npu_cores,

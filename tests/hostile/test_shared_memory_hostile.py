@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from edged.serving.peers import GRPC_UNIX, Peer
 from edged.serving.protocol import ShmRef
@@ -197,3 +199,72 @@ def test_the_daemon_survives_a_region_shrunk_under_a_queued_request(
         client.close()
     finally:
         assert daemon.stop() == 0, daemon.log_text()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["register", "unregister", "unregister_all", "read", "write"]),
+            st.sampled_from([ROOT, ALICE, BOB, OTHER]),
+            st.sampled_from(["a", "b", "c", "", "x" * 300]),
+            st.sampled_from([0, 1, 2, 3]),  # which object (3: one that does not exist)
+            st.one_of(st.integers(-1, 5000), st.just(2**63), st.none(), st.text(max_size=3)),
+            st.one_of(st.integers(-1, 5000), st.just(2**40), st.just(True), st.text(max_size=3)),
+        ),
+        max_size=40,
+    )
+)
+def test_any_sequence_of_registry_calls_is_answered_and_leaks_no_descriptor(steps) -> None:
+    """Registers, unregisters, reads and writes in any order, by any of four principals, with
+    any offset and size (wrong types, negative, past the object's end, past 2^63): every call
+    answers or raises SharedMemoryError; the caps hold; after every region is unregistered the
+    process holds exactly the descriptors it held before (none leaked by a failed register)."""
+    keys = []
+    paths = []
+    for mode, size in ((0o666, 4096), (0o600, 64), (0o644, 0)):
+        key = f"/edged_fuzz_{uuid.uuid4().hex[:10]}"
+        path = SHM_ROOT / key[1:]
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode)
+        os.ftruncate(fd, size)
+        os.close(fd)
+        os.chmod(path, mode)
+        keys.append(key)
+        paths.append(path)
+    keys.append(f"/edged_fuzz_missing_{uuid.uuid4().hex[:10]}")
+    registry = SharedMemory(enabled=True, max_regions=6, max_per_client=3)
+    before = _open_fds()
+    try:
+        for op, peer, name, which, offset, size in steps:
+            try:
+                if op == "register":
+                    registry.register(peer, name, keys[which], offset, size)
+                elif op == "unregister":
+                    registry.unregister(peer, name)
+                elif op == "unregister_all":
+                    registry.unregister(peer)
+                elif op == "read":
+                    ref = ShmRef(name, offset if isinstance(offset, int) else 0, 16)
+                    registry.read_input(peer, "x", F32, (4,), ref)
+                else:
+                    ref = ShmRef(name, offset if isinstance(offset, int) else 0, 16)
+                    region = registry.region(peer, ref, "outputs[0]")
+                    region.write_from(memoryview(bytes(16)), region.position(ref, "y"), "y")
+            except SharedMemoryError as exc:
+                assert str(exc) and 400 <= exc.status < 600
+            assert registry.count() <= 6
+            assert registry.count() == _open_fds() - before
+            for who in (ROOT, ALICE, BOB, OTHER):
+                assert len(registry.status(who)) <= 3
+        for who in (ROOT, ALICE, BOB, OTHER):
+            registry.unregister(who)
+        assert registry.count() == 0
+        assert _open_fds() == before
+    finally:
+        registry.close()
+        for path in paths:
+            path.unlink(missing_ok=True)

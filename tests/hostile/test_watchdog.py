@@ -65,3 +65,25 @@ def test_a_large_valid_input_is_answered_on_the_pick(tmp_path: Path) -> None:
         assert "stalled" not in daemon.log_text()
     finally:
         assert daemon.stop() == 0, daemon.log_text()
+
+
+@pytest.mark.parametrize("backend", ["openvino:CPU", "onnxruntime"])
+def test_a_dynamic_size_is_served_at_any_size_whichever_backend_won(
+    tmp_path: Path, backend: str
+) -> None:
+    """Without `shapes` a dynamic dim stays dynamic on every CPU backend: the selection
+    measures at a stand-in size (224), and OpenVINO compiled at it once served only 1x224
+    (onnxruntime took any size), so what a model accepted hung on which backend won."""
+    model = slow_in_size(tmp_path / "slow.onnx")
+    table = f'[[models]]\nname = "slow"\npath = "{model}"\nbackend = "{backend}"\n'
+    daemon = Daemon(write_config(tmp_path, table)).wait_ready()
+    try:
+        with tg.InferenceServerClient(f"unix://{tmp_path / 'grpc.sock'}") as client:
+            for n in (1000, 224, 7):
+                x = np.linspace(0, 1, n, dtype=np.float32)[None]
+                inp = tg.InferInput("x", list(x.shape), "FP32")
+                inp.set_data_from_numpy(x)
+                y = client.infer("slow", [inp], client_timeout=60).as_numpy("y")
+                assert y.shape == (1, n)
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
