@@ -27,7 +27,7 @@ What has to line up, and where edged reads it without opening the device:
   is different from library version (...)", HAILO_INVALID_DRIVER_VERSION), so edged checks
   that first and names both versions;
 - the HEF: its header says which HailoRT can read it, and its protobuf header which chip it
-  was compiled for (`backends/hailo_backend.read_hef`).
+  was compiled for (`backends/hef_file.py`).
 
 Sharing one device: a VDevice marks its physical device used (vdevice.cpp, create_devices:
 HAILO_OUT_OF_PHYSICAL_DEVICES for the next process). Within edged, every model's VDevice
@@ -45,24 +45,27 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import gzip
-import importlib.util
-import lzma
 import os
-import re
-import struct
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from backends.base import Candidate, LoadOptions, check_feeds, dist_version, unavailable
 from backends.errors import BackendError, InputError, ModelError
-from backends.formats import FormatFacts, ModelFormat
+from backends.formats import ModelFormat
+from backends.hailo_stack import (
+    library_files,
+    pci_address,
+    pci_id,
+    stack_facts,
+    stack_problem,
+    version_tuple,
+)
+from backends.hef_file import HefHeader, read_hef, read_hef_header, recognise_hef
 from backends.model_info import ModelInfo
 from backends.tensors import TensorSpec
 from sysconf.hardware import DeviceNode, HardwareFacts
@@ -72,45 +75,6 @@ NAME = "hailo"
 ALIASES = ("hailort",)  # other names config and --backend accept
 ORDER = 50  # place among the candidates (backends.REGISTRY)
 
-# -- the HEF file ------------------------------------------------------------------------------
-# The header (hailort libhailort/src/hef/hef_internal.hpp, hef__header_t; packed, every field
-# big-endian: hef.cpp converts each with BYTE_ORDER__htonl/htonll):
-#   0 magic u32 = 0x01484546 ("\x01HEF")   4 version u32   8 hef_proto_size u32
-# then by version (HEADER_VERSION_0..3), after which come the protobuf (ProtoHEFHef,
-# hef.proto), then the compiled contexts (ccws):
-#   v0: reserved u32, md5[16]                                    -> 32 bytes; file = proto
-#   v1: crc32 u32, ccws_size u64, reserved u32                   -> 28 bytes; proto + ccws
-#   v2: xxh3 u64, ccws_size u64, reserved u64 x2                 -> 44 bytes; proto + ccws
-#   v3: xxh3 u64, ccws_size_with_padding u64, padding u32,
-#       additional_info_size u64, proto_xxh3 u64, reserved u64   -> 56 bytes;
-#       proto + ccws_with_padding + additional_info
-# HailoRT checks exactly these lengths ("HEF file length does not match"), so a truncated
-# file is caught here; its checksums (md5, crc32, xxh3) HailoRT verifies at load.
-HEF_MAGIC = b"\x01HEF"
-_HEADER_SIZES = {0: 32, 1: 28, 2: 44, 3: 56}
-# The first HailoRT that reads each header version (from the header versions each release's
-# hef_internal.hpp defines: v2 from 4.20, v3 from 4.21; v1 took this layout in 4.18).
-HEADER_READERS = {0: (4, 0, 0), 1: (4, 18, 0), 2: (4, 20, 0), 3: (4, 21, 0)}
-# ProtoHEFHwArch (hef.proto): ProtoHEFHef.header (field 1) is a ProtoHEFHeader whose field 1
-# is hw_arch, "the target hw_arch the HEF is compiled to"; 3 is sdk_version. proto3: an
-# absent hw_arch is 0. A Hailo-8 accepts HAILO8P (1), not 0 (is_hef_compatible), so Hailo-8
-# HEFs carry 1; edged names both "hailo8", as the Dataflow Compiler's --hw-arch does.
-HW_ARCH = {
-    0: "hailo8",
-    1: "hailo8",
-    2: "hailo8r",
-    3: "hailo8l",
-    4: "hailo15m",
-    5: "hailo10h",
-    6: "hailo15l",
-    100: "sage_a0",
-    101: "sage_b0",
-    102: "paprika_b0",
-    103: "hailo15h",
-    104: "ginger",
-    105: "lavender",
-    106: "pluto",
-}
 # Which HEFs each chip runs (device_internal.cpp, DeviceBase::is_hef_compatible): a Hailo-8
 # also runs Hailo-8L HEFs (slower), a Hailo-8L only its own. Keys: the firmware's
 # DeviceArchitectureTypes names.
@@ -130,131 +94,6 @@ PCI_FAMILIES = {
 }
 
 
-@dataclass(frozen=True)
-class HefHeader:
-    version: int
-    proto_size: int
-    target: str | None  # "hailo8l"; None when the protobuf has no header message
-    sdk_version: str | None  # the Dataflow Compiler that wrote it
-
-    @property
-    def min_hailort(self) -> tuple[int, int, int]:
-        return HEADER_READERS[self.version]
-
-
-def recognise_hef(data: bytes) -> bool:
-    return data[:4] == HEF_MAGIC
-
-
-def read_hef_header(path: Path, data: bytes, size: int | None = None) -> HefHeader:
-    """The header and the protobuf header of a HEF; ModelError names the path for a file
-    that is not one, is cut short, or has a header HailoRT would refuse. `data` may be the
-    file's first bytes only when `size` gives the whole file's length (the protobuf's own
-    header comes first, so a few KiB tell the target)."""
-    size = len(data) if size is None else size
-    if size < 12 or len(data) < 12:
-        raise ModelError(f"{path}: truncated HEF ({size} bytes, the header alone is 12+)")
-    if not recognise_hef(data):
-        raise ModelError(f"{path}: not a HEF (no magic 01 48 45 46 at byte 0)")
-    version, proto_size = struct.unpack_from(">II", data, 4)
-    if version not in _HEADER_SIZES:
-        raise ModelError(
-            f"{path}: HEF header version {version} is unknown (HailoRT up to 5.x writes 0-3)"
-        )
-    header_size = _HEADER_SIZES[version]
-    if size < header_size or len(data) < header_size:
-        raise ModelError(
-            f"{path}: truncated HEF ({size} bytes, a v{version} header is {header_size})"
-        )
-    if version == 0:
-        rest = 0
-    elif version == 1:
-        (rest,) = struct.unpack_from(">Q", data, 16)
-    elif version == 2:
-        (rest,) = struct.unpack_from(">Q", data, 20)
-    else:
-        (ccws,) = struct.unpack_from(">Q", data, 20)
-        (additional,) = struct.unpack_from(">Q", data, 32)
-        rest = ccws + additional
-    expected = header_size + proto_size + rest
-    if size != expected:
-        cut = "truncated" if size < expected else "trailing bytes after the"
-        raise ModelError(
-            f"{path}: {cut} HEF: its v{version} header says {expected} bytes, the file has {size}"
-        )
-    proto = memoryview(data)[header_size : header_size + proto_size]
-    target, sdk = _proto_header(path, proto, whole=len(data) == size)
-    return HefHeader(version, proto_size, target, sdk)
-
-
-def read_hef(path: Path, data: bytes) -> FormatFacts:
-    header = read_hef_header(path, data)
-    built = f"compiled for {header.target}" if header.target else "target not stated"
-    sdk = f" by Dataflow Compiler {header.sdk_version}" if header.sdk_version else ""
-    return FormatFacts(
-        "int8",  # the Dataflow Compiler quantizes (8-bit, some layers 16-bit)
-        f"Hailo HEF v{header.version} ({built}{sdk}; HailoRT "
-        f"{'.'.join(map(str, header.min_hailort[:2]))}+ reads it)",
-        target=header.target,
-    )
-
-
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise ValueError("varint runs past the message")
-        byte = buf[pos]
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(buf: memoryview):
-    """(field number, wire type, value) of one protobuf message level: a varint's value, or
-    a length-delimited field's bytes. Only what the HEF header needs; no protobuf library."""
-    pos = 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        value: int | memoryview | None
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 2:
-            length, pos = _varint(buf, pos)
-            if pos + length > len(buf):
-                raise ValueError(f"field {number} runs past the message")
-            value, pos = buf[pos : pos + length], pos + length
-        elif wire in (1, 5):
-            value, pos = None, pos + (8 if wire == 1 else 4)
-        else:
-            raise ValueError(f"wire type {wire} at field {number}")
-        yield number, wire, value
-
-
-def _proto_header(path: Path, proto: memoryview, whole: bool) -> tuple[str | None, str | None]:
-    """hw_arch and sdk_version of ProtoHEFHef.header. Serializers write fields in number
-    order, so the header (field 1) comes first and the walk stops there. Of a file's first
-    bytes only (`whole` false), what they do not hold is not known, not corrupt."""
-    try:
-        for number, wire, value in _fields(proto):
-            if number == 1 and wire == 2:
-                arch, sdk = 0, None
-                for sub, sub_wire, sub_value in _fields(value):
-                    if sub == 1 and sub_wire == 0:
-                        arch = sub_value
-                    elif sub == 3 and sub_wire == 2:
-                        sdk = bytes(sub_value).decode(errors="replace")
-                return HW_ARCH.get(arch, f"unknown hw_arch {arch}"), sdk
-    except ValueError as exc:
-        if not whole:
-            return None, None
-        raise ModelError(f"{path}: corrupt HEF: its protobuf part is unreadable ({exc})") from None
-    return None, None
-
-
 FORMATS = (
     ModelFormat(
         "hef",
@@ -270,220 +109,13 @@ FORMATS = (
 # no udev class edged knows describes; hot-plug events come from that subsystem.
 DEVICES = (DeviceNode("npu", "/dev/hailo*", "Hailo AI accelerator", "hailo_chardev"),)
 
-# -- the driver, the library and the service -----------------------------------------------
-DRIVER_MODULES = {"hailo": "hailo_pci", "hailo1x": "hailo1x_pci"}  # PCI driver -> module
-# Where a module file is in an image: hailo-dkms, Raspberry Pi's in-tree driver, a build.
-MODULE_GLOBS = (
-    "/lib/modules/*/updates/dkms/{}.ko*",
-    "/lib/modules/*/kernel/drivers/media/pci/hailo/{}.ko*",
-    "/lib/modules/*/kernel/drivers/misc/{}.ko*",
-    "/lib/modules/*/extra/{}.ko*",
-)
-LIBRARY_DIRS = (
-    "/usr/lib",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/local/lib",
-    "/lib",
-    "/usr/lib64",
-)
-# The Python binding in an image's system Python (python3-hailort, or a wheel installed there).
-BINDING_DIRS = (
-    "/usr/lib/python3/dist-packages",
-    "/usr/lib/python3*/site-packages",
-    "/usr/local/lib/python3*/dist-packages",
-    "/usr/local/lib/python3*/site-packages",
-)
-SERVICE_SOCKET = "/tmp/hailort_uds.sock"  # rpc_definitions.hpp HAILO_DEFAULT_SERVICE_ADDR
-SERVICE_UNIT_LINKS = (
-    "/etc/systemd/system/multi-user.target.wants/hailort.service",
-    "/etc/systemd/system/default.target.wants/hailort.service",
-)
 SHARED_GROUP = "SHARED"  # the group id Hailo's own applications share a device under
-FIRST_INFER_MODEL = (4, 18, 0)
 # run(): HailoRT's own timeout, so that a device that stopped answering gives the worker
 # thread back (as BackendError) instead of holding it; the engine's watchdog may fail over
 # sooner. HailoRT's default vstream timeout is the same 10 s.
 RUN_TIMEOUT_MS = 10_000
 HEAD_BYTES = 64 * 1024  # what candidates() reads of a HEF: its headers, not its contexts
 SENSOR_MIN_INTERVAL_S = 0.5  # telemetry asking faster gets the last readings
-
-
-def _version_tuple(text: str | None) -> tuple[int, int, int] | None:
-    match = re.match(r"\s*(\d+)\.(\d+)\.(\d+)", text or "")
-    return tuple(int(g) for g in match.groups()) if match else None  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class HailoStack:
-    """The host side of a Hailo device: what the root has installed and running."""
-
-    driver_module: str | None  # "hailo_pci"
-    driver_version: str | None
-    libraries: tuple[str, ...]  # versions of the libhailort.so.X.Y.Z files found
-    binding: bool  # hailo_platform is importable (live) / in the image's Python
-    binding_version: str | None  # the hailort distribution's version
-    service: str | None  # why the multi-process service counts as there, or None
-
-    @property
-    def library_version(self) -> str | None:
-        """The HailoRT the binding runs: its own version, else the one library file."""
-        if self.binding_version:
-            return self.binding_version
-        return self.libraries[0] if len(self.libraries) == 1 else None
-
-
-def stack_facts(root: SysRoot, live: bool, node: str | None = None) -> HailoStack:
-    module, driver = _driver(root, node)
-    return HailoStack(
-        module,
-        driver,
-        _libraries(root),
-        *_binding(root, live),
-        _service(root, live),
-    )
-
-
-def _driver(root: SysRoot, node: str | None) -> tuple[str | None, str | None]:
-    name = node.rsplit("/", 1)[-1] if node else None
-    owner = root.link_name(f"/sys/class/hailo_chardev/{name}/device/driver") if name else None
-    modules = [DRIVER_MODULES[owner]] if owner in DRIVER_MODULES else list(DRIVER_MODULES.values())
-    for module in modules:
-        version = root.read_line(f"/sys/module/{module}/version")
-        if version:
-            return module, version
-        if root.exists(f"/sys/module/{module}"):
-            return module, None  # loaded, its version file unreadable
-    for module in modules:  # an image: the module files' own version
-        versions = sorted(
-            {
-                v
-                for pattern in MODULE_GLOBS
-                for path in root.glob(pattern.format(module))
-                if (v := _modinfo_version(root.path(path)))
-            }
-        )
-        if versions:
-            return module, versions[-1] if len(versions) == 1 else ", ".join(versions)
-    return None, None
-
-
-def _modinfo_version(path: Path) -> str | None:
-    """The `version=` string of a kernel module's .modinfo (plain, .xz or .gz)."""
-    try:
-        raw = path.read_bytes()
-        if path.name.endswith(".xz"):
-            raw = lzma.decompress(raw)
-        elif path.name.endswith(".gz"):
-            raw = gzip.decompress(raw)
-    except (OSError, lzma.LZMAError, EOFError):
-        return None
-    # NUL-separated key=value entries; the NUL before keeps "srcversion=" out.
-    match = re.search(rb"\x00version=([^\x00]+)\x00", raw)
-    return match.group(1).decode(errors="replace") if match else None
-
-
-def _libraries(root: SysRoot) -> tuple[str, ...]:
-    found = set()
-    for folder in LIBRARY_DIRS:
-        for name in root.listdir(folder):
-            match = re.fullmatch(r"libhailort\.so\.(\d+\.\d+\.\d+)", name)
-            if match:
-                found.add(match.group(1))
-    return tuple(sorted(found, key=lambda v: _version_tuple(v) or (0, 0, 0)))
-
-
-def _binding(root: SysRoot, live: bool) -> tuple[bool, str | None]:
-    if live:
-        # find_spec of a top-level name locates it without importing it.
-        try:
-            found = importlib.util.find_spec("hailo_platform") is not None
-        except (ImportError, ValueError):  # a broken entry in sys.modules
-            found = False
-        return found, dist_version("hailort")
-    found, version = False, None
-    for pattern in BINDING_DIRS:
-        for folder in root.glob(pattern):
-            names = root.listdir(folder)
-            found = found or "hailo_platform" in names
-            for name in names:
-                match = re.match(r"hailort-(\d+\.\d+\.\d+)[-.]", name)
-                if match:
-                    version = match.group(1)
-    return found, version
-
-
-def _service(root: SysRoot, live: bool) -> str | None:
-    """Why HailoRT's multi-process service counts as running here, or None."""
-    address = os.environ.get("HAILORT_SERVICE_ADDRESS") if live else None
-    if address and not address.startswith("unix://"):
-        return f"$HAILORT_SERVICE_ADDRESS={address}"
-    socket = address.removeprefix("unix://") if address else SERVICE_SOCKET
-    if root.exists(socket):
-        return f"hailort_service listens on {socket}"
-    if not live:
-        for link in SERVICE_UNIT_LINKS:
-            if os.path.lexists(root.path(link)):  # an absolute link points into the image
-                return "hailort.service is enabled in the image"
-    return None
-
-
-def stack_problem(stack: HailoStack, offline: bool) -> str | None:
-    """What stops HailoRT from running on this host at all, or None."""
-    where = "in the image's Python" if offline else "for this Python"
-    if not stack.binding:
-        return (
-            f"hailo_platform (HailoRT's Python API) is not installed {where}: "
-            "sudo apt install python3-hailort (part of hailo-all); a virtualenv sees it "
-            "only when made with --system-site-packages"
-        )
-    library = stack.library_version
-    parsed = _version_tuple(library)
-    if parsed is not None and parsed < FIRST_INFER_MODEL:
-        return (
-            f"HailoRT {library} is too old: edged uses the InferModel API of HailoRT 4.18 "
-            "and later (upgrade hailort, python3-hailort and the driver together: "
-            "sudo apt install hailo-all)"
-        )
-    if stack.driver_module is None:
-        return (
-            "no Hailo PCIe driver (hailo_pci) is loaded"
-            if not offline
-            else "no Hailo PCIe driver (hailo_pci.ko) in the image's /lib/modules"
-        )
-    driver = stack.driver_version
-    if library is None and stack.libraries:
-        if driver and driver not in stack.libraries:
-            return (
-                f"the {stack.driver_module} driver is {driver} but the HailoRT libraries "
-                f"installed are {', '.join(stack.libraries)}: HailoRT opens the device only "
-                "when driver and library versions are the same"
-            )
-        return None
-    if driver and library and _version_tuple(driver) != _version_tuple(library):
-        return (
-            f"driver and library versions differ: {stack.driver_module} is {driver}, "
-            f"HailoRT (libhailort) is {library}; HailoRT opens the device only when they are "
-            "the same major.minor.revision (install matching hailo-dkms/hailort/python3-hailort, "
-            "e.g. sudo apt install hailo-all, then reboot)"
-        )
-    return None
-
-
-def _pci_id(root: SysRoot, name: str) -> str | None:
-    """The node's PCI device id ("2864"), from its PCI device or the driver's own attribute."""
-    device = root.read_line(f"/sys/class/hailo_chardev/{name}/device/device")
-    if device:
-        return device.lower().removeprefix("0x").zfill(4)
-    pair = root.read_line(f"/sys/class/hailo_chardev/{name}/device_id")  # "1e60:2864"
-    return pair.partition(":")[2].lower().zfill(4) if pair and ":" in pair else None
-
-
-def _bdf(root: SysRoot, name: str) -> str | None:
-    """The node's PCIe address ("0000:01:00.0"): HailoRT's device id for it."""
-    return root.read_line(f"/sys/class/hailo_chardev/{name}/board_location") or root.link_name(
-        f"/sys/class/hailo_chardev/{name}/device"
-    )
 
 
 def _hailo_nodes(hw: HardwareFacts) -> list[str]:
@@ -501,7 +133,7 @@ class HailoBackend:
 
     def version(self) -> str | None:
         # python3-hailort may come without package metadata: the library's file name says.
-        libraries = _libraries(SysRoot())
+        libraries = library_files(SysRoot())
         return dist_version("hailort") or (libraries[-1] if libraries else None)
 
     def candidates(self, hw: HardwareFacts, model: ModelInfo | None) -> list[Candidate]:
@@ -538,7 +170,7 @@ class HailoBackend:
         if problem:
             return unavailable(NAME, label, problem)
         what = model.name if model is not None else "the model"
-        pci = _pci_id(root, label)
+        pci = pci_id(root, label)
         family = PCI_FAMILIES.get(pci or "")
         target = (model.target if model is not None else None) or (header and header.target)
         if family and target and not any(target in RUNS[chip] for chip in family[1]):
@@ -549,7 +181,7 @@ class HailoBackend:
                 f"{what} is compiled for {target}; {label} is a {family[0]} (PCI 1e60:{pci}), "
                 f"which runs HEFs compiled for {', '.join(runs)}",
             )
-        library = _version_tuple(stack.library_version)
+        library = version_tuple(stack.library_version)
         if header is not None and library is not None and library < header.min_hailort:
             return unavailable(
                 NAME,
@@ -568,7 +200,7 @@ class HailoBackend:
             # One group per device: the VDevices of a group must agree on their devices.
             "group_id": SHARED_GROUP if count == 1 else f"{SHARED_GROUP}-{label}",
         }
-        bdf = _bdf(root, label)
+        bdf = pci_address(root, label)
         if bdf and count > 1:
             options["device_id"] = bdf
         parts = [

@@ -26,6 +26,7 @@ from typing import Any
 from edged import __version__
 from edged.config import DEFAULT_CONFIG_PATH, Config, ConfigError, ModelConfig, load_config
 from edged.placement import lock_memory, pin_housekeeping, plan_cpus, thread_affinities
+from edged.repository import RepositoryControl
 from edged.sdnotify import Notifier, watchdog_interval_s
 from edged.serving.listeners import (
     bind_sockets,
@@ -50,7 +51,7 @@ SUPERVISE_S = 0.1  # how often stalled backends are looked for
 RECOVER_S = 30.0  # how often a model on a fall-back tries its pick again
 
 
-class Daemon:
+class Daemon(RepositoryControl):
     def __init__(self, config: Config, root: SysRoot | None = None) -> None:
         """`root`: where CPU sets, cpufreq and throttle state are read (the live system; a
         fixture tree in tests). Nothing is ever written there."""
@@ -245,7 +246,7 @@ class Daemon:
         from edged.telemetry.loop import LogSink, TelemetryLoop
         from edged.telemetry.mqtt.log_publisher import LogPublisher
 
-        self.publisher = open_telemetry(self.config)
+        self.publisher = open_telemetry(self.config.telemetry.mqtt, self.config.server.state_dir)
         self.publisher.set_birth(self._birth())
         self.publisher.set_audit_handler(self._audit_command)
         self.publisher.start()
@@ -297,7 +298,7 @@ class Daemon:
         # Cores the daemon decided itself (no model sets cpus) are what the audit decides
         # on its own too; passing them would make them look configured to its checks.
         decided = self.cpu_plan is not None and self.cpu_plan.source != "models"
-        from edged.cli.audit import audit_summary
+        from edged.config.audit import audit_summary
 
         return audit_summary(self.config, self.root, with_model_cpus=not decided)
 
@@ -503,124 +504,11 @@ class Daemon:
         if self.publisher is not None:
             self.publisher.set_birth(self._birth())
 
-    # -- the repository extension: load and unload one model ------------------------------
-    def _with_control(self, config: Config) -> Config:
-        """`config` with the loads' tables in place of the file's and the unloaded models
-        left out."""
-        if not (self.overrides or self.unloaded):
-            return config
-        names = {m.name for m in config.models}
-        models = [self.overrides.get(m.name, m) for m in config.models]
-        models += [mc for name, mc in self.overrides.items() if name not in names]
-        kept = tuple(m for m in models if m.name not in self.unloaded)
-        return replace(config, models=kept)
-
-    async def load_one(self, name: str, table: dict[str, Any] | None) -> None:
-        """Load one model through the reload path (serialized with reloads, the others
-        untouched): the config file's [[models]] table for it, or `table` instead. A model
-        that fails to load keeps the version it served; the error says why (RequestError)."""
-        from edged.serving.inference import RequestError
-
-        assert self._reload_lock is not None
-        async with self._reload_lock:
-            if name not in self.models and len(self.models) >= self.config.server.max_models:
-                raise RequestError(
-                    409,
-                    f"cannot load {name!r}: {len(self.models)} models are served, the most "
-                    f"[server] max_models allows; unload one first",
-                )
-            if table is not None:
-                mc = await asyncio.to_thread(self._model_table, name, table)
-            else:
-                try:
-                    mc = (await asyncio.to_thread(load_config, self.config.source)).model(name)
-                except ConfigError as exc:
-                    raise RequestError(400, f"cannot load {name!r}: {exc}") from None
-                if mc is None:
-                    raise RequestError(
-                        400, f"cannot load {name!r}: no such model in {self.config.source}"
-                    )
-            others = tuple(m for m in self.config.models if m.name != name)
-            config = self.with_cpu_plan(replace(self.config, models=(*others, mc)))
-            planned = config.model(name)
-            assert planned is not None
-            old = self.models.get(name)
-            models, failed = await asyncio.to_thread(
-                self.load_models, replace(config, models=(planned,)), {name: old} if old else {}
-            )
-            if name in failed:
-                self.failed = {**self.failed, name: failed[name]}
-                kept = "; its previous version still serves" if old is not None else ""
-                raise RequestError(400, f"failed to load {name!r}: {failed[name]}{kept}")
-            served = models[name]
-            self.models = {**self.models, name: served}  # the atomic swap
-            self.failed = {k: v for k, v in self.failed.items() if k != name}
-            self.config = config
-            self.unloaded.discard(name)
-            if table is not None:
-                self.overrides[name] = mc
-            else:
-                self.overrides.pop(name, None)
-            if old is not None and old is not served:
-                await asyncio.to_thread(self._stop_models, [old])
-        log.info("model %s: loaded (repository load)", name)
-        self.notifier.notify(f"STATUS={self._status_line()}")
-        self.start_variant_jobs()
-        self._event("model_load", model=name, replaced=old is not None and old is not served)
-
-    def _model_table(self, name: str, table: dict[str, Any]) -> ModelConfig:
-        """A load's config from a client's table, held to what the operator allowed
-        (edged.config.client_table). Reads the model files: called in a thread."""
-        from edged.config.client_table import allowed_dirs, client_model
-        from edged.config.load import live_online_cpus
-        from edged.serving.inference import RequestError
-
-        srv = self.config.server
-        try:
-            mc = client_model(
-                table,
-                name,
-                self.config.source,
-                srv,
-                allowed_dirs(srv, self.config.models),
-                live_online_cpus(),
-            )
-        except ConfigError as exc:
-            raise RequestError(400, f"{exc.key}: {exc.problem}") from None
-        if mc.watchdog_ms / 1000.0 >= srv.hang_s:
-            raise RequestError(
-                400,
-                f"parameters.config: watchdog_ms {mc.watchdog_ms} is not shorter than "
-                f"[server] hang_s ({srv.hang_s:g} s)",
-            )
-        return mc
-
-    async def unload_one(self, name: str) -> None:
-        """Stop serving one model: new requests are refused at once (503, "unloaded"), those
-        in flight finish within DRAIN_S (or get the worker's shutting-down error)."""
-        from edged.serving.inference import UnknownModel
-
-        assert self._reload_lock is not None
-        async with self._reload_lock:
-            served = self.models.get(name)
-            if served is None and name not in self.failed:
-                if name in self.unloaded:
-                    return  # unloaded already: done, as Triton answers
-                raise UnknownModel(name)
-            self.models = {k: v for k, v in self.models.items() if k != name}
-            self.failed = {k: v for k, v in self.failed.items() if k != name}
-            self.unloaded.add(name)
-            if served is not None:
-                await asyncio.to_thread(self._stop_models, [served])
-        log.info("model %s: unloaded (repository unload)", name)
-        self.notifier.notify(f"STATUS={self._status_line()}")
-        self._event("model_unload", model=name)
-
     # -- INT8 variants made in the background ---------------------------------------------
     def start_variant_jobs(self) -> None:
         """The background jobs for the models whose variants are still to make (see
-        edged.quantize.job). Called after READY: readiness never waits for them."""
-        from edged.quantize.job import start_variant_jobs
+        edged.serving.variant_job). Called after READY: readiness never waits for them."""
+        from edged.serving.variant_job import start_variant_jobs
 
         start_variant_jobs(
             self.models,
@@ -640,7 +528,7 @@ class Daemon:
         job's thread, if the model is still the one served (checked under the swap lock:
         a model unloaded or replaced meanwhile is stopped only after this swap, or this
         swap sees it gone)."""
-        from edged.quantize.job import stored_decision
+        from edged.serving.variant_job import stored_decision
 
         with self._swap_lock:
             if self.models.get(served.name) is not served:

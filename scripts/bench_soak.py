@@ -28,7 +28,7 @@ allowance (GOALS); the spool file is held to a bound instead. The latency compar
 last 10 minutes' p99 against the first 10 minutes' after the warm-up, both from this run.
 
 Usage: bench_soak.py [--duration-s S] [--sample-s S] [--warmup-s S] [--no-broker]
-                     [--out FILE] [--json]
+                     [--actors LIST] [--out FILE] [--json]
        bench_soak.py --analyse FILE [--warmup-s S] [--json]   (the samples --out wrote)
 Progress goes to stderr once per sample; --out writes the samples as JSON lines as they come
 (a long run leaves its record even if it is stopped). Exit 0: every goal met; 1: a goal
@@ -618,6 +618,8 @@ def run(args: argparse.Namespace) -> int:
             if broker is not None:
                 actors["commands"] = soak.commands()
                 actors["outages"] = soak.outages()
+            if args.actors:
+                actors = {name: step for name, step in actors.items() if name in args.actors}
             started = time.monotonic()
             threads = [soak.actor(n, PERIODS[n], step) for n, step in actors.items()]
             while time.monotonic() - started < args.duration_s:
@@ -695,10 +697,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write each sample as a JSON line to this file")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--analyse", metavar="FILE", help="analyse the samples of --out FILE")
+    parser.add_argument(
+        "--actors",
+        type=lambda text: [a for a in text.split(",") if a],
+        help=f"only these load actors (comma-separated; of {', '.join(PERIODS)}): to find "
+        "which part of the load a growth comes from",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
+    unknown = sorted(set(args.actors or ()) - set(PERIODS))
+    if unknown:
+        log(f"--actors: no actor {unknown[0]!r}; the actors are {', '.join(PERIODS)}")
+        return 2
     if args.analyse:
         warmup = args.warmup_s if args.warmup_s is not None else 60.0
         return analyse_file(args.analyse, warmup, args.json)

@@ -60,16 +60,31 @@ no newline translation), so a CRLF cmdline.txt or a Latin-1 comment comes back b
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import posixpath
 import stat
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from collections.abc import Iterable, Sequence
+from pathlib import PurePosixPath
 
+from sysconf.change_records import (  # noqa: F401  (also this module's API)
+    LINK_KINDS,
+    PERSISTENT_KINDS,
+    REFUSED,
+    ApplyResult,
+    Change,
+    UntrustedJournal,
+    Writer,
+    _error_name,
+    _plain_path,
+    _target,
+    _temp_device_path,
+    is_kernel_file,
+    outlives_tuning,
+    same_value,
+    selected_choice,
+)
 from sysconf.confined import (  # noqa: F401  (read_current, temp_path: part of this API)
     ConfinedRoot,
     PathRefused,
@@ -80,134 +95,15 @@ from sysconf.confined import (  # noqa: F401  (read_current, temp_path: part of 
     write_symlink,
 )
 from sysconf.sysroot import SysRoot
-from sysconf.systemctl import Systemctl, SystemctlError
+from sysconf.systemctl import Systemctl
+from sysconf.unit_links import UnitLinks
 
 JOURNAL_NAME = "tuning-journal.jsonl"
 PERSISTENT_JOURNAL_NAME = "persistent-journal.jsonl"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-# Errors that mean "the kernel will not take this value here", not "edged is broken".
-REFUSED = {
-    errno.EIO: "EIO",
-    errno.EINVAL: "EINVAL",
-    errno.EPERM: "EPERM",
-    errno.EACCES: "EACCES",
-    errno.EBUSY: "EBUSY",
-    errno.ENOTSUP: "ENOTSUP",
-}
 
 
-@dataclass(frozen=True)
-class Change:
-    kind: str  # "irq", "irq-default", "irqbalance", "workqueue", "governor", "sysctl", "thp",
-    #            "cmdline", "mask" (a symlink to `new`, e.g. /dev/null: systemctl mask),
-    #            "enable" (a symlink to the unit file `new`: systemctl enable)
-    path: str  # as on the device, e.g. /proc/irq/24/smp_affinity_list
-    old: str | None  # current content (None: the file does not exist)
-    new: str
-    reason: str
-    # The file lists its choices with the current one in brackets ("always [madvise] never":
-    # transparent hugepages, I/O schedulers) and takes one bare word on write. Writing the
-    # whole listing back fails (EINVAL), so for such a file `old`, what the journal records and
-    # what it compares with `new` are the bracketed word. The journal derives that word from
-    # what it reads at apply time, not from the plan, so a stale plan cannot misrecord it.
-    selector: bool = False
-
-    def to_dict(self) -> dict:
-        """The plan JSON's fields (scripts rely on exactly these)."""
-        return {
-            "kind": self.kind,
-            "path": self.path,
-            "old": self.old,
-            "new": self.new,
-            "reason": self.reason,
-        }
-
-
-class UntrustedJournal(ValueError):
-    """The journal (or a record in it) could have been written by someone other than the user
-    who would act on it: reverting it could write anything anywhere as that user."""
-
-
-@dataclass
-class ApplyResult:
-    applied: list[Change] = field(default_factory=list)
-    unchanged: list[Change] = field(default_factory=list)
-    skipped: list[tuple[Change, str]] = field(default_factory=list)
-    # (path, action) of a stale journal from an older boot, handled before this apply.
-    stale: list[tuple[str, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {
-            "applied": [c.to_dict() for c in self.applied],
-            "unchanged": [c.to_dict() for c in self.unchanged],
-            "skipped": [{**c.to_dict(), "why": why} for c, why in self.skipped],
-            "stale": [{"path": p, "action": a} for p, a in self.stale],
-        }
-
-
-# A test's stand-in for the kernel: called with the host path of the file (every link on the
-# way already resolved inside the root) instead of the journal's own confined write.
-Writer = Callable[[Path, str, bool], None]
-
-
-def is_kernel_file(device_path: str) -> bool:
-    """/proc and /sys files are kernel interfaces: written in place, one write()."""
-    return device_path.startswith(("/proc/", "/sys/"))
-
-
-def selected_choice(text: str | None) -> str | None:
-    """The bracketed word of a selector file ("always [madvise] never" -> "madvise"), or None
-    when the text is not one (no or several bracketed words)."""
-    if text is None:
-        return None
-    chosen = [w[1:-1] for w in text.split() if len(w) > 2 and w[0] == "[" and w[-1] == "]"]
-    return chosen[0] if len(chosen) == 1 else None
-
-
-# Changes whose `new` is a symlink target, not file content: "mask" (-> /dev/null) and
-# "enable" (a *.wants/ link to the unit file, systemctl enable; edgectl provision).
-LINK_KINDS = frozenset({"mask", "enable"})
-
-# The kinds `outlives_tuning` sends to the persistent journal.
-PERSISTENT_KINDS = frozenset(
-    {
-        "cmdline",  # the boot command line (cmdline.txt, extlinux.conf, /etc/default/grub)
-        "mask",
-        "enable",
-        "unit",  # service masks, enable links and installed unit files
-        "sysctl-conf",
-        "systemd-conf",  # edgectl provision's /etc/sysctl.d and CPUAffinity drop-in
-    }
-)
-
-
-def outlives_tuning(change: Change) -> bool:
-    """Whether `change` goes to the persistent journal, not the tuning journal: the one rule.
-
-    edged-tune.service applies the tuning at every start and reverts it at every stop
-    (`edgectl revert --runtime`), and `retire_stale` reverts an older boot's tuning journal
-    after a power cut. That is right for IRQ affinities, sysctls, governors, workqueue masks
-    and the irqbalance ban list, which the service re-applies at the next start. It is wrong
-    for the boot command line (isolcpus, nohz_full ... take effect only at the next boot, so
-    reverting it at shutdown throws it away before the reboot that would use it), for service
-    masks (`apply --trim`: meant to keep the units off across reboots) and for what
-    `edgectl provision` writes for the first boot (units, enable links, sysctl.d, the
-    CPUAffinity drop-in). Those kinds (`PERSISTENT_KINDS`) are undone only by a plain
-    `edgectl revert`. The rule goes by kind alone, so a path is always in the same journal."""
-    return change.kind in PERSISTENT_KINDS
-
-
-def same_value(current: str | None, new: str) -> bool:
-    """Kernel files echo values with a trailing newline and sometimes other spacing."""
-    return current is not None and current.strip() == new.strip()
-
-
-def _error_name(exc: OSError) -> str:
-    name = REFUSED.get(exc.errno or 0) or errno.errorcode.get(exc.errno or 0, "?")
-    return f"{name}: {exc.strerror or exc}"
-
-
-class Journal:
+class Journal(UnitLinks):
     def __init__(
         self,
         root: SysRoot,
@@ -513,126 +409,6 @@ class Journal:
         self._append({"op": "done", "ts": time.time()})
         return result
 
-    def _apply_link(self, change: Change, result: ApplyResult) -> None:
-        """A symlink change (a mask). Records what was there: nothing, a symlink (`old_link`)
-        or a file (`old` with its `old_mode`), so revert restores exactly that.
-
-        On the live root a mask is `systemctl mask --now`: ask whether the unit runs (before
-        anything is written, so a missing or broken systemctl changes nothing), record that
-        with the old link, write the mask, then `daemon-reload` and `stop`. If either fails
-        the mask is taken back at once (and a stopped unit started again) and a "skipped"
-        record follows, so the journal never claims a mask that is not there, and revert
-        never starts or unmasks what apply did not touch."""
-        live = self.root.is_live
-        unit = os.path.basename(change.path)
-        if live and change.kind != "mask":
-            why = (
-                f"refusing to write an {change.kind} link on the live system "
-                f"(use systemctl {change.kind} {unit})"
-            )
-            result.skipped.append((change, why))
-            return
-        old_link = old = old_mode = None
-        try:
-            target = self._resolve(change.path, follow=False)  # the link itself, not its target
-            try:
-                st: os.stat_result | None = self.files.lstat(target)
-            except (FileNotFoundError, NotADirectoryError):
-                st = None
-            if st is not None and stat.S_ISLNK(st.st_mode):
-                old_link = self.files.readlink(target)
-            elif st is not None and stat.S_ISDIR(st.st_mode):
-                result.skipped.append((change, f"{self.files.host(target)} is a directory"))
-                return
-            elif st is not None:
-                old = self.files.read(target)
-                old_mode = stat.S_IMODE(st.st_mode)
-        except OSError as exc:
-            why = (
-                f"cannot read the current value, so revert could not restore it "
-                f"({_error_name(exc)})"
-            )
-            result.skipped.append((change, why))
-            return
-        if old_link == change.new:
-            result.unchanged.append(change)
-            return
-        runtime: dict = {}
-        if live:
-            try:
-                runtime = {"unit": unit, "was_active": self.systemctl.is_active(unit)}
-            except SystemctlError as exc:
-                result.skipped.append((change, f"{exc}; nothing was changed"))
-                return
-        if not self.files.is_dir(posixpath.dirname(target)):
-            why = self._make_parents(target, is_kernel_file(change.path))
-            if why:
-                result.skipped.append((change, why))
-                return
-        record = {
-            "op": "set",
-            "path": change.path,
-            **_target(change.path, target),
-            "old": old,
-            "old_link": old_link,
-            "old_mode": old_mode,
-            "new_link": change.new,
-            "new": change.new,
-            "kind": change.kind,
-            **runtime,
-            "ts": time.time(),
-        }
-        self._append(record)
-        try:
-            self.files.symlink(target, change.new)
-        except OSError as exc:
-            why = _error_name(exc)
-            self._append({"op": "skipped", "path": change.path, "reason": why})
-            result.skipped.append((change, why))
-            return
-        if live:
-            why = self._mask_now(record)
-            if why:
-                result.skipped.append((change, why))
-                return
-        result.applied.append(change)
-
-    def _mask_now(self, record: dict) -> str:
-        """The runtime half of `systemctl mask --now` after the mask link is written: reload
-        so systemd sees the mask, then stop the unit (always, as --now does: a timer may have
-        fired since is-active). On failure the mask is undone and why is returned ("": done)."""
-        unit = record["unit"]
-        stopping = False
-        try:
-            self.systemctl.daemon_reload()
-            stopping = True
-            self.systemctl.stop(unit)
-        except SystemctlError as failed:
-            return self._undo_live_mask(record, failed, restart=stopping)
-        return ""
-
-    def _undo_live_mask(self, record: dict, failed: SystemctlError, restart: bool) -> str:
-        """Take a live mask back after `failed`: the old link, a reload, and a start when the
-        unit ran before and a stop was attempted. Only when the old link is back does a
-        "skipped" record say so; otherwise the set record stays and revert undoes it."""
-        unit = record["unit"]
-        try:
-            self._revert_link(record)
-        except OSError as exc:
-            return (
-                f"{failed}; the mask could not be taken back ({_error_name(exc)}): it "
-                f"stays in the journal, and edgectl revert removes it"
-            )
-        self._append({"op": "skipped", "path": record["path"], "reason": str(failed)})
-        problems = []
-        try:
-            self.systemctl.daemon_reload()
-            if restart and record.get("was_active"):
-                self.systemctl.start(unit)
-        except SystemctlError as exc:
-            problems.append(f"then {exc}")
-        return "; ".join([f"{failed}; the mask was taken back", *problems])
-
     def _make_parents(self, device_path: str, kernel: bool) -> str:
         """Create the missing folders above `device_path` (resolved: no links on the way),
         outermost first, each after an fsynced {"op": "mkdir"} record so revert removes them
@@ -676,21 +452,6 @@ class Journal:
         """The temporary file or link a crash mid-write left beside `device_path`."""
         with contextlib.suppress(OSError):
             self.files.unlink(_temp_device_path(device_path), missing_ok=True)
-
-    def _revert_link(self, record: dict) -> str:
-        target = record.get("target") or record["path"]
-        self._unlink_temp(target)  # a crash mid-symlink
-        if record.get("old_link") is not None:
-            self.files.symlink(target, record["old_link"])
-            return "restored"
-        if self.files.is_link(target):
-            self.files.unlink(target)  # never write through the mask into /dev/null
-        if record.get("old") is None:
-            return "removed"
-        self._write(target, record["old"], False)
-        if record.get("old_mode") is not None:
-            self.files.chmod(target, record["old_mode"])
-        return "restored"
 
     def revert(self) -> list[tuple[str, str]]:
         """Restore every recorded old value, newest first. Returns (path, action) pairs.
@@ -760,123 +521,6 @@ class Journal:
             self.files.rename(self._file, aside)
         return done
 
-    def _unmask_now(self, live_masks: list[tuple[int, dict]], done: list[tuple[str, str]]) -> None:
-        """After the live masks' old links are back: one `daemon-reload`, then `start` of each
-        unit that was active before apply (oldest first, the order apply stopped them). A
-        failure turns that entry's action into "failed: ..." naming the command to run."""
-        try:
-            self.systemctl.daemon_reload()
-        except SystemctlError as exc:
-            for position, record in live_masks:
-                done[position] = (
-                    record["path"],
-                    f"failed: link restored, but {exc}; run "
-                    f"systemctl daemon-reload"
-                    + (
-                        f" and systemctl start {record['unit']}" if record.get("was_active") else ""
-                    ),
-                )
-            return
-        for position, record in reversed(live_masks):
-            if not record.get("was_active"):
-                continue
-            try:
-                self.systemctl.start(record["unit"])
-            except SystemctlError as exc:
-                done[position] = (record["path"], f"failed: link restored, but {exc}")
-            else:
-                done[position] = (record["path"], f"{done[position][1]}, started")
-
     def pending(self) -> bool:
         """True while an apply is recorded and not reverted."""
         return any(r.get("op") == "set" for r in self.records())
-
-
-class Journals:
-    """The tuning journal and the persistent journal of one state dir, used as one.
-
-    `apply` sends each change to the journal `outlives_tuning` picks (both checked trusted
-    before anything is written; same fsync-before-write records in each), `retire_stale`
-    retires only an older boot's tuning journal, and `revert` restores the tuning journal
-    and then, unless `runtime_only`, the persistent one. The two never hold the same path
-    (the rule goes by kind), so their order only matters for folders they created: apply
-    writes the persistent changes first and revert undoes them last, the exact reverse."""
-
-    def __init__(
-        self,
-        root: SysRoot,
-        state_dir: str = "/var/lib/edged",
-        writer: Writer | None = None,
-        systemctl: Systemctl | None = None,
-    ) -> None:
-        self.tuning = Journal(root, state_dir, writer, systemctl)
-        self.persistent = Journal(root, state_dir, writer, systemctl, persistent=True)
-
-    @property
-    def path(self) -> Path:
-        """The tuning journal (what edged-tune.service applies and reverts)."""
-        return self.tuning.path
-
-    def check_trusted(self) -> None:
-        self.tuning.check_trusted()
-        self.persistent.check_trusted()
-
-    def retire_stale(self) -> list[tuple[str, str]]:
-        """`Journal.retire_stale` of the tuning journal; the persistent one is kept."""
-        self.check_trusted()
-        return self.tuning.retire_stale()
-
-    def apply(self, changes: Iterable[Change]) -> ApplyResult:
-        """Both journals' results in one, in the order of `changes`. The persistent journal
-        is only created when a change goes to it."""
-        self.check_trusted()
-        changes = list(changes)
-        # Every path of both journals before either writes anything (PathRefused).
-        self.tuning.check_paths((c.path, c.kind not in LINK_KINDS) for c in changes)
-        self.tuning.check_read()
-        result = ApplyResult(stale=self.retire_stale())
-        lasting = [c for c in changes if outlives_tuning(c)]
-        parts = [self.persistent.apply(lasting)] if lasting else []
-        parts.append(self.tuning.apply([c for c in changes if not outlives_tuning(c)]))
-        order = {id(c): i for i, c in enumerate(changes)}
-        for part in parts:
-            result.applied += part.applied
-            result.unchanged += part.unchanged
-            result.skipped += part.skipped
-            result.stale += part.stale
-        result.applied.sort(key=lambda c: order[id(c)])
-        result.unchanged.sort(key=lambda c: order[id(c)])
-        result.skipped.sort(key=lambda item: order[id(item[0])])
-        return result
-
-    def revert(self, runtime_only: bool = False) -> list[tuple[str, str]]:
-        """The tuning journal's `revert`, then (unless `runtime_only`) the persistent one's.
-        Both journals are checked (trust, every record readable) before either is touched."""
-        journals = [self.tuning] if runtime_only else [self.tuning, self.persistent]
-        for journal in journals:
-            journal.checked_records()
-        done: list[tuple[str, str]] = []
-        for journal in journals:
-            done += journal.revert()
-        return done
-
-    def pending(self) -> bool:
-        return self.tuning.pending() or self.persistent.pending()
-
-
-def _target(path: str, target: str) -> dict:
-    """The "target" field of a set record: the file a link on `path` led to, when it did."""
-    return {} if target == path else {"target": target}
-
-
-def _temp_device_path(device_path: str) -> str:
-    folder, name = posixpath.split(device_path)
-    return posixpath.join(folder, temp_name(name))
-
-
-def _plain_path(path: object) -> bool:
-    """An absolute device path without `..` or `.` parts: root.path() of anything else could
-    reach outside the root it is joined to."""
-    if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
-        return False
-    return all(part not in ("..", ".") for part in path.split("/"))

@@ -22,7 +22,6 @@ from sysconf.changes import (
     PERSISTENT_JOURNAL_NAME,
     Change,
     Journal,
-    Journals,
     UntrustedJournal,
     outlives_tuning,
     read_current,
@@ -31,6 +30,7 @@ from sysconf.changes import (
     write_file,
 )
 from sysconf.confined import ConfinedRoot
+from sysconf.journals import Journals
 from sysconf.sysroot import SysRoot
 from tests.support.roots import tree_state
 

@@ -22,7 +22,10 @@ HEAVY = (
     "psutil",
     "prometheus_client",
     "uvicorn",
-    "edged.selection",
+    # selection's policy (DEFAULT_MAX_DROP, shown in --help) is light; its runs are not
+    "edged.selection.select",
+    "edged.selection.accuracy",
+    "edged.selection.bench",
     "edged.serving",
     "edged.quantize.quantizer",
 )

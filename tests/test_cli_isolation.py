@@ -226,7 +226,7 @@ def test_every_change_refused_for_permission_exits_1(tmp_path: Path, monkeypatch
 
     from edged.cli import tuning
     from edged.cli.main import main
-    from sysconf.changes import Journals
+    from sysconf.journals import Journals
 
     root = board_root(tmp_path / "root", cpus=4)
     before = tree_state(root)

@@ -22,9 +22,17 @@ from tritonclient.utils import InferenceServerException
 from edged.serving import grpc_messages, grpc_server
 from edged.serving.inference import EXTENSIONS
 from edged.serving.protocol import ProtocolError, ShmRef
-from tests.support.daemon_harness import HANG_MARK, Daemon, cls_table, get, write_config
+from tests.support.daemon_harness import (
+    HANG_MARK,
+    OUT,
+    Daemon,
+    cls_input,
+    cls_table,
+    get,
+    grpc_port,
+    write_config,
+)
 
-OUT = "save_infer_model/scale_0.tmp_1"  # the cls model's output
 HANG_S = 1.0  # onnxruntime's stand-in hang on a request whose first value is HANG_MARK
 MAX_BODY = 1_000_000
 
@@ -54,12 +62,6 @@ def daemon(models_dir: Path, tmp_path_factory) -> Daemon:
     assert not (folder / "grpc.sock").exists()  # removed at stop, as the HTTP socket is
 
 
-def grpc_port(daemon: Daemon) -> int:
-    match = re.search(r"GRPCInferenceService\) on 127\.0\.0\.1:(\d+), unix:", daemon.log_text())
-    assert match, daemon.log_text()
-    return int(match.group(1))
-
-
 @pytest.fixture(scope="module")
 def urls(daemon: Daemon) -> dict[str, str]:
     return {
@@ -72,13 +74,6 @@ def urls(daemon: Daemon) -> dict[str, str]:
 def client(request, urls: dict[str, str]) -> tg.InferenceServerClient:
     with tg.InferenceServerClient(urls[request.param]) as c:
         yield c
-
-
-def cls_input(seed: int = 0) -> np.ndarray:
-    from edged.selection.inputs import text_like_images
-
-    grey = next(text_like_images(48, 192, 1, seed))
-    return np.repeat(grey[None, None], 3, axis=1).astype(np.float32) * 2 - 1
 
 
 def infer_input(x: np.ndarray, name: str = "x", datatype: str = "FP32") -> tg.InferInput:

@@ -18,6 +18,7 @@ import pytest
 
 import backends
 from backends import hailo_backend as hb
+from backends import hailo_stack, hef_file
 from backends.base import Candidate, LoadOptions
 from backends.errors import BackendError, InputError, ModelError
 from backends.formats import platform_of
@@ -67,7 +68,7 @@ def hailo_root(
         write(root, "/usr/lib/python3/dist-packages/hailo_platform/__init__.py")
         write(root, f"/usr/lib/python3/dist-packages/hailort-{binding}.dist-info/METADATA")
     if service:
-        write(root, hb.SERVICE_SOCKET)
+        write(root, hailo_stack.SERVICE_SOCKET)
     return root
 
 
@@ -92,7 +93,7 @@ def test_a_hef_is_recognised_by_its_magic_and_read_from_its_headers(tmp_path, ve
     assert (info.format, info.precision, info.target) == ("hef", "int8", "hailo8l")
     assert f"Hailo HEF v{version}" in info.precision_detail
     assert "Dataflow Compiler 3.28.0" in info.precision_detail
-    minimum = ".".join(map(str, hb.HEADER_READERS[version][:2]))
+    minimum = ".".join(map(str, hef_file.HEADER_READERS[version][:2]))
     assert f"HailoRT {minimum}+" in info.precision_detail
     # By content, whatever the suffix says.
     renamed = path.rename(tmp_path / "synthetic.bin")
@@ -124,7 +125,7 @@ def test_a_hef_without_a_protobuf_header_states_no_target(tmp_path):
 
 def test_truncated_hefs_are_model_errors_naming_the_file(tmp_path):
     whole = standin.hef_bytes(version=2)
-    header = hb._HEADER_SIZES[2]
+    header = hef_file._HEADER_SIZES[2]
     for cut in (3, 11, 20, header, header + 5, len(whole) - 1):
         path = tmp_path / f"cut-{cut}.hef"
         path.write_bytes(whole[:cut])
@@ -288,7 +289,7 @@ def test_the_service_is_followed_when_it_is_there_or_forced(tmp_path):
     hailo_root(tmp_path / "sock", service=True)
     (c,) = hb.BACKEND.candidates(facts(tmp_path / "sock"), None)
     assert c.options["multi_process_service"] is True
-    assert f"hailort_service listens on {hb.SERVICE_SOCKET}" in c.note
+    assert f"hailort_service listens on {hailo_stack.SERVICE_SOCKET}" in c.note
     hailo_root(tmp_path / "unit")
     link = tmp_path / "unit/etc/systemd/system/multi-user.target.wants/hailort.service"
     link.parent.mkdir(parents=True)
@@ -308,7 +309,7 @@ def test_live_facts_read_the_service_address_and_the_importable_binding(tmp_path
     hailo_root(tmp_path)
     monkeypatch.delenv("HAILORT_SERVICE_ADDRESS", raising=False)
     monkeypatch.delitem(sys.modules, "hailo_platform", raising=False)
-    stack = hb.stack_facts(SysRoot(tmp_path), live=True, node="/dev/hailo0")
+    stack = hailo_stack.stack_facts(SysRoot(tmp_path), live=True, node="/dev/hailo0")
     assert (stack.driver_module, stack.driver_version) == ("hailo_pci", "4.20.0")
     assert stack.libraries == ("4.20.0",)
     assert stack.service is None
@@ -317,7 +318,7 @@ def test_live_facts_read_the_service_address_and_the_importable_binding(tmp_path
     standin.install(monkeypatch, standin.Board())
     write(tmp_path, "/run/custom.sock")
     monkeypatch.setenv("HAILORT_SERVICE_ADDRESS", "unix:///run/custom.sock")
-    stack = hb.stack_facts(SysRoot(tmp_path), live=True, node="/dev/hailo0")
+    stack = hailo_stack.stack_facts(SysRoot(tmp_path), live=True, node="/dev/hailo0")
     assert stack.binding is True
     assert stack.service == "hailort_service listens on /run/custom.sock"
 
@@ -503,7 +504,7 @@ def test_another_process_holding_the_device_names_the_service_as_the_way(
 def test_through_the_service_the_vdevice_is_opened_for_sharing(board, tmp_path, models_dir):
     model = register(board, tmp_path, models_dir)
     board.service_running = True
-    write(tmp_path / "root", hb.SERVICE_SOCKET)
+    write(tmp_path / "root", hailo_stack.SERVICE_SOCKET)
     session = hb.BACKEND.load(model, candidate_for(tmp_path, model), LoadOptions())
     params = board.vdevice_params[-1]
     assert params["multi_process_service"] is True and params["group_id"] == "SHARED"

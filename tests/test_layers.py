@@ -1,11 +1,14 @@
 """The layers of the design (sysconf at the bottom, backends above, edged on top), checked on
 the source with `ast`, so a wrong import fails here and not on a board that lacks a runtime.
 
-Two rules over every .py in sysconf/, backends/ and edged/:
+Three rules over every .py in sysconf/, backends/ and edged/:
   * imports point down: sysconf imports neither backends nor edged, backends does not import
     edged. Every import counts, at module level, inside functions (lazy imports are still
     dependencies) and under `if TYPE_CHECKING:` (a type named from a higher layer ties the
     lower one to it all the same);
+  * inside edged/, its parts keep an order (EDGED_ORDER): an import counts whenever it is
+    written, as above; and no two modules of edged/ or sysconf/ import each other even
+    lazily (a function's import is a dependency all the same);
   * no import cycle among the project's modules at import time: only the imports that run
     when a module is first imported count (module level and class bodies, `try`/`if`
     included), not those inside functions nor under `if TYPE_CHECKING:`, which never run.
@@ -15,6 +18,7 @@ Two rules over every .py in sysconf/, backends/ and edged/:
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +27,28 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("sysconf", "backends", "edged")
 # package -> the packages it must never import
 FORBIDDEN = {"sysconf": ("backends", "edged"), "backends": ("edged",)}
+# Inside edged/, bottom to top: each part imports only parts below it (and sysconf, backends).
+# selection measures; quantize makes variants and gates them with selection's accuracy;
+# telemetry records latency and publishes (its settings are its own); config composes every
+# part's settings from the TOML file and checks them; serving runs models on the front ends;
+# fleet reads what devices publish; then the small single-job modules (repository: the
+# daemon's load/unload of one model, a part of the daemon); the daemon wires it all;
+# the CLI may use anything (the daemon never imports the CLI).
+EDGED_ORDER = (
+    "selection",
+    "quantize",
+    "telemetry",
+    "config",
+    "serving",
+    "fleet",
+    "placement",
+    "hotplug",
+    "sdnotify",
+    "client",
+    "repository",
+    "daemon",
+    "cli",
+)
 
 
 @dataclass(frozen=True)
@@ -250,3 +276,90 @@ def test_importing_a_submodule_runs_its_package_first(tmp_path: Path) -> None:
         },
     )
     assert import_cycles(import_graph(root)) == [["edged.sub", "edged.top", "edged.sub"]]
+
+
+def edged_part(module: str) -> str | None:
+    """The part of edged/ a module is in (its sub-package, or its own name at the top)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "edged" and len(parts) > 1 else None
+
+
+def order_violations(imports: Iterable[Import], order: tuple[str, ...] = EDGED_ORDER) -> list[str]:
+    rank = {part: i for i, part in enumerate(order)}
+    found = []
+    for imp in imports:
+        source, target = edged_part(imp.source), edged_part(imp.target)
+        if imp.implied or source is None or target is None or source == target:
+            continue
+        if source not in rank or target not in rank:
+            found.append(
+                f"{imp.source}: edged.{source if source not in rank else target} "
+                "is in no place of EDGED_ORDER"
+            )
+        elif rank[source] < rank[target]:
+            found.append(f"{imp.source} (line {imp.line}) imports {imp.target}, which is above it")
+    return sorted(set(found))
+
+
+def test_edged_parts_keep_their_order() -> None:
+    violations = order_violations(import_graph(REPO))
+    assert not violations, (
+        f"imports against the order inside edged/ ({' < '.join(EDGED_ORDER)}):\n  "
+        + "\n  ".join(violations)
+    )
+
+
+def test_the_order_test_sees_an_import_upwards(tmp_path: Path) -> None:
+    """The rule can fail: a lazy import from config up into serving is caught."""
+    for part in ("config", "serving"):
+        (tmp_path / "edged" / part).mkdir(parents=True)
+        (tmp_path / "edged" / part / "__init__.py").write_text("")
+    (tmp_path / "edged" / "__init__.py").write_text("")
+    (tmp_path / "edged" / "serving" / "engine.py").write_text("X = 1\n")
+    (tmp_path / "edged" / "config" / "load.py").write_text(
+        "def f():\n    from edged.serving.engine import X\n    return X\n"
+    )
+    found = order_violations(import_graph(tmp_path, ("edged",)))
+    assert found == ["edged.config.load (line 2) imports edged.serving.engine, which is above it"]
+
+
+def test_no_two_modules_import_each_other_even_lazily() -> None:
+    """edged/ and sysconf/: every import counts except those under TYPE_CHECKING (never
+    run). backends/ still has one (the format registry asks the backends package, whose
+    modules read model files through backends.model_info, which asks the registry)."""
+    runtime = [
+        imp
+        for imp in import_graph(REPO)
+        if imp.source.split(".")[0] in ("edged", "sysconf") and not _type_only(imp)
+    ]
+    cycles = import_cycles([Import(i.source, i.target, i.line, True, i.implied) for i in runtime])
+    assert not cycles, "modules that import each other (lazily too):\n  " + "\n  ".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
+
+
+def _type_only(imp: Import) -> bool:
+    """Whether the import sits under `if TYPE_CHECKING:` (read from its line)."""
+    return imp.line in _type_checking_lines(imp.source)
+
+
+_TYPE_LINES: dict[str, set[int]] = {}
+
+
+@functools.cache
+def _modules() -> dict[str, Path]:
+    return project_modules(REPO)
+
+
+def _type_checking_lines(module: str) -> set[int]:
+    if module not in _TYPE_LINES:
+        path = _modules()[module]
+        lines: set[int] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.If) and _is_type_checking(node.test):
+                for child in node.body:
+                    for sub in ast.walk(child):
+                        if isinstance(sub, ast.Import | ast.ImportFrom):
+                            lines.add(sub.lineno)
+        _TYPE_LINES[module] = lines
+    return _TYPE_LINES[module]

@@ -22,8 +22,16 @@ from edged.serving import grpc_server
 from edged.serving.api import _peer
 from edged.serving.inference import Inference, RequestError
 from edged.serving.peers import Peer
-from tests.support.daemon_harness import HANG_MARK, Daemon, cls_table, get, write_config
-from tests.test_grpc import OUT, cls_input, grpc_port
+from tests.support.daemon_harness import (
+    HANG_MARK,
+    OUT,
+    Daemon,
+    cls_input,
+    cls_table,
+    get,
+    grpc_port,
+    write_config,
+)
 
 HANG_S = 1.0
 

@@ -30,7 +30,8 @@ from backends import LoadOptions, device_nodes, get_backend, model_formats, prob
 from backends.errors import BackendError, InputError, ModelError
 from backends.formats import platform_of
 from backends.model_info import inspect_model, signature, signature_mismatch
-from backends.rknn_backend import SOCS, Soc, core_mask, read_rknn
+from backends.rknn_backend import SOCS, Soc, core_mask
+from backends.rknn_file import read_rknn
 from backends.tensors import TensorSpec
 from sysconf.hardware import HardwareFacts, find_accelerators
 from sysconf.sysroot import SysRoot

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from edged.cli.main import main
-from sysconf.changes import JOURNAL_NAME, Change, Journal, Journals
+from sysconf.changes import JOURNAL_NAME, Change, Journal
 from sysconf.confined import ConfinedRoot, PathRefused
+from sysconf.journals import Journals
 from sysconf.sysroot import SysRoot
 from tests.support.images import GRUB, PROVISION, image
 from tests.support.roots import board_root, tree_state

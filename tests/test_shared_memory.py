@@ -21,8 +21,15 @@ from tritonclient.utils import InferenceServerException
 from edged.serving.peers import Peer
 from edged.serving.protocol import ShmRef
 from edged.serving.shared_memory import SHM_ROOT, SharedMemory, SharedMemoryError, check_key
-from tests.support.daemon_harness import Daemon, cls_table, get, write_config
-from tests.test_grpc import OUT, cls_input, grpc_port
+from tests.support.daemon_harness import (
+    OUT,
+    Daemon,
+    cls_input,
+    cls_table,
+    get,
+    grpc_port,
+    write_config,
+)
 
 pytestmark = pytest.mark.skipif(not SHM_ROOT.is_dir(), reason="no /dev/shm")
 
@@ -75,7 +82,7 @@ class Regions:
         key = f"/edged_test_{tag}"
         handle = shm.create_shared_memory_region(name, key, size)
         # Shared with the group, as a client shares with the daemon's user on a device
-        # (tritonclient makes it 0600); a gRPC Unix-socket client's must be (README).
+        # (tritonclient makes it 0600); a gRPC Unix-socket client's must be (docs/SECURITY.md).
         os.chmod(SHM_ROOT / key.lstrip("/"), 0o660)
         self.handles.append(handle)
         return name, key, handle

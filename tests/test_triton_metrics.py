@@ -19,8 +19,15 @@ from edged.serving.inference import Statistics
 from edged.serving.metrics import TRITON_COUNTERS, triton_metrics_text
 from edged.serving.requests import Timing
 from tests.support import REPO
-from tests.support.daemon_harness import Daemon, cls_table, get, write_config
-from tests.test_grpc import OUT, cls_input, grpc_port
+from tests.support.daemon_harness import (
+    OUT,
+    Daemon,
+    cls_input,
+    cls_table,
+    get,
+    grpc_port,
+    write_config,
+)
 
 
 def _answer(queue_s: float, compute_s: float, batch: int, samples: int = 1):

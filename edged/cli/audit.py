@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,8 +18,7 @@ from sysconf.audit import report, runner
 from sysconf.audit.findings import AuditContext
 
 if TYPE_CHECKING:
-    from edged.config import Config
-    from sysconf.sysroot import SysRoot
+    pass
 
 ORDER = 80  # place in `edgectl --help`
 
@@ -121,20 +119,6 @@ def cmd_audit(args) -> int:
     return report.exit_code(result.findings, args.fail_on)
 
 
-def _config_options(config: Config) -> dict[str, Any]:
-    """What the checks read from edged's config: [audit] trim/keep, and whether a model runs
-    SCHED_FIFO (KRN-SCHED-RT-RUNTIME)."""
-    return {
-        "trim": list(config.audit.trim),
-        "keep": list(config.audit.keep),
-        "realtime": any(mc.rt_priority for mc in config.models),
-    }
-
-
-def _model_cpus(config: Config) -> list[int]:
-    return sorted({cpu for mc in config.models for cpu in (mc.cpus or ())})
-
-
 def _context(args) -> AuditContext:
     from sysconf.cpulist import parse_cpulist
     from sysconf.cpusets import decide, read_cpusets_for
@@ -157,13 +141,14 @@ def _context(args) -> AuditContext:
     config_cpus = None
     if getattr(args, "config", None) is not None:
         from edged.config import ConfigError, load_config
+        from edged.config.audit import audit_options, model_cpus
 
         try:
             config = load_config(args.config, online_cpus=None)  # checked against the root
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
-        options.update(_config_options(config))
-        config_cpus = _model_cpus(config) or None
+        options.update(audit_options(config))
+        config_cpus = model_cpus(config) or None
     if config_cpus:
         try:
             decide(cpusets, config_cpus)
@@ -185,35 +170,6 @@ def _context(args) -> AuditContext:
         # isolated set, which wins over the models' cpus (sysconf.cpusets.decide).
         options["inference_override"] = cpus
     return AuditContext(root=root, dtbs=dtbs, options=options)
-
-
-def audit_summary(
-    config: Config, root: SysRoot | None = None, with_model_cpus: bool = True
-) -> dict[str, Any]:
-    """What `edgectl audit --config` reports, as a short summary for the retained `audit`
-    topic: counts by status and by level (the lesser of status and severity, as the audit's
-    exit code counts), the ids failing and warning, when it ran. Read-only on `root`.
-    `with_model_cpus`: the models' cpus are the inference cores (as with --config)."""
-    from sysconf.sysroot import SysRoot
-
-    root = root or SysRoot()
-    options = _config_options(config)
-    inference = _model_cpus(config)
-    if inference and with_model_cpus:
-        options["inference_cpus"] = inference
-    start = time.perf_counter()
-    findings = runner.run(AuditContext(root=root, options=options)).findings
-    levels = [report.level(f) for f in findings]
-    return {
-        "ts": round(time.time(), 3),
-        "root": str(root.root),
-        "findings": len(findings),
-        "statuses": report.summary(findings),
-        "levels": {name: levels.count(rank) for rank, name in enumerate(("ok", "warn", "fail"))},
-        "failing": sorted({f.id for f, lv in zip(findings, levels, strict=True) if lv == 2}),
-        "warning": sorted({f.id for f, lv in zip(findings, levels, strict=True) if lv == 1}),
-        "duration_s": round(time.perf_counter() - start, 3),
-    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

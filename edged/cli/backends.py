@@ -32,7 +32,7 @@ from edged.cli.common import (
     quiet_runtime_logs,
     selection_options,
 )
-from edged.quantize.defaults import DEFAULT_MAX_DROP
+from edged.selection.policy import DEFAULT_MAX_DROP
 
 ORDER = 10  # place in `edgectl --help`
 

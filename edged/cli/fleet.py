@@ -298,8 +298,12 @@ def _host_port(addr: str, port: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m edged.fleet ...`: the same as `edgectl fleet ...`."""
+    """`python -m edged.cli.fleet ...`: the same as `edgectl fleet ...`."""
     parser = argparse.ArgumentParser(prog="edgectl")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["fleet", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """edgectl: inspect and measure what edged would do on this device.
 
-Exit codes (documented in the README; scripts rely on them):
+Exit codes (documented in docs/CLI.md; scripts rely on them):
   0  success
   1  the work could not be done (no backend ran the model correctly, a runtime failed)
   2  bad input: usage, a missing/corrupt/unsupported model, a wrong shape or input name

@@ -194,8 +194,8 @@ def dtb_cpus(path: Path) -> list[int]:
 
 
 def journals(root):
-    """Both journals (sysconf.changes.Journals: tuning and persistent) in one state dir."""
-    from sysconf.changes import Journals
+    """Both journals (sysconf.journals.Journals: tuning and persistent) in one state dir."""
+    from sysconf.journals import Journals
 
     # With --root the journals live inside that root (an image carries its own journals).
     return Journals(root, "/var/lib/edged" if not root.is_live else str(_live_state_dir()))

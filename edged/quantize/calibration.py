@@ -186,18 +186,6 @@ def calibration_and_evaluation(
     return calibration, evaluation, narrowness_warnings(calibration, inputs) + warnings
 
 
-def digest(feeds: Sequence[dict[str, np.ndarray]]) -> str:
-    """An id of the feeds' values, for cache keys."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for feed in feeds:
-        for name in sorted(feed):
-            h.update(name.encode())
-            h.update(np.ascontiguousarray(feed[name]).tobytes())
-    return h.hexdigest()[:16]
-
-
 # -- loaders ------------------------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
-"""The INT8 gate's defaults and choices, in a module that imports nothing: edgectl's parsers
-show them in `--help`, and building a parser must not import numpy or the quantizer."""
+"""The INT8 gate's defaults and choices, in a module that imports nothing heavy: edgectl's
+parsers show them in `--help`, and building a parser must not import numpy or the quantizer."""
 
-DEFAULT_MAX_DROP = 0.01  # accuracy budget against the FP32 original (selection and quantize)
+# The accuracy budget against the FP32 original is selection's (quantize gates with it too).
+from edged.selection.policy import DEFAULT_MAX_DROP  # noqa: F401  (this module's API)
+
 EVAL_SPLIT = 0.2  # share of the calibration samples held out for the accuracy gate
 TARGETS = ("onnxruntime", "openvino")  # the backends `edgectl quantize` gates an ONNX model on
 # A .tflite is gated on LiteRT with XNNPACK and with its built-in (reference) kernels.

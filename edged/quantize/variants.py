@@ -42,9 +42,9 @@ from backends.tensors import TensorSpec
 from edged.quantize.calibration import (
     Samples,
     calibration_and_evaluation,
-    digest,
 )
 from edged.quantize.calibration_spec import CalibrationError, CalibrationSpec
+from edged.selection.inputs import feeds_digest
 
 Progress = Callable[[str, int, int], None]
 VARIANTS_VERSION = 1
@@ -155,8 +155,8 @@ def variants_key(original: Path, calibration: Samples, evaluation: Samples, hw, 
         "model": inspect_model(original).sha256,
         "hardware": hw.fingerprint(),
         "runtimes": runtime_versions(),
-        "calibration": digest(calibration.feeds),
-        "evaluation": digest(evaluation.feeds),
+        "calibration": feeds_digest(calibration.feeds),
+        "evaluation": feeds_digest(evaluation.feeds),
         "settings": {
             "targets": list(settings.targets),
             "method": settings.method,

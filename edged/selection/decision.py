@@ -153,9 +153,9 @@ class Evaluation:
     source: str  # for people: "12 images held out of calib/"
 
     def digest(self) -> str:
-        from edged.quantize.calibration import digest
+        from edged.selection.inputs import feeds_digest
 
-        return digest(self.feeds)
+        return feeds_digest(self.feeds)
 
 
 def cache_key(

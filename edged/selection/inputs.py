@@ -236,3 +236,15 @@ def rendered_text_pages(
             page.paste(line.crop((0, 0, min(line.width, width), line.height)), (x, y))
             y += line.height + int(rng.integers(2, 24))
         yield page
+
+
+def feeds_digest(feeds: Sequence[dict[str, np.ndarray]]) -> str:
+    """An id of the feeds' values, for cache keys."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for feed in feeds:
+        for name in sorted(feed):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(feed[name]).tobytes())
+    return h.hexdigest()[:16]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 
 from backends.errors import BackendError, InputError
+from edged.serving.errors import RequestError
 from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel
 from edged.serving.peers import Peer
@@ -36,15 +37,6 @@ UNKNOWN_MODEL = "_unknown"  # the model label of requests for names that are not
 VERSION = "1"  # each model serves one version; its name in the protocol
 
 T = TypeVar("T")
-
-
-class RequestError(Exception):
-    """A request refused or failed, with its HTTP status; gRPC maps the status to its code
-    (`edged.serving.grpc_server.STATUS_CODES`)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class UnknownModel(RequestError):

@@ -42,7 +42,7 @@ class ServedModel:
     calibration: CalibrationSpec | None = None
     # Calibration given and its variants not made yet: the daemon starts `job` for them.
     variants_pending: bool = False
-    job: Any = None  # edged.quantize.job.VariantJob while or after it runs
+    job: Any = None  # edged.serving.variant_job.VariantJob while or after it runs
     # Config `standby`: keep the next verified candidate loaded. None: on when the pick is an
     # accelerator and the standby's measured memory fits (`standby_wanted`).
     standby_mode: bool | None = None

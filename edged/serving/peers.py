@@ -8,7 +8,7 @@ clients on the Unix sockets (whose file mode and group say who may connect) and,
 - loopback TCP: the uid that owns the client's socket, from /proc/net/tcp{,6}, read at the
   request (a port is reused by other users as soon as it is closed, so never cached);
 - the gRPC Unix socket: grpcio exposes no peer credentials, so its clients share one
-  principal, "grpc-unix", gated by the socket's mode and group alone (README, Security).
+  principal, "grpc-unix", gated by the socket's mode and group alone (docs/SECURITY.md).
 
 A principal's `key` names its namespace: one client user cannot see, unregister or re-point
 another's shared-memory regions.

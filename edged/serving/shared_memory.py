@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.serving.inference import RequestError
+from edged.serving.errors import RequestError
 from edged.serving.peers import Peer
 from edged.serving.protocol import ProtocolError, ShmRef, byteorder
 from edged.serving.responses import datatype_of_dtype, little_endian

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 import orjson
 
-from edged.serving.models import ServedModel
 from edged.telemetry.sampler import CoreSampler, name_thread
 from sysconf import SysRoot
 from sysconf.intrusions import (
@@ -50,6 +49,27 @@ SINCE_START_KEYS = (
     "stdev_ms",
     "jitter_ms",
 )
+
+
+class ServedWorker(Protocol):
+    """What the loop reads of a model's worker (edged.serving.engine.ModelWorker): telemetry
+    sits below serving, so it names the shape it needs rather than the class."""
+
+    recorder: Any  # edged.telemetry.latency.LatencyRecorder, or None before the first run
+    batching: Any  # its BatchingConfig (max_queue_delay_us)
+    batchable: bool
+    session: Any  # the backend session (candidate, sensors)
+    degraded: bool
+    queue_depth: int
+    cpus: Any  # the CPUs it is pinned to, or None
+    native_id: int | None  # its thread id, once it runs
+
+
+class Served(Protocol):
+    """A served model, as far as telemetry reads it (edged.serving.models.ServedModel)."""
+
+    @property
+    def worker(self) -> ServedWorker: ...
 
 
 class TelemetrySink(Protocol):
@@ -147,7 +167,7 @@ class TelemetryLoop:
     def __init__(
         self,
         interval_s: float,
-        models: Callable[[], Mapping[str, ServedModel]],
+        models: Callable[[], Mapping[str, Served]],
         sink: TelemetrySink,
         root: SysRoot | None = None,
         sampler: CoreSampler | None = None,
@@ -266,7 +286,7 @@ class TelemetryLoop:
             "system": system,
         }
 
-    def _intrusions(self, models: Mapping[str, ServedModel]) -> dict[str, Any]:
+    def _intrusions(self, models: Mapping[str, Served]) -> dict[str, Any]:
         """What interrupted inference since the last payload, as rates: hard interrupts and
         softirqs per second on each inference core (the models' pinned CPUs; every CPU when
         none is pinned) and involuntary context switches per second of each model's worker

@@ -14,8 +14,7 @@ import tritonclient.grpc as tg
 from tritonclient.grpc import service_pb2
 
 from edged.serving.grpc_server import STREAM_IN_FLIGHT
-from tests.support.daemon_harness import Daemon, cls_table, write_config
-from tests.test_grpc import cls_input, grpc_port
+from tests.support.daemon_harness import Daemon, cls_input, cls_table, grpc_port, write_config
 
 pytestmark = pytest.mark.integration
 

@@ -13,34 +13,15 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.grpc as tg
-from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from tests.support import REPO
-from tests.support.daemon_harness import Daemon, cls_table, write_config
-from tests.test_grpc import OUT, cls_input
+from tests.support.crafted import unknown_element_type
+from tests.support.daemon_harness import OUT, Daemon, cls_input, cls_table, write_config
 
 pytestmark = pytest.mark.integration
-
-
-def unknown_element_type(path: Path) -> Path:
-    """A valid ONNX graph whose initializer has element type 99 (none such: a newer or
-    crafted file)."""
-    w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
-        [w],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.graph.initializer[0].data_type = 99
-    path.write_bytes(model.SerializeToString())
-    return path
 
 
 @pytest.mark.parametrize("check_only", [True, False])

@@ -14,13 +14,13 @@ from pathlib import Path
 import flatbuffers
 import pytest
 
-from backends import rknn_backend, tflite_file
+from backends import rknn_file, tflite_file
 from backends.errors import ModelError
 from backends.model_info import inspect_model, signature
 from backends.tensors import TensorSpec
 from edged.quantize.calibration import MAX_ARRAY_BYTES, load_samples
 from edged.quantize.calibration_spec import CalibrationError
-from tests.hostile.test_lifecycle import unknown_element_type
+from tests.support.crafted import unknown_element_type
 
 SPEC = [TensorSpec("x", "float32", (1, 4))]
 
@@ -105,7 +105,7 @@ def test_an_unknown_onnx_element_type_is_a_model_error(tmp_path: Path) -> None:
 
 def test_a_deeply_nested_rknn_json_is_a_model_error(tmp_path: Path) -> None:
     meta = b"[" * 200_000 + b"]" * 200_000
-    data = rknn_backend.MAGIC + b"\0" * 4 + struct.pack("<QQ", 1, 0)
+    data = rknn_file.MAGIC + b"\0" * 4 + struct.pack("<QQ", 1, 0)
     data += struct.pack("<Q", len(meta)) + meta
     path = tmp_path / "deep.rknn"
     path.write_bytes(data)

@@ -27,8 +27,7 @@ from edged.serving.shared_memory import (
     SharedMemoryError,
     TooManyRegions,
 )
-from tests.support.daemon_harness import Daemon, cls_table, write_config
-from tests.test_grpc import OUT, cls_input
+from tests.support.daemon_harness import OUT, Daemon, cls_input, cls_table, write_config
 
 pytestmark = pytest.mark.skipif(not SHM_ROOT.is_dir(), reason="no /dev/shm")
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from edged.quantize.job import LINE_BYTES, VariantJob
+from edged.serving.variant_job import LINE_BYTES, VariantJob
 
 # Writes `out` bytes of noise to stdout, then `err` bytes to stderr with no newline, a progress
 # line, and the JSON report as stdout's last line; exits with `code`.

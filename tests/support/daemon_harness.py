@@ -259,3 +259,21 @@ class PeakRss:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+# -- the cls model, as the serving tests use it ------------------------------------------------
+
+OUT = "save_infer_model/scale_0.tmp_1"  # the cls model's output
+
+
+def cls_input(seed: int = 0) -> np.ndarray:
+    from edged.selection.inputs import text_like_images
+
+    grey = next(text_like_images(48, 192, 1, seed))
+    return np.repeat(grey[None, None], 3, axis=1).astype(np.float32) * 2 - 1
+
+
+def grpc_port(daemon: Daemon) -> int:
+    match = re.search(r"GRPCInferenceService\) on 127\.0\.0\.1:(\d+), unix:", daemon.log_text())
+    assert match, daemon.log_text()
+    return int(match.group(1))

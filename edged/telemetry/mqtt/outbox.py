@@ -18,9 +18,9 @@ from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edged.config.schema import MqttSettings
 from edged.telemetry.mqtt.payloads import check_keys, dumps, event_record, now
 from edged.telemetry.mqtt.session import RESERVED_INFLIGHT, STATE_SEQ_SPAN, Session, death_seq
+from edged.telemetry.settings import MqttSettings
 from edged.telemetry.spool import Spool, SpoolError, SpoolFull
 
 log = logging.getLogger("edged.telemetry.mqtt")

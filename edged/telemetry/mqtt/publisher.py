@@ -14,11 +14,11 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edged.config.schema import MqttSettings
 from edged.telemetry.mqtt.commands import Commands
 from edged.telemetry.mqtt.log_publisher import LogPublisher
 from edged.telemetry.mqtt.outbox import Outbox
 from edged.telemetry.mqtt.session import RESERVED_INFLIGHT, Session, device_id_from
+from edged.telemetry.settings import MqttSettings
 from edged.telemetry.spool import Spool, SpoolError
 
 log = logging.getLogger("edged.telemetry.mqtt")

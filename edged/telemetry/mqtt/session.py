@@ -23,8 +23,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edged.config.schema import MqttSettings
 from edged.telemetry.mqtt.payloads import dumps, now, short_reason
+from edged.telemetry.settings import MqttSettings
 from edged.telemetry.topics import BAD_LEVEL, COMMAND_PREFIX
 
 log = logging.getLogger("edged.telemetry.mqtt")
