@@ -2,7 +2,7 @@
 (the daemon's wire format: retained birth, the Will, spooled telemetry with ts/seq/bdSeq) fed
 with windows from `LatencyRecorder` and thermals from `ThermalState`, the objects the daemon's
 telemetry loop uses; malformed messages and the shared-subscription split use a plain paho
-client. The monitor runs as its own process (`python -m edged.cli.fleet`, what `edgectl fleet`
+client. The monitor runs as its own process (`python -m edged.cli.main fleet`, what `edgectl fleet`
 calls), so exit codes, stdout and stderr are the real ones."""
 
 from __future__ import annotations
@@ -144,12 +144,16 @@ class MonitorProc:
     def __init__(self, *args: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edged.cli.fleet", *args],
+            [sys.executable, "-m", "edged.cli.main", "fleet", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=REPO,
             env=env,
+            # Ctrl-C is how a person stops the live monitor, and how stop() does. A suite
+            # started in the background by a non-interactive shell inherits SIGINT ignored
+            # (and an ignored signal stays ignored across exec): the monitor would never see it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.err: list[str] = []
         self.out: list[str] = []

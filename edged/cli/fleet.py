@@ -11,10 +11,8 @@ broker URL or thresholds file.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -295,15 +293,3 @@ def _listen_address(addr: str) -> str:
 
 def _host_port(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m edged.cli.fleet ...`: the same as `edgectl fleet ...`."""
-    parser = argparse.ArgumentParser(prog="edgectl")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["fleet", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
