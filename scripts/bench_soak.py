@@ -30,7 +30,8 @@ last 10 minutes' p99 against the first 10 minutes' after the warm-up, both from 
 Usage: bench_soak.py [--duration-s S] [--sample-s S] [--warmup-s S] [--no-broker]
                      [--actors LIST] [--out FILE] [--json]
        bench_soak.py --analyse FILE [--warmup-s S] [--json]   (the samples --out wrote)
-Progress goes to stderr once per sample; --out writes the samples as JSON lines as they come
+Ctrl-C or SIGTERM stops it early (the daemon and broker it started stop too). Progress goes
+to stderr once per sample; --out writes the samples as JSON lines as they come
 (a long run leaves its record even if it is stopped). Exit 0: every goal met; 1: a goal
 missed (growth, a good request failed, the daemon died); 2: it could not run (no model, no
 daemon, bad arguments).
@@ -622,23 +623,27 @@ def run(args: argparse.Namespace) -> int:
                 actors = {name: step for name, step in actors.items() if name in args.actors}
             started = time.monotonic()
             threads = [soak.actor(n, PERIODS[n], step) for n, step in actors.items()]
-            while time.monotonic() - started < args.duration_s:
-                soak.stop.wait(args.sample_s)
-                if not soak.alive:
-                    died = soak.daemon.proc.returncode
-                    log(f"the daemon died (exit {died})")
-                    break
-                s = soak.sample(started)
-                samples.append(s)
-                if out:
-                    out.write(json.dumps(s) + "\n")
-                    out.flush()
-                log(
-                    f"{s['t_s']:>7.0f} s  rss {s['rss_mb']:.1f} MiB  fds {s['fds']}  threads "
-                    f"{s['threads']}  spool {s['spool_pending_kb']:.0f} KiB pending, file "
-                    f"{s['spool_file_kb']:.0f} KiB  p99 {s['p99_ms']} ms  "
-                    f"({s['requests']} requests{', broker down' if s['broker_down'] else ''})"
-                )
+            try:
+                while time.monotonic() - started < args.duration_s:
+                    soak.stop.wait(args.sample_s)
+                    if not soak.alive:
+                        died = soak.daemon.proc.returncode
+                        log(f"the daemon died (exit {died})")
+                        break
+                    s = soak.sample(started)
+                    samples.append(s)
+                    if out:
+                        out.write(json.dumps(s) + "\n")
+                        out.flush()
+                    log(
+                        f"{s['t_s']:>7.0f} s  rss {s['rss_mb']:.1f} MiB  fds {s['fds']}  threads "
+                        f"{s['threads']}  spool {s['spool_pending_kb']:.0f} KiB pending, file "
+                        f"{s['spool_file_kb']:.0f} KiB  p99 {s['p99_ms']} ms  "
+                        f"({s['requests']} requests{', broker down' if s['broker_down'] else ''})"
+                    )
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the samples so far are the run
+                log(f"stopped early, after {len(samples)} samples")
+                report["stopped_early"] = True
             soak.stop.set()
             for thread in threads:
                 thread.join(60)
@@ -716,6 +721,9 @@ def main(argv: list[str] | None = None) -> int:
         return analyse_file(args.analyse, warmup, args.json)
     if args.warmup_s is None:
         args.warmup_s = max(60.0, 0.1 * args.duration_s)
+    # SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: the daemon and the broker it
+    # started are stopped in run()'s finally blocks, not left behind.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.duration_s <= args.warmup_s + 4 * args.sample_s:
         log("--duration-s must leave at least four samples after the warm-up")
         return 2
