@@ -47,6 +47,13 @@ class Candidate:
         return data
 
 
+def compile_cache(state_dir: Path) -> Path:
+    """Where runtimes that compile a model keep what they compiled, under a state dir (one
+    definition: the selection cleans it after a failed run, the daemon and edgectl bench
+    load through it). The name is OpenVINO's, its only user today."""
+    return state_dir / "openvino-cache"
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     threads: int | None = None

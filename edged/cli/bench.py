@@ -41,6 +41,7 @@ def register(sub) -> None:
 
 def cmd_bench(args) -> int:
     from backends import BackendError, LoadOptions, get_backend, probe_hardware
+    from backends.base import compile_cache
     from backends.model_info import inspect_model
     from edged.selection.bench import LatencyStats, benchmark, pinned_thread
     from edged.selection.candidates import backend_candidates
@@ -75,7 +76,7 @@ def cmd_bench(args) -> int:
                 f"--backend {args.backend}: nothing available to run {model.name} ({why})"
             )
     options = LoadOptions(
-        threads=args.threads, cpus=policy.cpus, cache_dir=state_dir / "openvino-cache"
+        threads=args.threads, cpus=policy.cpus, cache_dir=compile_cache(state_dir)
     )
     results: list[dict[str, Any]] = []
     sessions = {}

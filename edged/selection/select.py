@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 from backends import Candidate, LoadOptions, get_backend, reference_candidates
-from backends.base import Session
+from backends.base import Session, compile_cache
 from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo, inspect_model, signature, signature_mismatch
 from edged.selection.accuracy import ScoreMap, accuracy, constant_outputs
@@ -116,7 +116,7 @@ def _cache_files(state_dir: Path | None) -> tuple[bool, set[Path]] | None:
     """What the state dir and its compiled-model cache held before a selection."""
     if state_dir is None:
         return None
-    cache = state_dir / "openvino-cache"
+    cache = compile_cache(state_dir)
     return state_dir.exists(), set(cache.rglob("*")) if cache.exists() else set()
 
 
@@ -127,7 +127,7 @@ def _forget_new_files(state_dir: Path | None, before: tuple[bool, set[Path]] | N
     if state_dir is None or before is None:
         return
     existed, old = before
-    cache = state_dir / "openvino-cache"
+    cache = compile_cache(state_dir)
     if cache.exists():
         for path in sorted(set(cache.rglob("*")) - old, reverse=True):
             if path.is_dir():
@@ -181,7 +181,7 @@ def _measure(
     options = LoadOptions(
         threads=policy.threads,
         cpus=policy.cpus,
-        cache_dir=state_dir / "openvino-cache" if state_dir else None,
+        cache_dir=compile_cache(state_dir) if state_dir else None,
         npu_cores=policy.npu_cores,
     )
     models = {str(m.path): m for m in family}

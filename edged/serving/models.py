@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from backends import LoadOptions, get_backend
-from backends.base import Candidate, Session
+from backends.base import Candidate, Session, compile_cache
 from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo
 from edged.quantize.calibration_spec import CalibrationSpec
@@ -538,6 +538,6 @@ def _load_options(
         shapes=selection.shapes,
         shapes_bind=bool(policy.shapes),
         dynamic_batch=batching.max_batch_size > 1,
-        cache_dir=state_dir / "openvino-cache",
+        cache_dir=compile_cache(state_dir),
         npu_cores=policy.npu_cores,
     )
