@@ -10,18 +10,18 @@ running a LiteRT model never imports OpenVINO.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from types import ModuleType
-from typing import TYPE_CHECKING
-
-from backends.base import Backend, Candidate, LoadOptions, Session
-from backends.errors import BackendError, InputError, ModelError
-from backends.tensors import TensorSpec
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from backends.base import Backend, Candidate, LoadOptions, Session
+    from backends.errors import BackendError, InputError, ModelError
     from backends.formats import ModelFormat
     from backends.model_info import ModelInfo
+    from backends.tensors import TensorSpec
     from sysconf.hardware import DeviceNode, HardwareFacts
     from sysconf.sysroot import SysRoot
 
@@ -29,22 +29,50 @@ if TYPE_CHECKING:
 # one file (and its test), no list to edit. Each declares NAME, ALIASES, ORDER, FORMATS,
 # DEVICES and BACKEND; importing one is cheap because it imports its runtime only when asked
 # to list candidates or load a model. ORDER is the order candidates are listed, tried and
-# reported in.
+# reported in. They are found on first use, not when this package is imported: `import
+# backends.errors` (what many modules need) then costs neither the backends nor numpy.
 _SUFFIX = "_backend"
+# Names this package hands on from its modules, imported when first asked for (PEP 562).
+_EXPORTS = {
+    "Backend": "backends.base",
+    "Candidate": "backends.base",
+    "LoadOptions": "backends.base",
+    "Session": "backends.base",
+    "BackendError": "backends.errors",
+    "InputError": "backends.errors",
+    "ModelError": "backends.errors",
+    "TensorSpec": "backends.tensors",
+}
 
 
-def _discover() -> list[ModuleType]:
+@functools.cache
+def _modules() -> tuple[ModuleType, ...]:
     modules = [
         importlib.import_module(f"{__name__}.{info.name}")
         for info in pkgutil.iter_modules(__path__)
         if info.name.endswith(_SUFFIX)
     ]
-    return sorted(modules, key=lambda m: (m.ORDER, m.NAME))
+    return tuple(sorted(modules, key=lambda m: (m.ORDER, m.NAME)))
 
 
-_MODULES = _discover()
-REGISTRY = {m.NAME: m.__name__ for m in _MODULES}  # name -> module holding `BACKEND`
-ALIASES = {alias: m.NAME for m in _MODULES for alias in m.ALIASES}  # alias -> name
+def _registry() -> dict[str, str]:
+    """name -> the module holding its `BACKEND`."""
+    return {m.NAME: m.__name__ for m in _modules()}
+
+
+def _aliases() -> dict[str, str]:
+    return {alias: m.NAME for m in _modules() for alias in m.ALIASES}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name == "REGISTRY":
+        return _registry()
+    if name == "ALIASES":
+        return _aliases()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "REGISTRY",
@@ -66,34 +94,35 @@ __all__ = [
 
 
 def backend_names() -> list[str]:
-    return list(REGISTRY)
+    return list(_registry())
 
 
 def canonical_name(name: str) -> str:
     name = name.strip().lower()
-    return ALIASES.get(name, name)
+    return _aliases().get(name, name)
 
 
 def get_backend(name: str) -> Backend:
     name = canonical_name(name)
-    if name not in REGISTRY:
-        raise ValueError(f"unknown backend {name!r}; known: {', '.join(REGISTRY)}")
-    return importlib.import_module(REGISTRY[name]).BACKEND
+    registry = _registry()
+    if name not in registry:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(registry)}")
+    return importlib.import_module(registry[name]).BACKEND
 
 
 def model_formats() -> dict[str, ModelFormat]:
     """Every format a backend owns, by name, in backend order."""
-    return {fmt.name: fmt for m in _MODULES for fmt in m.FORMATS}
+    return {fmt.name: fmt for m in _modules() for fmt in m.FORMATS}
 
 
 def format_owner(format_name: str) -> str | None:
     """The backend whose module declares `format_name`."""
-    return next((m.NAME for m in _MODULES if any(f.name == format_name for f in m.FORMATS)), None)
+    return next((m.NAME for m in _modules() if any(f.name == format_name for f in m.FORMATS)), None)
 
 
 def device_nodes() -> list[DeviceNode]:
     """The vendor device nodes every backend declares (for the hardware probe)."""
-    return [node for m in _MODULES for node in m.DEVICES]
+    return [node for m in _modules() for node in m.DEVICES]
 
 
 def probe_hardware(root: SysRoot | None = None, dtb=None) -> HardwareFacts:
@@ -109,7 +138,7 @@ def reference_candidates(model: ModelInfo) -> list[Candidate]:
     the others that read it, in backend order; each backend's most literal CPU path. Empty for
     a format only an NPU runs (.rknn, .hef): the family's original is the reference then."""
     owner = format_owner(model.format)
-    ordered = sorted(_MODULES, key=lambda m: owner != m.NAME)  # stable: owner first
+    ordered = sorted(_modules(), key=lambda m: owner != m.NAME)  # stable: owner first
     found = []
     for module in ordered:
         backend = module.BACKEND
