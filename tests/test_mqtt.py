@@ -35,6 +35,7 @@ from tests.support.broker import (
     make_certs,
     pub,
     sub_once,
+    wait,
 )
 from tests.support.schema import SCHEMAS, check, errors, schema
 
@@ -67,14 +68,6 @@ def publisher(tmp: Path, url: str, *, spool_bytes: int = 2**20, **kw: Any) -> Pu
     )
     p.set_birth(BIRTH)
     return p
-
-
-def wait(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.02)
 
 
 def of(messages: list[Message], kind: str) -> list[dict]:

@@ -26,7 +26,7 @@ from edged.telemetry.mqtt.commands import (
 )
 from edged.telemetry.mqtt.publisher import Publisher
 from edged.telemetry.spool import APPLICATION_ID, Spool, SpoolFull
-from tests.support.broker import Broker, Message, SubProcess
+from tests.support.broker import Broker, Message, SubProcess, wait
 
 BASE = "edged/v1/g/d/"
 BIG_ID = "x" * 60_000  # a payload just under the 64 KiB a command may have
@@ -43,14 +43,6 @@ def make_publisher(tmp: Path, url: str, spool_bytes: int = 2**20) -> Publisher:
     )
     p.set_birth({"version": "test"})
     return p
-
-
-def wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.02)
 
 
 def of(messages: list[Message], kind: str) -> list[dict]:

@@ -408,3 +408,12 @@ class Message:
     payload: dict
     retained: bool
     expiry: int | None  # MQTT 5 message expiry interval left, when the message had one
+
+
+def wait(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    """Until predicate() holds, polling; TimeoutError(what) after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.02)
