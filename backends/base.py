@@ -9,6 +9,7 @@ own below this one and `backends.model_info`, so those two do not import each ot
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -121,9 +122,13 @@ class Backend(Protocol):
         ...
 
 
+@functools.cache
 def dist_version(*dists: str) -> str | None:
     """Installed version of the first distribution found, read from package metadata so that
-    asking (for a cache key, for `edgectl backends`) does not import the runtime."""
+    asking (for a cache key, for `edgectl backends`) does not import the runtime. Read once
+    per process: the runtime in memory is the one imported at the first use (an upgrade on
+    disk takes effect on restart), and a metadata scan on every model load left reference
+    cycles behind for the collector."""
     from importlib.metadata import PackageNotFoundError, version
 
     for dist in dists:
