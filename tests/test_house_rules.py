@@ -34,8 +34,6 @@ LONG_MODULES = {
     "boot-line editing",
     "sysconf/changes.py": "the crash-safe journal's state machine (apply, revert, stale boots); "
     "its records and unit links are apart",
-    "edged/serving/engine.py": "queue, batching and the worker thread with fail-over, standby "
-    "and stall take-over: to split (fail-over out of the engine, issue 25)",
     "edged/serving/grpc_server.py": "the gRPC service's RPCs and codec: to split (codec apart, "
     "issue 25)",
     "edged/serving/api.py": "the HTTP routes: to split along the extensions (shared memory, "

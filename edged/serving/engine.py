@@ -1,4 +1,5 @@
 """Per-model inference worker: bounded queue, deadlines, dynamic batching, pinned thread.
+Its sessions and the switches between them (fail-over, standby) are edged.serving.failover's.
 
 The API side (asyncio) only appends to a deque under a short lock and awaits a future; the
 worker thread takes requests, forms batches and runs the session (the runtimes release the
@@ -17,8 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from backends.base import Candidate, Session, check_feeds
-from backends.errors import BackendError, InputError
+from backends.base import Session, check_feeds
+from backends.errors import BackendError
+from edged.serving.failover import SessionSwitching
 from edged.serving.requests import (
     BatchingConfig,
     DeadlineExceeded,
@@ -36,7 +38,7 @@ from edged.telemetry.sampler import name_thread
 log = logging.getLogger("edged.serving.engine")
 
 
-class ModelWorker:
+class ModelWorker(SessionSwitching):
     """Serves one model from one thread. `submit` never blocks: a full queue is an error."""
 
     def __init__(
@@ -51,25 +53,9 @@ class ModelWorker:
         reference: Callable[[], Session] | None = None,
     ) -> None:
         self.name = name
-        # Loads the model on its float32 reference runtime (selection's), to tell whether an
-        # input that made the backend fail is the input's fault: only on that rare path.
-        self._reference = reference
-        self.session = session
+        self._init_switching(session, fallbacks, on_failover, reference)
         self.batching = batching
         self.cpus = tuple(cpus) if cpus else None
-        self._next_session = fallbacks
-        self._on_failover = on_failover
-        # A verified session on another device, loaded and warmed before it is needed
-        # (`standby = true`): a fail-over to it costs a pointer swap, not a model load.
-        self.standby: Session | None = None
-        # The selection's pick; serving on anything else is degraded (a fall-back).
-        self.primary = session.candidate.key
-        self._retired: list[Session] = []  # switched away from; closed between batches
-        self._running: Session | None = None  # the session the running batch is inside
-        # Sessions a stalled thread was left inside, with that thread's generation: not closed
-        # while it may still be in them, closed when it returns (`_run`). Held by object, not
-        # id(): a freed session's id is reused by the next one allocated at its address.
-        self._abandoned: list[tuple[int, Session]] = []
         self.recorder = recorder  # per-request latency for telemetry (HDR histograms)
         self._queue: collections.deque[Pending] = collections.deque()
         self._cond = threading.Condition()
@@ -78,8 +64,6 @@ class ModelWorker:
         self.batchable = batching.max_batch_size > 1 and all(
             spec.shape and spec.shape[0] is None for spec in session.inputs
         )
-        self.failovers = 0
-        self.last_error: str | None = None
         self.batches_run = 0
         self._busy_since: float | None = None  # monotonic start of the batch being run
         self._inflight: list[Pending] | None = None  # that batch
@@ -90,7 +74,6 @@ class ModelWorker:
         self._largest_done = 0
         # A thread serves one generation; after a stall take-over its results are dropped.
         self._generation = 0
-        self._switch_lock = threading.Lock()  # one fail-over at a time
         self.scheduling = "other"  # what the worker thread really got ("fifo:50", ...)
         self.native_id: int | None = None  # the worker thread's kernel thread id
         # Requests the API has admitted and whose bodies it is still reading. They count
@@ -133,12 +116,7 @@ class ModelWorker:
             # One deadline for draining and joining: a hung runtime cannot hold the stop.
             self._thread.join(timeout=max(0.1, deadline - time.monotonic()))
         if self._thread is None or not self._thread.is_alive():  # nothing runs in them now
-            with self._switch_lock:
-                sessions = [self.session, self.standby, *self._retired]
-                self.standby, self._retired = None, []
-            for session in {id(s): s for s in sessions if s is not None}.values():
-                if not self._is_abandoned(session):
-                    close_later(session)
+            self._close_all()
 
     def stalled(self, bound_s: float) -> bool:
         """True while one batch has been running for longer than `bound_s` (a hung runtime),
@@ -150,123 +128,12 @@ class ModelWorker:
         largest = self._largest_done
         return max(1.0, self._inflight_bytes / largest) if largest else 1.0
 
-    def _is_abandoned(self, session: Session) -> bool:
-        return any(s is session for _, s in self._abandoned)
-
-    def _returned(self, generation: int) -> None:
-        """A thread taken over after a stall came back: the sessions it was left inside are
-        free now; closed unless they serve again (switched back to)."""
-        with self._switch_lock:
-            mine = [s for g, s in self._abandoned if g == generation]
-            self._abandoned = [(g, s) for g, s in self._abandoned if g != generation]
-            in_use = (self.session, self.standby, *self._retired)
-        for session in mine:
-            if not any(session is s for s in in_use) and not self._is_abandoned(session):
-                close_later(session)
-
     @property
     def queue_depth(self) -> int:
         """Requests waiting: queued, and admitted with their bodies still being read or
         decoded (they hold queue room: a stalled upload shows here, not as a silent full
         queue)."""
         return len(self._queue) + self.admitting
-
-    # -- switching backends ------------------------------------------------------------------
-    @property
-    def degraded(self) -> bool:
-        """Serving on a fall-back, not on the selection's pick."""
-        return self.session.candidate.key != self.primary
-
-    def fail_over(
-        self,
-        reason: str,
-        usable: Callable[[Candidate], bool] | None = None,
-        retire: bool = True,
-        failed: Session | None = None,
-    ) -> bool:
-        """Switch to the warm standby, else the next verified backend (that `usable`
-        accepts). False if none loads; then the current session stays. The session left is
-        closed once no batch runs on it (`retire`; a stalled one is left alone: its thread
-        is still inside it). `failed`: the session that failed; when another thread has
-        switched away from it meanwhile, that switch stands (True)."""
-        with self._switch_lock:
-            if failed is not None and self.session is not failed:
-                return True
-            failed = self.session
-            replacement = self.standby
-            if replacement is not None and (
-                replacement.candidate.key == failed.candidate.key
-                or (usable is not None and not usable(replacement.candidate))
-            ):
-                replacement = None  # on the device that failed, or gone with it
-            warm = replacement is not None
-            if warm:
-                self.standby = None
-            elif self._next_session is not None:
-                replacement = self._next_session(usable)
-            if replacement is None:
-                log.error("%s: %s; no other verified backend to fail over to", self.name, reason)
-                return False
-            log.warning(
-                "%s: %s; failing over from %s to %s%s",
-                self.name,
-                reason,
-                failed.candidate.key,
-                replacement.candidate.key,
-                " (the warm standby)" if warm else "",
-            )
-            self.last_error = reason
-            self.failovers += 1
-            self.session = replacement  # the worker reads it per batch: the next batch uses it
-            if retire:
-                self._retired.append(failed)
-        if self._on_failover is not None:
-            self._on_failover(reason)
-        return True
-
-    def set_fallbacks(self, fallbacks: Fallbacks) -> None:
-        with self._switch_lock:
-            self._next_session = fallbacks
-
-    def set_standby(self, session: Session | None) -> None:
-        """Keep `session` loaded for the next fail-over (None: keep none); the one it
-        replaces is closed between batches (a batch may be running on it: a retry, or it
-        served a moment ago)."""
-        with self._switch_lock:
-            old, self.standby = self.standby, session
-            if old is not None and old is not session:
-                self._retired.append(old)
-
-    def swap_session(
-        self, session: Session, primary: bool = True, keep_as_standby: bool = False
-    ) -> None:
-        """Use `session` from the next batch on (a better backend appeared, or the pick came
-        back). `primary`: it is the selection's pick. `keep_as_standby`: the session it
-        replaces stays loaded as the standby; else it is closed once its batch is done."""
-        with self._switch_lock:
-            old, self.session = self.session, session
-            if primary:
-                self.primary = session.candidate.key
-            if old is not session:
-                if keep_as_standby:
-                    old, self.standby = self.standby, old
-                if old is not None:
-                    self._retired.append(old)
-
-    def _close_retired(self) -> None:
-        """Close the sessions switched away from: called by the worker between batches, so
-        none is closed while a batch runs on it."""
-        if not self._retired:
-            return
-        with self._switch_lock:
-            retired, self._retired = self._retired, []
-        for session in retired:
-            if (
-                session is not self.session
-                and session is not self.standby
-                and not self._is_abandoned(session)
-            ):
-                close_later(session)
 
     def take_over_if_stalled(self) -> bool:
         """Called by a supervisor: when one batch has run longer than `watchdog_ms`, abandon
@@ -542,87 +409,6 @@ class ModelWorker:
                     off_cpu,
                     waking,
                 )
-
-    def _run_with_failover(self, feeds, generation: int | None = None) -> dict[str, np.ndarray]:
-        session = self._running = self.session
-        try:
-            return session.run(feeds)
-        except InputError:
-            raise
-        except BackendError as exc:
-            if generation is not None and generation != self._generation:
-                raise  # taken over after a stall: the batch runs elsewhere; no retry here
-            self.last_error = str(exc)
-            moved = lambda c: c.key != session.candidate.key  # noqa: E731
-            standby = self.standby
-            if self.session is session and standby is not None and moved(standby.candidate):
-                # The warm standby is a verified session: it answering the input says the
-                # backend failed, not the input; and its answer is the retry's answer.
-                self._running = standby
-                try:
-                    outputs = standby.run(feeds)
-                except InputError as standby_exc:
-                    raise InputError(
-                        f"{self.name}: the standby {standby.candidate.key} refuses these "
-                        f"inputs too ({str(standby_exc)[:200]}); the backend said: "
-                        f"{str(exc)[:200]}"
-                    ) from None
-                except BackendError as standby_exc:  # broken too: not the input's fault
-                    log.error("%s: the standby failed as well: %s", self.name, standby_exc)
-                    self.set_standby(None)
-                else:
-                    self.fail_over(str(exc), moved, failed=session)
-                    return outputs
-            if self.session is session:
-                fault = self._input_fault(feeds, exc)
-                if fault is not None:
-                    raise fault from None  # the input's fault: 400, and no switch of backend
-                if not self.fail_over(str(exc), moved, failed=session):
-                    raise
-            # Failed over, here or meanwhile (a hot-plug took the standby): the request is
-            # retried once, there.
-            session = self._running = self.session
-            return session.run(feeds)
-
-    def _input_fault(self, feeds, exc: BackendError) -> InputError | None:
-        """An InputError when the reference runtime fails on these inputs too (a size the
-        model cannot compute, say 7x7 for a detector that halves five times): then the
-        input is at fault, not the backend, and failing over would move the model for good
-        because of one bad request. None when the reference runs them (or is unknown)."""
-        if self._reference is None:
-            return None
-        try:
-            reference = self._reference()
-        except Exception as load_error:  # cannot tell: treat as the backend's fault
-            log.warning(
-                "%s: reference runtime did not load to check an input: %s", self.name, load_error
-            )
-            return None
-        try:
-            reference.run(feeds)
-        except (BackendError, InputError) as ref_exc:
-            shapes = ", ".join(f"{k}={'x'.join(map(str, np.shape(v)))}" for k, v in feeds.items())
-            return InputError(
-                f"{self.name}: the model cannot compute inputs of shape "
-                f"{shapes}: its reference runtime fails on them too "
-                f"({str(ref_exc)[:200]}); the backend said: {str(exc)[:200]}"
-            )
-        finally:
-            reference.close()
-        return None
-
-
-def close_later(session: Session) -> None:
-    """Close a session on a thread of its own: releasing a device that hung or went away can
-    block in its driver, and nothing that serves may wait for that."""
-
-    def close() -> None:
-        try:
-            session.close()
-        except Exception as exc:  # a dead device's release may fail; nothing depends on it
-            log.warning("closing %s failed: %s", session.candidate.key, exc)
-
-    threading.Thread(target=close, name="edged-close", daemon=True).start()
 
 
 def _expire(future: asyncio.Future, name: str, timeout_s: float) -> None:
