@@ -19,7 +19,7 @@ import tritonclient.grpc as tg
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from edged.serving import grpc_messages, grpc_server
+from edged.serving import grpc_codec, grpc_messages, grpc_server
 from edged.serving.inference import EXTENSIONS
 from edged.serving.protocol import ProtocolError, ShmRef
 from tests.support.daemon_harness import (
@@ -497,7 +497,7 @@ def test_messages_match_tritonclients() -> None:
 def _decode(request: service_pb2.ModelInferRequest, remaining_s: float | None = None):
     """tritonclient's message, as edged parses and decodes it."""
     ours = grpc_messages.ModelInferRequest.FromString(request.SerializeToString())
-    return grpc_server.decode_infer_request(ours, remaining_s)
+    return grpc_codec.decode_infer_request(ours, remaining_s)
 
 
 def test_decode_raw_and_typed_inputs() -> None:
@@ -602,7 +602,7 @@ def test_response_is_tritonclients_message() -> None:
         "big": np.ones(300, np.int64),  # a length that takes two varint bytes
     }
     request = InferRequest(id="q", inputs={}, binary_outputs={"flag": True, "y": True, "big": True})
-    data = grpc_server.encode_infer_response("m", request, outputs)
+    data = grpc_codec.encode_infer_response("m", request, outputs)
     response = service_pb2.ModelInferResponse.FromString(data)
     assert (response.model_name, response.model_version, response.id) == ("m", "1", "q")
     assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
@@ -614,7 +614,7 @@ def test_response_is_tritonclients_message() -> None:
     assert np.frombuffer(response.raw_output_contents[1], np.float32).tolist() == list(range(6))
     assert np.frombuffer(response.raw_output_contents[2], np.int64).sum() == 300
     with pytest.raises(ProtocolError, match="unknown output 'z'"):
-        grpc_server.encode_infer_response(
+        grpc_codec.encode_infer_response(
             "m", InferRequest(id=None, inputs={}, binary_outputs={"z": True}), outputs
         )
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.errors import InputError
+from edged.serving.grpc_codec import decode_infer_request, parse_message
 from edged.serving.grpc_messages import ModelInferRequest
-from edged.serving.grpc_server import _parse, decode_infer_request
 from edged.serving.inference import RequestError
 from edged.serving.protocol import ProtocolError
 
@@ -122,7 +122,7 @@ def build(spec: dict) -> ModelInferRequest:
 def test_any_infer_request_decodes_or_is_refused_in_the_protocols_terms(spec, remaining):
     request = build(spec)
     wire = request.SerializeToString()
-    parsed = _parse(ModelInferRequest, wire)  # as the service gets it: from the wire
+    parsed = parse_message(ModelInferRequest, wire)  # as the service gets it: from the wire
     tracemalloc.start()
     try:
         decoded = decode_infer_request(parsed, remaining)
@@ -150,7 +150,7 @@ def test_any_infer_request_decodes_or_is_refused_in_the_protocols_terms(spec, re
 @given(wire=st.binary(max_size=512))
 def test_any_bytes_parse_or_are_a_400(wire):
     try:
-        parsed = _parse(ModelInferRequest, wire)
+        parsed = parse_message(ModelInferRequest, wire)
     except RequestError as exc:
         assert exc.status == 400 and "malformed ModelInferRequest" in str(exc)
         return
