@@ -34,8 +34,6 @@ LONG_MODULES = {
     "boot-line editing",
     "sysconf/changes.py": "the crash-safe journal's state machine (apply, revert, stale boots); "
     "its records and unit links are apart",
-    "edged/serving/api.py": "the HTTP routes: to split along the extensions (shared memory, "
-    "repository) with the admission path (issue 25)",
     "edged/serving/protocol.py": "the KServe v2 JSON and binary codec, pure functions fuzzed "
     "together in tests/test_protocol.py",
     "edged/serving/models.py": "a served model's selection, sessions, standby and switch-back "

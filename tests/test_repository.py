@@ -19,7 +19,7 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from edged.serving import grpc_server
-from edged.serving.api import _peer
+from edged.serving.http_io import request_peer
 from edged.serving.inference import Inference, RequestError
 from edged.serving.peers import Peer
 from tests.support.daemon_harness import (
@@ -213,11 +213,11 @@ def test_who_may_load() -> None:
     """The peer each front end sees: the HTTP scope's addresses (or the connection's Peer),
     grpcio's peer string (IPv6 percent-encoded, as grpcio writes it)."""
     tcp = ("127.0.0.1", 8000)
-    assert _peer({"server": tcp, "client": ("127.0.0.1", 5000)}).local
-    assert _peer({"server": tcp, "client": ("::ffff:127.0.0.1", 5000)}).local
-    unix = _peer({"server": ("/run/edged/edged.sock", None), "client": None})
+    assert request_peer({"server": tcp, "client": ("127.0.0.1", 5000)}).local
+    assert request_peer({"server": tcp, "client": ("::ffff:127.0.0.1", 5000)}).local
+    unix = request_peer({"server": ("/run/edged/edged.sock", None), "client": None})
     assert unix.transport == "unix" and unix.local
-    assert not _peer({"server": ("0.0.0.0", 8000), "client": ("10.1.2.3", 5000)}).local
+    assert not request_peer({"server": ("0.0.0.0", 8000), "client": ("10.1.2.3", 5000)}).local
 
     for text, local in (
         ("ipv4:127.0.0.1:5000", True),

@@ -9,7 +9,8 @@ import asyncio
 
 import pytest
 
-from edged.serving.api import CONTROL_BODY_BYTES, Api
+from edged.serving.api import Api
+from edged.serving.http_control import CONTROL_BODY_BYTES
 from edged.serving.http_limits import PEER
 from edged.serving.inference import ModelControl
 from edged.serving.metrics import ServingMetrics
