@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from fetch_test_data import models_dir
 
+    from edged.config import BatchingConfig
     from edged.selection.policy import Policy
     from edged.serving.models import load_model
-    from edged.serving.requests import BatchingConfig
     from tests.support.failover import CLS, RKNN, SHAPES, Board, Stream, stand_in
 
     folder = models_dir([CLS, RKNN])

@@ -28,8 +28,8 @@ import numpy as np
 
 from backends.base import Candidate
 from backends.tensors import TensorSpec
+from edged.config import BatchingConfig
 from edged.serving.engine import ModelWorker
-from edged.serving.requests import BatchingConfig
 
 
 class NoopSession:

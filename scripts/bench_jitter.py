@@ -69,9 +69,10 @@ from fetch_test_data import models_dir
 
 from backends import Candidate, LoadOptions, get_backend
 from backends.model_info import inspect_model
+from edged.config import BatchingConfig
 from edged.selection.inputs import make_inputs, parse_shape_args, resolve_shapes
 from edged.serving.engine import ModelWorker
-from edged.serving.requests import BatchingConfig, EngineError, Timing
+from edged.serving.requests import EngineError, Timing
 from sysconf.intrusions import (
     interrupts_per_cpu,
     rates,

@@ -19,8 +19,9 @@ from backends import LoadOptions, get_backend
 from backends.base import Candidate
 from backends.errors import BackendError
 from backends.model_info import inspect_model
+from edged.config import BatchingConfig
 from edged.serving.engine import ModelWorker
-from edged.serving.requests import BatchingConfig, DeadlineExceeded, QueueFull
+from edged.serving.requests import DeadlineExceeded, QueueFull
 
 
 @pytest.fixture(scope="module")

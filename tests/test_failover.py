@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from edged.config import BatchingConfig
 from edged.selection.policy import Policy
 from edged.serving.models import load_model
-from edged.serving.requests import BatchingConfig
 from tests.support.failover import SHAPES, Board, Stream, first_served_by, stand_in
 
 POLICY = Policy(runs=20, warmup=2, time_budget_s=1.0, threads=1, shapes=SHAPES, backend="auto")

@@ -16,10 +16,10 @@ import pytest
 
 from backends import probe_hardware
 from backends.base import Candidate
+from edged.config import BatchingConfig
 from edged.hotplug import AcceleratorMonitor
 from edged.selection.policy import Policy
 from edged.serving.models import load_model
-from edged.serving.requests import BatchingConfig
 from sysconf import SysRoot
 
 CLS = {"x": (1, 3, 48, 192)}

@@ -10,9 +10,9 @@ import pytest
 
 from backends import probe_hardware
 from backends.base import Candidate
+from edged.config import BatchingConfig
 from edged.selection.policy import Policy
 from edged.serving.models import device_used, is_accelerator, load_model
-from edged.serving.requests import BatchingConfig
 
 CLS = {"x": (1, 3, 48, 192)}
 FAST = Policy(runs=10, warmup=1, time_budget_s=1.0, threads=1, shapes=CLS)

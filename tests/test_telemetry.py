@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from backends import probe_hardware
+from edged.config import BatchingConfig
 from edged.selection.policy import Policy
 from edged.serving.models import load_model
-from edged.serving.requests import BatchingConfig
 from edged.telemetry.loop import IntruderWatch, TelemetryLoop
 from edged.telemetry.sampler import SAMPLER_HZ, CoreSampler
 

@@ -20,6 +20,7 @@ from edged.config.checks import ConfigError
 from edged.config.load import DEFAULT_CONFIG_PATH, live_online_cpus, load_config, parse_config
 from edged.config.schema import (
     AuditConfig,
+    BatchingConfig,
     Config,
     ModelConfig,
     MqttSettings,
@@ -30,6 +31,7 @@ from edged.config.schema import (
 __all__ = [
     "DEFAULT_CONFIG_PATH",
     "AuditConfig",
+    "BatchingConfig",
     "Config",
     "ConfigError",
     "ModelConfig",

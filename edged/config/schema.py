@@ -109,6 +109,20 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class BatchingConfig:
+    """A model's queue and batching: what its worker (edged.serving.engine) runs with. The one
+    definition of these keys' defaults; ModelConfig takes its own from here."""
+
+    max_batch_size: int = 1
+    preferred_batch_sizes: tuple[int, ...] = ()  # sorted, each <= max_batch_size
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 64
+    timeout_ms: int = 1000
+    watchdog_ms: int = 5000  # one batch running longer than this: the backend has stalled
+    rt_priority: int = 0  # SCHED_FIFO priority of the worker thread (1-99); 0: normal
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str
     path: Path  # absolute, and the file existed at load: the original (FP32 ONNX/TFLite/IR)
@@ -126,13 +140,14 @@ class ModelConfig:
     # A plain dict (not a MappingProxyType: that breaks dataclasses.asdict, pickle and
     # deepcopy), left out of the hash so the config stays hashable. Do not mutate it.
     shapes: dict[str, tuple[int, ...]] | None = field(default=None, hash=False)
-    max_batch_size: int = 1
-    preferred_batch_sizes: tuple[int, ...] = ()  # sorted, each <= max_batch_size
-    max_queue_delay_us: int = 0
-    max_queue_size: int = 64
-    timeout_ms: int = 1000
-    watchdog_ms: int = 5000  # a batch running longer than this: fail over to the next backend
-    rt_priority: int = 0  # SCHED_FIFO priority (1-99) of the model's worker thread; 0: off
+    # The batching keys, flat in the [[models]] table (defaults: BatchingConfig's).
+    max_batch_size: int = BatchingConfig.max_batch_size
+    preferred_batch_sizes: tuple[int, ...] = BatchingConfig.preferred_batch_sizes
+    max_queue_delay_us: int = BatchingConfig.max_queue_delay_us
+    max_queue_size: int = BatchingConfig.max_queue_size
+    timeout_ms: int = BatchingConfig.timeout_ms
+    watchdog_ms: int = BatchingConfig.watchdog_ms  # then fail over to the next backend
+    rt_priority: int = BatchingConfig.rt_priority
     # The period of a periodic client (a 200 Hz control loop: 5.0); None: requests arrive
     # when they arrive. Lets latency be measured from each scheduled start (coordinated
     # omission): a stall delays the requests that should have been sent during it too.
@@ -145,6 +160,10 @@ class ModelConfig:
     @property
     def period_s(self) -> float | None:
         return None if self.period_ms is None else self.period_ms / 1000.0
+
+    @property
+    def batching(self) -> BatchingConfig:
+        return BatchingConfig(**{f.name: getattr(self, f.name) for f in fields(BatchingConfig)})
 
     def policy(self, base: Policy) -> Policy:
         """The selection policy for this model: measurement settings from `base`, what the

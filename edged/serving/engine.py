@@ -20,9 +20,9 @@ import numpy as np
 
 from backends.base import Session, check_feeds
 from backends.errors import BackendError
+from edged.config import BatchingConfig
 from edged.serving.failover import SessionSwitching
 from edged.serving.requests import (
-    BatchingConfig,
     DeadlineExceeded,
     Done,
     Fallbacks,

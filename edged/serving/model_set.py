@@ -8,11 +8,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from edged.config import Config, ModelConfig
 from edged.serving.models import ServedModel, load_model
-from edged.serving.requests import BatchingConfig
 from sysconf.hardware import HardwareFacts
 
 log = logging.getLogger("edged")  # the daemon's log: its lines keep their logger name
@@ -21,7 +22,9 @@ LOAD_TIMEOUT_S = 180.0  # systemd start-timeout extension granted per model load
 
 
 def model_key(mc: ModelConfig) -> tuple:
-    """What a served model depends on; a reload reloads a model when this changes."""
+    """What a served model depends on; a reload reloads a model when this changes: every
+    field of its [[models]] table but the name (derived, so a key added to ModelConfig is
+    never forgotten here), and the model files' size and modification time."""
 
     def file_id(path: Path) -> tuple | None:
         try:
@@ -30,39 +33,16 @@ def model_key(mc: ModelConfig) -> tuple:
             return None
         return st.st_size, st.st_mtime_ns
 
-    return (
-        str(mc.path),
-        file_id(mc.path),
-        tuple((str(v), file_id(v)) for v in mc.variants),
-        mc.precision,
-        mc.backend,
-        repr(mc.calibration),
-        mc.threads,
-        mc.cpus,
-        tuple(sorted((mc.shapes or {}).items())),
-        mc.max_batch_size,
-        mc.preferred_batch_sizes,
-        mc.max_queue_delay_us,
-        mc.max_queue_size,
-        mc.timeout_ms,
-        mc.watchdog_ms,
-        mc.rt_priority,
-        mc.period_ms,
-        mc.standby,
-        mc.npu_cores,
-    )
+    def part(name: str, value: Any) -> Any:
+        if name == "path":
+            return str(value), file_id(value)
+        if name == "variants":
+            return tuple((str(v), file_id(v)) for v in value)
+        if isinstance(value, dict):  # shapes: a dict, not hashable
+            return tuple(sorted(value.items()))
+        return repr(value)  # calibration's spec holds lists; repr covers every field
 
-
-def batching_of(mc: ModelConfig) -> BatchingConfig:
-    return BatchingConfig(
-        mc.max_batch_size,
-        tuple(mc.preferred_batch_sizes),
-        mc.max_queue_delay_us,
-        mc.max_queue_size,
-        mc.timeout_ms,
-        mc.watchdog_ms,
-        mc.rt_priority,
-    )
+    return tuple(part(f.name, getattr(mc, f.name)) for f in fields(mc) if f.name != "name")
 
 
 def load_models(
@@ -94,7 +74,7 @@ def load_models(
                 mc.name,
                 mc.path,
                 mc.policy(config.selection),
-                batching_of(mc),
+                mc.batching,
                 hw,
                 state_dir,
                 key,

@@ -14,6 +14,7 @@ from backends import LoadOptions, get_backend
 from backends.base import Candidate, Session, compile_cache
 from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo
+from edged.config import BatchingConfig
 from edged.quantize.calibration_spec import CalibrationSpec
 from edged.selection.bench import pinned_thread
 from edged.selection.candidates import backend_candidates, find_candidate
@@ -21,7 +22,6 @@ from edged.selection.decision import Evaluation, Evidence, Selection
 from edged.selection.policy import Policy
 from edged.selection.select import reverify, select
 from edged.serving.engine import ModelWorker
-from edged.serving.requests import BatchingConfig
 from edged.telemetry.latency import LatencyRecorder
 from sysconf.hardware import HardwareFacts
 

@@ -1,6 +1,7 @@
 """What a request is to the engine: its errors (with the HTTP status each maps to), its
-timing, the per-model batching settings and the queued entry itself. Apart from
-`edged.serving.engine` so the API and config can name them without the worker."""
+timing and the queued entry itself (a model's batching settings are the config's
+BatchingConfig). Apart from `edged.serving.engine` so the API can name them without the
+worker."""
 
 from __future__ import annotations
 
@@ -26,17 +27,6 @@ class DeadlineExceeded(EngineError):
 
 class NotServing(EngineError):
     status = 503
-
-
-@dataclass(frozen=True)
-class BatchingConfig:
-    max_batch_size: int = 1
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_us: int = 0
-    max_queue_size: int = 64
-    timeout_ms: int = 1000
-    watchdog_ms: int = 5000  # one batch running longer than this: the backend has stalled
-    rt_priority: int = 0  # SCHED_FIFO priority of the worker thread (1-99); 0: normal
 
 
 @dataclass(frozen=True)

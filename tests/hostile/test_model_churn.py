@@ -11,10 +11,10 @@ import gc
 from pathlib import Path
 
 from backends import probe_hardware
+from edged.config import BatchingConfig
 from edged.selection.policy import Policy
 from edged.serving.model_set import stop_workers
 from edged.serving.models import load_model
-from edged.serving.requests import BatchingConfig
 
 FAST = Policy(runs=10, warmup=1, time_budget_s=1.0, threads=1, shapes={"x": (1, 3, 48, 192)})
 CYCLES = 3
