@@ -14,12 +14,17 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar, cast
 
 from backends.errors import ModelError
 from backends.formats import Signature, detect
 from backends.tensors import format_shape
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,40 @@ def write_model_file(path: Path, data: bytes) -> None:
         raise
 
 
+# What inspect_model and signature found, per file identity: a model is read and hashed once
+# per change of its file, not once per caller (config check, selection, variants job, the
+# variants' checks: 2-6 reads of the same file per load). The identity has the inode and
+# ctime, which any write or rename changes and no user can set back. Successes only; at
+# most _CACHE_MAX entries (the oldest go first).
+_CACHE_MAX = 64
+_cache: dict[tuple, object] = {}
+_cache_lock = threading.Lock()
+
+
+def _cached(kind: str, path: Path, compute: Callable[[], T]) -> T:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return compute()  # its error names the path
+    key = (kind, str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _cache_lock:
+        if key in _cache:
+            return cast(T, _cache[key])
+    value = compute()
+    with _cache_lock:
+        _cache[key] = value
+        while len(_cache) > _CACHE_MAX:
+            del _cache[next(iter(_cache))]
+    return value
+
+
 def inspect_model(path: str | Path) -> ModelInfo:
+    """What the file at `path` is (read and hashed once per change of the file)."""
     path = Path(path)
+    return _cached("info", path, lambda: _inspect(path))
+
+
+def _inspect(path: Path) -> ModelInfo:
     data = read_model_file(path)
     if not data:
         raise ModelError(f"{path}: empty file")
@@ -117,6 +154,11 @@ def signature(path: str | Path) -> Signature | None:
     """A model file's inputs and outputs (names, dtypes, shapes with None for dynamic dims),
     read from the file without a runtime; None for formats read only by a runtime (IR)."""
     path = Path(path)
+    found = _cached("signature", path, lambda: _signature(path))
+    return None if found is None else (list(found[0]), list(found[1]))  # the lists: the caller's
+
+
+def _signature(path: Path) -> Signature | None:
     data = read_model_file(path)
     fmt = detect(path, data)
     return fmt.signature(path, data) if fmt.signature is not None else None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from backends.errors import ModelError
-from backends.model_info import inspect_model
+from backends.model_info import inspect_model, signature
 
 
 @pytest.mark.parametrize(
@@ -133,3 +133,24 @@ def test_copy_has_same_identity(models_dir: Path, tmp_path: Path) -> None:
     copy = tmp_path / "renamed.onnx"
     shutil.copy(models_dir / "ppocr_cls_int8.onnx", copy)
     assert inspect_model(copy).sha256 == inspect_model(models_dir / "ppocr_cls_int8.onnx").sha256
+
+
+def test_a_model_is_read_once_per_change_of_its_file(
+    models_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The config check, selection, the variants job and the variants' checks each ask about
+    the same file: it is read and hashed once per change, and a rewrite is read anew."""
+    import backends.model_info as model_info
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes((models_dir / "ppocr_cls.onnx").read_bytes())
+    reads: list[Path] = []
+    real = model_info.read_model_file
+    monkeypatch.setattr(model_info, "read_model_file", lambda p: reads.append(p) or real(p))
+    first = inspect_model(path)
+    assert inspect_model(path) is first and signature(path) == signature(path)
+    assert len(reads) == 2  # one for the facts, one for the signature
+    path.write_bytes((models_dir / "ppocr_cls_int8.onnx").read_bytes())  # a new model, same path
+    again = inspect_model(path)
+    assert again.sha256 != first.sha256 and again.precision == "int8"
+    assert len(reads) == 3
