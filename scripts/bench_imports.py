@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -170,10 +169,6 @@ def run_case(code: str) -> dict[str, Any]:
     return data
 
 
-def median(values: list[float]) -> float:
-    return float(statistics.median(values))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7, help="fresh processes per case")
@@ -240,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = {
             "case": LABELS[name],
             "what": desc,
-            "self_ms": round(median([r["ms"] for r in runs]), 1),
-            "wall_ms": round(median([r["wall_ms"] for r in runs]), 1),
-            "peak_rss_mib": round(median([r["maxrss_kib"] / 1024 for r in runs]), 1),
+            "self_ms": round(benchlib.median([r["ms"] for r in runs]), 1),
+            "wall_ms": round(benchlib.median([r["wall_ms"] for r in runs]), 1),
+            "peak_rss_mib": round(benchlib.median([r["maxrss_kib"] / 1024 for r in runs]), 1),
             "imported": [m for m in HEAVY if imported[m]],
             "must_not_import": list(forbidden),
             "lazy_ok": not leaked,

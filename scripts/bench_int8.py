@@ -15,7 +15,6 @@ Run from a checkout: `.venv/bin/python scripts/bench_int8.py [--size 640 --size 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -39,10 +38,6 @@ from edged.selection.inputs import make_inputs, resolve_shapes
 FP32_MODEL = "ppocrv4_det.onnx"
 INT8_MODEL = "ppocrv4_det_int8.onnx"
 DB_THRESHOLD = 0.3  # PP-OCR's det_db_thresh: pixels above it are text
-
-
-def median(values: list[float]) -> float:
-    return float(statistics.median(values))
 
 
 def mask_iou(a: np.ndarray, b: np.ndarray, threshold: float = DB_THRESHOLD) -> float:
@@ -96,10 +91,10 @@ def accuracy(
                 mask_iou(first_output(r), first_output(o))
                 for r, o in zip(outputs[ref_key], outs, strict=True)
             ]
-            row[f"cosine_vs_{name}_fp32"] = round(median([p[0] for p in pairs]), 6)
+            row[f"cosine_vs_{name}_fp32"] = round(benchlib.median([p[0] for p in pairs]), 6)
             row[f"min_cosine_vs_{name}_fp32"] = round(min(p[0] for p in pairs), 6)
             row[f"max_abs_vs_{name}_fp32"] = round(max(p[1] for p in pairs), 6)
-            row[f"iou_vs_{name}_fp32"] = round(median(ious), 4)
+            row[f"iou_vs_{name}_fp32"] = round(benchlib.median(ious), 4)
             row[f"min_iou_vs_{name}_fp32"] = round(min(ious), 4)
         result[key] = row
     return result, "|".join(ort_ref) if ort_ref else None
@@ -148,12 +143,14 @@ def run_size(
         for label, key in (("fp32", fp32), ("int8", int8)):
             row[f"{label}_precision"] = sessions[key].info().get("precision")
             for q in ("p50_ms", "p99_ms"):
-                row[f"{label}_{q}"] = round(median([getattr(rs[key], q) for rs in per_round]), 3)
+                row[f"{label}_{q}"] = round(
+                    benchlib.median([getattr(rs[key], q) for rs in per_round]), 3
+                )
         for q in ("p50", "p99"):
             ratios = [
                 getattr(rs[fp32], f"{q}_ms") / getattr(rs[int8], f"{q}_ms") for rs in per_round
             ]
-            row[f"speedup_{q}"] = round(median(ratios), 3)
+            row[f"speedup_{q}"] = round(benchlib.median(ratios), 3)
             row[f"speedup_{q}_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
         row["fp32_accuracy"] = acc[fp32]
         row["int8_accuracy"] = acc[int8]
@@ -161,7 +158,7 @@ def run_size(
     best = {
         label: min(
             (k for k in keys if k[1] == label),
-            key=lambda k: median([rs[k].p50_ms for rs in per_round]),
+            key=lambda k: benchlib.median([rs[k].p50_ms for rs in per_round]),
             default=None,
         )
         for label in ("fp32", "int8")

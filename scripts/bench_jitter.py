@@ -52,7 +52,6 @@ import re
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,10 +110,6 @@ SETUPS = {
     "pinned_load": Setup("(3) pinned to CPU 1, load on CPU 0", True, False, "housekeeping"),
     "pinned_fifo_load": Setup("(4) pinned + SCHED_FIFO, load on CPU 0", True, True, "housekeeping"),
 }
-
-
-def median(values) -> float:
-    return float(statistics.median(values))
 
 
 def load_session(path: Path, pinned: bool):
@@ -521,7 +516,7 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         pooled = np.concatenate([run["latencies_ms"] for run in runs])
         row: dict[str, Any] = {"label": setup.label}
         for metric in METRICS:
-            row[metric] = round(median([run[metric] for run in runs]), 4)
+            row[metric] = round(benchlib.median([run[metric] for run in runs]), 4)
             row[f"{metric}_rounds"] = [run[metric] for run in runs]
         row["max_ms_worst"] = max(run["max_ms"] for run in runs)
         row["pooled"] = percentiles(pooled)
@@ -530,7 +525,7 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         row["errors"] = sum(run["errors"] for run in runs)
         for part in ("wake", "queue", "compute"):
             row[part] = {
-                m: round(median([run[part][m] for run in runs]), 4)
+                m: round(benchlib.median([run[part][m] for run in runs]), 4)
                 for m in ("p50_ms", "p999_ms", "max_ms")
             }
         intr = [run["intrusions"] for run in runs]
@@ -546,7 +541,7 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "submitter_invol_per_s",
         ):
             values = [i[name] for i in intr if i[name] is not None]
-            row[name] = round(median(values), 2) if values else None
+            row[name] = round(benchlib.median(values), 2) if values else None
         row["top_irqs_rounds"] = [i["top_irqs"] for i in intr]
         row["top_softirqs_rounds"] = [i["top_softirqs"] for i in intr]
         configs[key] = row
@@ -559,22 +554,22 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         targets.append(
             {
                 "target": f"{SETUPS[key].label}: p99.9 <= {TARGET_SPREAD}x its p50",
-                "value": round(median(spread), 3),
+                "value": round(benchlib.median(spread), 3),
                 "rounds": [round(v, 3) for v in spread],
                 "figures": f"p99.9 {row['p999_ms']:.3f} ms / p50 {row['p50_ms']:.3f} ms = "
-                f"{median(spread):.2f}x (rounds {min(spread):.2f}-{max(spread):.2f}x)",
-                "pass": median(spread) <= TARGET_SPREAD,
+                f"{benchlib.median(spread):.2f}x (rounds {min(spread):.2f}-{max(spread):.2f}x)",
+                "pass": benchlib.median(spread) <= TARGET_SPREAD,
             }
         )
         targets.append(
             {
                 "target": f"{SETUPS[key].label}: p99.9 >= {TARGET_GAIN}x lower than (2)",
-                "value": round(median(gain), 3),
+                "value": round(benchlib.median(gain), 3),
                 "rounds": [round(v, 3) for v in gain],
                 "figures": f"(2) p99.9 {configs['unpinned_load']['p999_ms']:.3f} ms / "
-                f"{row['p999_ms']:.3f} ms = {median(gain):.2f}x (rounds "
+                f"{row['p999_ms']:.3f} ms = {benchlib.median(gain):.2f}x (rounds "
                 f"{min(gain):.2f}-{max(gain):.2f}x)",
-                "pass": median(gain) >= TARGET_GAIN,
+                "pass": benchlib.median(gain) >= TARGET_GAIN,
             }
         )
     return {"configs": configs, "targets": targets}

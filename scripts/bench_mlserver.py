@@ -51,7 +51,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,10 +118,6 @@ class OnnxModel(MLModel):
             outputs=[NumpyCodec.encode_output(name, value)
                      for name, value in zip(self._output_names, results)])
 '''
-
-
-def median(values) -> float:
-    return float(statistics.median(values))
 
 
 class SetupError(Exception):
@@ -386,8 +381,8 @@ def summarize(per_round: list[dict[str, LatencyStats]]) -> dict[str, Any]:
         p99 = [r[key].p99_ms for r in per_round]
         paths[key] = {
             "label": PATHS[key],
-            "p50_ms": round(median(p50), 4),
-            "p99_ms": round(median(p99), 4),
+            "p50_ms": round(benchlib.median(p50), 4),
+            "p99_ms": round(benchlib.median(p99), 4),
             "p50_ms_rounds": p50,
             "p99_ms_rounds": p99,
             "max_ms_rounds": [r[key].max_ms for r in per_round],
@@ -395,7 +390,7 @@ def summarize(per_round: list[dict[str, LatencyStats]]) -> dict[str, Any]:
     for key in ("mlserver_json", "edged_json"):
         if key in paths and "client_json" in paths:
             paths[key]["minus_client_json_p50_ms"] = round(
-                median([r[key].p50_ms - r["client_json"].p50_ms for r in per_round]), 4
+                benchlib.median([r[key].p50_ms - r["client_json"].p50_ms for r in per_round]), 4
             )
     ml_keys = [k for k in ("mlserver_json", "mlserver_binary") if k in paths]
     best = min(ml_keys, key=lambda k: paths[k]["p50_ms"])
@@ -405,7 +400,7 @@ def summarize(per_round: list[dict[str, LatencyStats]]) -> dict[str, Any]:
         (best, "edged_binary", f"MLServer's best ({best}) vs edged binary"),
     ):
         values = [r[ml].p50_ms / r[edged].p50_ms for r in per_round]
-        ratio = median(values)
+        ratio = benchlib.median(values)
         targets.append(
             {
                 "target": f"{what}: MLServer p50 / edged p50 >= {TARGET_FACTOR:g}",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import statistics
 import sys
 import tempfile
 import time
@@ -85,10 +84,6 @@ class BenchmarkCounter:
 
     def __exit__(self, *exc) -> None:
         selection_mod.benchmark = self._original
-
-
-def median(values: list[float]) -> float:
-    return float(statistics.median(values))
 
 
 def select_rounds(
@@ -246,8 +241,8 @@ def run_model(
                 if e["status"] in ("rejected", "failed")
             }
         ),
-        "first_select_s_median": round(median([r["first_select_s"] for r in rounds]), 3),
-        "second_select_s_median": round(median([r["second_select_s"] for r in rounds]), 4),
+        "first_select_s_median": round(benchlib.median([r["first_select_s"] for r in rounds]), 3),
+        "second_select_s_median": round(benchlib.median([r["second_select_s"] for r in rounds]), 4),
         "cache_hits": sum(
             r["second_from_cache"] and r["second_benchmark_calls"] == 0 and r["second_same_pick"]
             for r in rounds
@@ -272,15 +267,18 @@ def run_model(
         table[key] = {
             "status": "passed" if key in passed else "rejected",
             "why_not": why_not.get(key),
-            "p50_ms": round(median([rs[key].p50_ms for rs in per_round]), 3),
-            "p99_ms": round(median([rs[key].p99_ms for rs in per_round]), 3),
+            "p50_ms": round(benchlib.median([rs[key].p50_ms for rs in per_round]), 3),
+            "p99_ms": round(benchlib.median([rs[key].p99_ms for rs in per_round]), 3),
             # against the best of everything timed, as `bench --backend all` shows it
             "p99_over_best": round(
-                median([rs[key].p99_ms / min(v.p99_ms for v in rs.values()) for rs in per_round]), 3
+                benchlib.median(
+                    [rs[key].p99_ms / min(v.p99_ms for v in rs.values()) for rs in per_round]
+                ),
+                3,
             ),
             # against the best candidate that gives the right answers
             "p99_over_best_passed": round(
-                median(
+                benchlib.median(
                     [rs[key].p99_ms / min(rs[k].p99_ms for k in timed_passed) for rs in per_round]
                 ),
                 3,

@@ -36,7 +36,6 @@ import os
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,10 +80,6 @@ PATHS = {
     "edged_unix": "(d) edged Unix, edged Client",
     "edged_tcp": "(e) edged TCP, edged Client",
 }
-
-
-def median(values) -> float:
-    return float(statistics.median(values))
 
 
 # -- the model ------------------------------------------------------------------------------
@@ -462,10 +457,10 @@ def summarize_sequential(per_round: list[dict[str, LatencyStats]]) -> dict[str, 
         add99 = [r[key].p99_ms - r["inproc"].p99_ms for r in per_round]
         paths[key] = {
             "label": PATHS[key],
-            "p50_ms": round(median(p50), 4),
-            "p99_ms": round(median(p99), 4),
-            "added_p50_ms": round(median(add50), 4),
-            "added_p99_ms": round(median(add99), 4),
+            "p50_ms": round(benchlib.median(p50), 4),
+            "p99_ms": round(benchlib.median(p99), 4),
+            "added_p50_ms": round(benchlib.median(add50), 4),
+            "added_p99_ms": round(benchlib.median(add99), 4),
             "p50_ms_rounds": p50,
             "p99_ms_rounds": p99,
             "max_ms_rounds": [r[key].max_ms for r in per_round],
@@ -483,7 +478,7 @@ def summarize_sequential(per_round: list[dict[str, LatencyStats]]) -> dict[str, 
         ("edged_tcp", "bare_http", "http.client (edged Client code)"),
     ):
         values = ratios(edged, bare)
-        ratio = median(values)
+        ratio = benchlib.median(values)
         targets.append(
             {
                 "target": f"{what}: edged added p50 <= {TARGET_RATIO}x bare added p50",
@@ -514,12 +509,12 @@ def summarize_sequential(per_round: list[dict[str, LatencyStats]]) -> dict[str, 
     targets.append(
         {
             "target": "edged Client: Unix socket below TCP (p50)",
-            "value": round(median(diffs), 4),
+            "value": round(benchlib.median(diffs), 4),
             "figures": f"Unix {paths['edged_unix']['p50_ms']:.3f} ms vs TCP "
             f"{paths['edged_tcp']['p50_ms']:.3f} ms p50 (Unix - TCP per round, median "
-            f"{median(diffs):+.3f} ms, below in {wins}/{len(diffs)} rounds; p99 "
-            f"{median(diffs99):+.3f} ms)",
-            "pass": median(diffs) < 0,
+            f"{benchlib.median(diffs):+.3f} ms, below in {wins}/{len(diffs)} rounds; p99 "
+            f"{benchlib.median(diffs99):+.3f} ms)",
+            "pass": benchlib.median(diffs) < 0,
         }
     )
     return {"paths": paths, "targets": targets}
@@ -609,12 +604,12 @@ def concurrency(daemons: Mapping[str, Edged], feeds, total: int, rounds: int) ->
             runs = cells[name][threads]
             ok = [c for c in runs if c["p99_ms"] is not None]
             summary[name][threads] = {
-                "throughput_rps": round(median([c["throughput_rps"] for c in runs]), 1),
-                "p50_ms": round(median([c["p50_ms"] for c in ok]), 3) if ok else None,
-                "p99_ms": round(median([c["p99_ms"] for c in ok]), 3) if ok else None,
-                "mean_batch": round(median([c["mean_batch"] or 0 for c in runs]), 2),
+                "throughput_rps": round(benchlib.median([c["throughput_rps"] for c in runs]), 1),
+                "p50_ms": round(benchlib.median([c["p50_ms"] for c in ok]), 3) if ok else None,
+                "p99_ms": round(benchlib.median([c["p99_ms"] for c in ok]), 3) if ok else None,
+                "mean_batch": round(benchlib.median([c["mean_batch"] or 0 for c in runs]), 2),
                 **{
-                    k: round(median([c[k] for c in runs]), 3)
+                    k: round(benchlib.median([c[k] for c in runs]), 3)
                     for k in ("queue_mean_ms", "compute_mean_ms", "total_mean_ms")
                 },
                 "errors": sum(c["errors"] for c in runs),
@@ -669,8 +664,8 @@ def startup(tmp: Path, model: Path, shapes, reps: int, idle_s: float) -> dict[st
             f"{row['cached_ready_s']} s (from_cache={row['cached_from_cache']})"
         )
     return {
-        "fresh_ready_s": round(median([r["fresh_ready_s"] for r in runs]), 3),
-        "cached_ready_s": round(median([r["cached_ready_s"] for r in runs]), 3),
+        "fresh_ready_s": round(benchlib.median([r["fresh_ready_s"] for r in runs]), 3),
+        "cached_ready_s": round(benchlib.median([r["cached_ready_s"] for r in runs]), 3),
         "cached_all_from_cache": all(r["cached_from_cache"] for r in runs),
         "runs": runs,
         "idle": idle,

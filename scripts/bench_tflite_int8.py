@@ -42,7 +42,6 @@ Run from a checkout: `.venv/bin/python scripts/bench_tflite_int8.py [--models fa
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -85,10 +84,6 @@ VARIANTS = {
     "int8raw": "int8 IO, int8 tensors",
     "floatio": "float IO (int8 inside)",
 }
-
-
-def median(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
 
 
 # -- 1. quantize ----------------------------------------------------------------------------
@@ -245,13 +240,13 @@ def time_group(
     rows: dict[str, Any] = {}
     for key in keys:
         rows[key] = {
-            "p50_ms": round(median([rs[key].p50_ms for rs in per_round]), 4),
-            "p99_ms": round(median([rs[key].p99_ms for rs in per_round]), 4),
+            "p50_ms": round(benchlib.median([rs[key].p50_ms for rs in per_round]), 4),
+            "p99_ms": round(benchlib.median([rs[key].p99_ms for rs in per_round]), 4),
             "runs": [rs[key].runs for rs in per_round],
         }
         if key != "float":
             ratios = [rs["float"].p50_ms / rs[key].p50_ms for rs in per_round]
-            rows[key]["ratio_p50"] = round(median(ratios), 3)
+            rows[key]["ratio_p50"] = round(benchlib.median(ratios), 3)
             rows[key]["ratio_p50_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
     wall = time.perf_counter() - t0
     log(

@@ -52,6 +52,13 @@ def latency_stats(seconds: Iterable[float]) -> LatencyStats:
     return LatencyStats.from_ns(np.fromiter(seconds, dtype=np.float64) * 1e9)
 
 
+def median(values: Iterable[float]) -> float:
+    """The plain median of rounds (medians over rounds, as every benchmark reports them)."""
+    import statistics
+
+    return float(statistics.median(values))
+
+
 def loadavg() -> float:
     """The 1-minute load average: the best hint of a run disturbed by other work."""
     return round(os.getloadavg()[0], 2)
