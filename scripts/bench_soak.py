@@ -19,6 +19,9 @@ every 2 s) and drives it from threads at once, for --duration-s:
 * fleet commands (a rebirth, a garbage command) every 30 s, and the broker stopped for 30 s
   every 5 minutes (the spool fills, then drains).
 
+The daemon runs with the Environment= of systemd/edged.service (the allocator settings there
+change how RSS grows), as it would under the unit.
+
 Every --sample-s the daemon's RSS, open descriptors and threads (psutil), its spool's pending
 payload and file size, and the window's p50/p99 of HTTP inference (client side) are sampled.
 After --warmup-s (runtimes' arenas and pools grow at first), each resource's growth is an
@@ -60,6 +63,21 @@ from typing import Any
 
 import benchlib
 from benchlib import log
+
+UNIT = Path(__file__).resolve().parents[1] / "systemd" / "edged.service"
+
+
+def unit_environment(unit: Path = UNIT) -> dict[str, str]:
+    """The variables the unit's Environment= lines set (unquoted KEY=VALUE words only; the
+    unit file uses no quoting)."""
+    env: dict[str, str] = {}
+    for line in unit.read_text().splitlines():
+        if line.startswith("Environment="):
+            for word in line.removeprefix("Environment=").split():
+                key, _, value = word.partition("=")
+                env[key] = value
+    return env
+
 
 # What a resource may grow per day (slope) before the run fails, when the growth is also
 # significant (its 95 % interval above zero). Descriptors and threads should not grow at
@@ -161,7 +179,9 @@ interval_s = 2
     def start(self) -> None:
         from tests.support.daemon_harness import Daemon
 
-        self.daemon = Daemon(self.config()).wait_ready(timeout=300)
+        env = unit_environment()
+        log(f"daemon environment from {UNIT.name}: {' '.join(f'{k}={v}' for k, v in env.items())}")
+        self.daemon = Daemon(self.config(), env=env).wait_ready(timeout=300)
         if self.daemon.port is None:
             raise RuntimeError(f"no TCP port in the log:\n{self.daemon.log_text()[-3000:]}")
 
