@@ -21,8 +21,8 @@ from edged.selection.select import SelectionError, select
 
 FAST = {"runs": 12, "warmup": 2, "time_budget_s": 2.0, "threads": 1}
 # In the isa-avx2 lane (an emulated CPU, `make test-isa-avx2`) a test whose point is
-# onnxruntime's INT8 kernels judges onnxruntime alone: OpenVINO compiling the detector
-# at each precision under the emulator took 25 of the lane's minutes and says nothing more
+# onnxruntime's INT8 kernels judges onnxruntime alone: OpenVINO compiling each model at
+# each precision under the emulator took most of the lane's time and says nothing more
 # about those kernels (OpenVINO's own INT8 is tests/test_backends.py's, in the lane too).
 ORT_IN_LANE = {"backend": "onnxruntime"} if os.environ.get("EDGED_ISA_LANE") else {}
 CLS = {"x": (1, 3, 48, 192)}
@@ -34,7 +34,6 @@ def hw():
     return probe_hardware()
 
 
-@pytest.mark.isa
 def test_selects_and_caches(hw, models_dir: Path, tmp_path: Path, monkeypatch) -> None:
     model = models_dir / "ppocr_cls.onnx"
     first = select(model, hw, Policy(shapes=CLS, **FAST), tmp_path)
@@ -83,7 +82,8 @@ def test_lone_int8_model_is_held_to_its_own_arithmetic(
     """An INT8 model with no original: today's check against its own float arithmetic, and
     the evidence says the original was not checked. The test data's INT8 models use 7-bit
     weights, so they pass on CPUs with and without VNNI alike."""
-    result = select(models_dir / "ppocr_cls_int8.onnx", hw, Policy(shapes=CLS, **FAST), tmp_path)
+    policy = Policy(shapes=CLS, **FAST, **ORT_IN_LANE)
+    result = select(models_dir / "ppocr_cls_int8.onnx", hw, policy, tmp_path)
     assert result.model.is_int8 and not result.against_original
     assert any("no FP32 original was given" in w for w in result.warnings)
     for ev in result.evidence:
@@ -99,7 +99,8 @@ def test_family_is_judged_against_the_original(hw, models_dir: Path, tmp_path: P
     the original's float32 CPU output, timed together, and the pick's why is one line."""
     original = models_dir / "ppocr_cls.onnx"
     variant = models_dir / "ppocr_cls_int8.onnx"
-    result = select(original, hw, Policy(shapes=CLS, **FAST), tmp_path, variants=[variant])
+    policy = Policy(shapes=CLS, **FAST, **ORT_IN_LANE)
+    result = select(original, hw, policy, tmp_path, variants=[variant])
     assert result.against_original and result.original.path == original
     measured = [e for e in result.evidence if e.status != "unavailable"]
     assert {e.variant for e in measured} == {str(original), str(variant)}
@@ -119,7 +120,11 @@ def test_family_is_judged_against_the_original(hw, models_dir: Path, tmp_path: P
     assert result.selected.latency.p99_ms <= best * (1 + TIE_FRACTION)
 
     int8_only = select(
-        original, hw, Policy(shapes=CLS, precision="int8", **FAST), tmp_path, variants=[variant]
+        original,
+        hw,
+        Policy(shapes=CLS, precision="int8", **FAST, **ORT_IN_LANE),
+        tmp_path,
+        variants=[variant],
     )
     assert int8_only.model.path == variant
     assert {e.variant for e in int8_only.evidence} == {str(variant)}
@@ -134,9 +139,8 @@ def test_u8s8_saturation_is_named_where_the_cpu_lacks_vnni(
     """Plain U8S8 weights: fine where the CPU has an 8-bit dot product; on x86 without VNNI
     (the isa-avx2 lane, an AVX2-only EPYC) onnxruntime's kernels saturate, the variant is
     rejected against the original, and its evidence names the cause and the fix."""
-    result = select(
-        models_dir / "ppocr_cls.onnx", hw, Policy(shapes=CLS, **FAST), tmp_path, variants=[cls_u8s8]
-    )
+    policy = Policy(shapes=CLS, **FAST, **ORT_IN_LANE)
+    result = select(models_dir / "ppocr_cls.onnx", hw, policy, tmp_path, variants=[cls_u8s8])
     ort = next(
         e
         for e in result.evidence
@@ -159,9 +163,8 @@ def test_original_passes_against_itself_on_nearly_constant_outputs(
     """PP-OCRv4 det at 64x64: one generated input gives a text map of ~1e-7 everywhere,
     where two correct FP32 runtimes differ by a cosine of 0.97 (rounding noise). That
     sample is judged by max-abs against the output's range, so the FP32 model is served."""
-    result = select(
-        models_dir / "ppocrv4_det.onnx", hw, Policy(shapes={"x": (1, 3, 64, 64)}, **FAST), tmp_path
-    )
+    policy = Policy(shapes={"x": (1, 3, 64, 64)}, **FAST, **ORT_IN_LANE)
+    result = select(models_dir / "ppocrv4_det.onnx", hw, policy, tmp_path)
     ort = next(e for e in result.evidence if e.candidate.key == "onnxruntime:CPU:model")
     assert ort.status in ("selected", "passed"), ort
     assert "max-abs/range on 1 of 4 nearly constant" in ort.accuracy.rule
