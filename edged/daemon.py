@@ -147,34 +147,37 @@ class Daemon(RepositoryControl):
         self.models, self.failed = await asyncio.to_thread(self.load_models, self.config, {})
         if self.config.server.mlockall:
             self.memory_locked = lock_memory()
-        from edged.serving.inference import ModelControl
+        from edged.serving.inference import Inference, ModelControl
         from edged.serving.shared_memory import SharedMemory
 
         srv = self.config.server
         control = None
         if srv.model_control == "explicit":
             control = ModelControl(self.load_one, self.unload_one, lambda: self.unloaded)
-        api = Api(
+        inference = Inference(
             lambda: self.models,
             self.metrics,
-            self.config.server.max_body_bytes,
-            self.status,
             lambda: self.failed,
-            reload=self._on_hup,
-            shared_memory=SharedMemory(
+            SharedMemory(
                 srv.allow_shared_memory,
                 max_regions=srv.max_shm_regions,
                 max_per_client=srv.max_shm_regions_per_client,
             ),
-            control=control,
-            tcp_control=srv.tcp_control,
+            control,
+            srv.tcp_control,
         )
-        api.max_decode_bytes = self.config.server.max_decode_bytes
-        api.metrics_names = self.config.server.metrics_names
+        api = Api(
+            inference,
+            srv.max_body_bytes,
+            self.status,
+            reload=self._on_hup,
+            max_decode_bytes=srv.max_decode_bytes,
+            metrics_names=srv.metrics_names,
+        )
         try:
             sockets = bind_sockets(self.config)
             self._socket_id = socket_identity(self.config)
-            grpc_server = bind_grpc(api.inference, self.config.server)  # None: gRPC is off
+            grpc_server = bind_grpc(inference, srv)  # None: gRPC is off
             self.listening = {
                 "http": [describe(s) for s in sockets],
                 "grpc": grpc_server.where if grpc_server is not None else [],
@@ -226,7 +229,7 @@ class Daemon(RepositoryControl):
             if grpc_server is not None:
                 await grpc_server.stop(DRAIN_S)
             await asyncio.to_thread(stop_workers, list(self.models.values()), DRAIN_S)
-            left = api.inference.shared_memory.close()  # no worker holds a view now
+            left = inference.shared_memory.close()  # no worker holds a view now
             if left:
                 log.warning("shared memory still mapped at exit: %s", ", ".join(left))
             # The last partial window, then the retained offline state before a clean

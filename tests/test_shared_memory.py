@@ -445,9 +445,10 @@ def test_remote_clients_are_refused() -> None:
     import asyncio
 
     from edged.serving.api import Api
+    from edged.serving.inference import Inference
     from edged.serving.metrics import ServingMetrics
 
-    api = Api(dict, ServingMetrics(), 1024, shared_memory=SharedMemory(enabled=True))
+    api = Api(Inference(dict, ServingMetrics(), shared_memory=SharedMemory(enabled=True)), 1024)
     sent: list[dict] = []
 
     async def receive() -> dict:

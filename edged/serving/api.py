@@ -26,15 +26,12 @@ from edged.serving.inference import (
     VERSION,
     ClientGone,
     Inference,
-    ModelControl,
     RequestError,
     UnknownVersion,
 )
-from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel, device_used
 from edged.serving.protocol import InferRequest, ProtocolError, decode_request, json_decode_bytes
 from edged.serving.responses import encode_response, json_output_values, tensor_metadata
-from edged.serving.shared_memory import SharedMemory
 
 log = logging.getLogger("edged.serving.api")
 
@@ -51,31 +48,32 @@ HttpError = RequestError  # the shared path's error: its status is the HTTP stat
 
 
 class Api(ControlRoutes):
+    """The HTTP front end: routes a request to the shared `Inference` (which gRPC's front end
+    is handed too) or to the control routes."""
+
     def __init__(
         self,
-        models: Callable[[], Mapping[str, ServedModel]],
-        metrics: ServingMetrics,
+        inference: Inference,
         max_body_bytes: int,
         status: Callable[[], dict[str, Any]] | None = None,
-        failed: Callable[[], Mapping[str, str]] | None = None,
         reload: Callable[[], None] | None = None,
         max_decode_bytes: int = 256 * MiB,
-        shared_memory: SharedMemory | None = None,
-        control: ModelControl | None = None,
-        tcp_control: bool = False,
+        metrics_names: str = "edged",
     ) -> None:
-        self._models = models  # a callable: reload swaps the mapping atomically
-        self.metrics = metrics
         # The infer path, model lookup, readiness, statistics, the shared-memory registry
         # and model control, shared with gRPC.
-        self.inference = Inference(models, metrics, failed, shared_memory, control, tcp_control)
-        self.metrics_names = "edged"  # `[server] metrics_names`: "triton" for Triton's
+        self.inference = inference
+        self.metrics = inference.metrics
+        self.metrics_names = metrics_names  # `[server] metrics_names`: "triton" for Triton's
         self.max_body_bytes = max_body_bytes
         # The most a request's JSON may take to decode (`[server] max_decode_bytes`); such
         # decodes run one at a time (Inference.offload).
         self.max_decode_bytes = max_decode_bytes
         self._status = status
         self._reload = reload
+
+    def _models(self) -> Mapping[str, ServedModel]:
+        return self.inference.models()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":

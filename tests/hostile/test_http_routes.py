@@ -12,7 +12,7 @@ import pytest
 from edged.serving.api import Api
 from edged.serving.http_control import CONTROL_BODY_BYTES
 from edged.serving.http_limits import PEER
-from edged.serving.inference import ModelControl
+from edged.serving.inference import Inference, ModelControl
 from edged.serving.metrics import ServingMetrics
 from edged.serving.peers import Peer
 from edged.serving.shared_memory import SharedMemory
@@ -57,11 +57,13 @@ async def _never(*args) -> None:
 
 def api(control: bool = True, shm: bool = True) -> Api:
     return Api(
-        dict,
-        ServingMetrics(),
+        Inference(
+            dict,
+            ServingMetrics(),
+            shared_memory=SharedMemory(enabled=shm),
+            control=ModelControl(_never, _never, set) if control else None,
+        ),
         64 * 2**20,
-        shared_memory=SharedMemory(enabled=shm),
-        control=ModelControl(_never, _never, set) if control else None,
     )
 
 
@@ -115,6 +117,6 @@ def test_the_unix_socket_may_load() -> None:
     async def load(name: str, table) -> None:
         loaded.append(name)
 
-    app = Api(dict, ServingMetrics(), 2**20, control=ModelControl(load, _never, set))
+    app = Api(Inference(dict, ServingMetrics(), control=ModelControl(load, _never, set)), 2**20)
     status, _ = Client(b"{}").run(app, "POST", "/v2/repository/models/m/load", UNIX)
     assert status == 200 and loaded == ["m"]
