@@ -87,8 +87,9 @@ test-isa-avx2: data
 	@$(ISA_AVX2_LANE_SH)
 
 # The aarch64 lane's root: bookworm arm64 + aarch64 wheels for qemu-user, pinned and cached.
-# `make test` runs the lane as part of the suite (tests/test_arm64.py, marked arm64: the host's
-# pytest runs edged's programs in the root under qemu-aarch64 -cpu cortex-a76); this runs it alone.
+# `make test` runs the lane as part of the suite (tests/lanes/test_arm64.py, marked arm64: the
+# host's pytest runs edged's programs in the root under qemu-aarch64 -cpu cortex-a76); this runs
+# it alone.
 .PHONY: arm64-root test-arm64
 arm64-root: data
 	$(BIN)/python scripts/arm64_root.py

@@ -173,6 +173,7 @@ QUANTIZED = [
 def quantize_recipe(reduce_range: bool) -> str:
     return "qdq-u8s8-reduce-range-per-channel" if reduce_range else "qdq-u8s8-per-channel"
 
+
 # .rknn models, made with rknn-toolkit2 (Rockchip's converter; x86-64 Linux wheels only). Its
 # pins (numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4, torch<=2.4) do not fit the project's venv,
 # so it gets a venv of its own with these wheels (--no-deps: exactly these), made for the step

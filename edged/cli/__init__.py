@@ -5,5 +5,5 @@ argparse's subparsers and sets `func` to the handler `(args) -> int`; its `ORDER
 in `edgectl --help`. `main.py` finds these modules (no hand list) and maps the errors they
 share to exit codes; `common.py` holds what several of them use. A subcommand module imports
 nothing heavy at module level (numpy, the runtimes, the selection or serving code): its
-handler does, so `edgectl status --help` stays light (tests/test_cli_imports.py).
+handler does, so `edgectl status --help` stays light (tests/cli/test_cli_imports.py).
 """

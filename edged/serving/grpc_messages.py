@@ -7,8 +7,8 @@ would make a client library (and its protobuf pin, <7 today) a runtime dependenc
 server, and generated code checks the protobuf runtime it meets. Not compiled from a .proto
 with grpcio-tools: a build step and a copy of Triton's .proto for the few dozen fields edged
 serves. Declared here, edged needs only the protobuf runtime (already there for onnx), any
-protobuf version reads them, and tests/test_grpc.py checks every field against tritonclient's
-own descriptors (same numbers, types and labels: the same wire format).
+protobuf version reads them, and tests/serving/test_grpc.py checks every field against
+tritonclient's own descriptors (same numbers, types and labels: the same wire format).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def batch_end(
     interrupted. It only matters for a batch that was switched out involuntarily, so the
     clock is read again only then (None otherwise). Both ends together: three syscalls in
     the common case, ≈3 µs a batch on the dev VM against ≈1.1 µs for the two getrusage
-    calls alone (tests/test_latency.py prints it)."""
+    calls alone (tests/telemetry/test_latency.py prints it)."""
     usage = _getrusage(_RUSAGE_THREAD)
     involuntary, voluntary, cpu_before, last = begun
     switches = usage.ru_nivcsw - involuntary

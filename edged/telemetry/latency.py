@@ -5,7 +5,7 @@ The worker thread calls `LatencyRecorder.record` once per request: three HdrHist
 `record_value`s (integer microseconds, 1 µs – 60 s, 3 significant digits) under a lock that
 the telemetry thread only holds to swap two histogram sets, plus, for a request among the
 window's slowest so far, a push on a small bounded heap of candidate spans. Measured on the
-dev VM: 3-8 µs a call, as loaded as the shared VM is (tests/test_latency.py prints it).
+dev VM: 3-8 µs a call, as loaded as the shared VM is (tests/telemetry/test_latency.py prints it).
 
 Outliers are the requests above the window's *own* p99, which is only known when the window
 closes; so the worker keeps the top-K slowest spans of the window in a min-heap (K = max(16,

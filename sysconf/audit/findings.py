@@ -4,7 +4,7 @@ A check is a small plug-in, one module of `sysconf.audit.checks`: a function tak
 `AuditContext` and yielding `Finding`s, registered by name with its `Catalogue` and a
 default-on flag, the way node_exporter's collectors register themselves. The catalogue says,
 as data, every id the check can produce with its severity: ids are stable (scripts, SARIF
-ruleIds and CI baselines key on them) and tests/test_audit_catalogue.py pins them.
+ruleIds and CI baselines key on them) and tests/sysconf/test_audit_catalogue.py pins them.
 """
 
 from __future__ import annotations

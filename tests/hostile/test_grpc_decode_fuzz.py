@@ -6,8 +6,8 @@ tensors match what it declared, or raises the errors the service answers INVALID
 (ProtocolError, InputError) or with their status (RequestError): never another exception,
 and never memory in proportion to a declared shape rather than to the bytes sent.
 
-Bytes that are no ModelInferRequest at all are tests/test_grpc.py's; the HTTP decoders are
-fuzzed in tests/test_protocol.py."""
+Bytes that are no ModelInferRequest at all are tests/serving/test_grpc.py's; the HTTP decoders are
+fuzzed in tests/serving/test_protocol.py."""
 
 from __future__ import annotations
 

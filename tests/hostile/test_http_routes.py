@@ -1,7 +1,7 @@
 """The HTTP routes other than infer, as a hostile local client uses them: who may is decided
 before any of the body is read, a control route's body is small and bounded before it is
 allocated, deep JSON is a 400. In process, on the ASGI app (the daemon's use of the same app
-is in tests/test_hostile_http.py and tests/test_shared_memory.py)."""
+is in tests/serving/test_hostile_http.py and tests/serving/test_shared_memory.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A client's load table (the repository extension's parameters.config) is held to what the
 operator allowed, and every model file, the config file's own included, to the load bounds:
 regular files only, none of the kernel's, at most [server] max_model_bytes. Without a daemon:
-the checks themselves (the daemon's use of them is in tests/test_repository.py)."""
+the checks themselves (the daemon's use of them is in tests/serving/test_repository.py)."""
 
 from __future__ import annotations
 

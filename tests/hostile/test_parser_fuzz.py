@@ -6,8 +6,8 @@ ModelError naming the file: never another exception, never a hang.
 
 The readers are what `edged --check-config`, a SIGHUP reload and a client's repository load
 run on a file someone else wrote; anything but ModelError there is a traceback and exit 1,
-or a 500 where a 400 belongs. (Device trees are fuzzed the same way in tests/test_fdt.py,
-the KServe JSON and binary bodies in tests/test_protocol.py, gRPC requests below.)"""
+or a 500 where a 400 belongs. (Device trees are fuzzed the same way in tests/sysconf/test_fdt.py,
+the KServe JSON and binary bodies in tests/serving/test_protocol.py, gRPC requests below.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """An RK3588 board whose NPU can be unplugged and plugged back, under a steady request stream:
-the fail-over test (tests/test_failover.py) and benchmark (scripts/bench_failover.py).
+the fail-over test (tests/serving/test_failover.py) and benchmark (scripts/bench_failover.py).
 
 The board is a root folder with the vendor rknpu driver's DRM node, its version and a
 librknnrt.so file (tests/support/rknn_standin.board_root); the NPU is the RKNNLite stand-in at

@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 
 from edged.serving.metrics import ServingMetrics
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("EDGED_UPDATE_GOLDEN") == "1"
 COMMANDS = (
     "backends",

@@ -69,7 +69,7 @@ def test_provision_audit_idempotent_revert(tmp_path, capsys):
     for unit in EXPECTED_TRIM:
         assert os.readlink(etc / unit) == "/dev/null", unit
     # The units were not in the image: installed from the repo's systemd/ and enabled.
-    repo = Path(__file__).resolve().parent.parent / "systemd"
+    repo = Path(__file__).resolve().parents[2] / "systemd"
     for unit in ("edged.service", "edged-tune.service"):
         assert (etc / unit).read_bytes() == (repo / unit).read_bytes()
         assert os.readlink(etc / "multi-user.target.wants" / unit) == f"/etc/systemd/system/{unit}"

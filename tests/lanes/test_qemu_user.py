@@ -19,7 +19,7 @@ import pytest
 
 from scripts.qemu_user import AVX2_CPU, _ready, qemu_binary
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # The emulator is fetched into the test-data cache (scripts/qemu_user.py) and runs Python.
 pytestmark = [pytest.mark.integration, pytest.mark.needs_data]
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.roots import tree_state
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

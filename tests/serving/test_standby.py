@@ -1,6 +1,6 @@
 """Warm standby per served model: which verified candidate is kept loaded, when, and what
 status says. The fail-over, unplug and switch-back under a request stream is in
-tests/test_failover.py (with the RKNN stand-in at the driver boundary)."""
+tests/serving/test_failover.py (with the RKNN stand-in at the driver boundary)."""
 
 from __future__ import annotations
 

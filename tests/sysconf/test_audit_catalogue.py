@@ -26,7 +26,7 @@ from tests.support.images import image_root
 from tests.support.roots import board_root
 from tests.support.thermal_roots import thermal_root
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("EDGED_UPDATE_GOLDEN") == "1"
 BOARD_DTB = "freescale/imx8mp-evk.dtb"
 

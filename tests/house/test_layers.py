@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("sysconf", "backends", "edged")
 # package -> the packages it must never import
 FORBIDDEN = {"sysconf": ("backends", "edged"), "backends": ("edged",)}

@@ -18,7 +18,7 @@ from sysconf.cpulist import parse_cpulist
 from tests.support.roots import board_root
 from tests.support.thermal_roots import thermal_root
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KEYS = {"id", "severity", "status", "title", "evidence", "remedy", "fixable"}
 
 

@@ -243,7 +243,7 @@ def test_loading_litert_does_not_import_openvino(models_dir: Path) -> None:
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert out.stdout.strip() == "['ai_edge_litert']"
 
@@ -329,7 +329,7 @@ def test_openvino_threads_stay_on_the_cpu_set(models_dir: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == '{"0": [["0"], [0]], "1": [["1"], [1]]}', (
@@ -360,7 +360,7 @@ def test_backends_are_found_by_file_name_in_their_order_without_a_runtime():
         capture_output=True,
         text=True,
         check=False,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)

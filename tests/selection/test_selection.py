@@ -23,10 +23,10 @@ FAST = {"runs": 12, "warmup": 2, "time_budget_s": 2.0, "threads": 1}
 # In the isa-avx2 lane (an emulated CPU, `make test-isa-avx2`) a test whose point is
 # onnxruntime's INT8 kernels judges onnxruntime alone: OpenVINO compiling each model at
 # each precision under the emulator took most of the lane's time and says nothing more
-# about those kernels (OpenVINO's own INT8 is tests/test_backends.py's, in the lane too).
+# about those kernels (OpenVINO's own INT8 is tests/backends/test_backends.py's, in the lane too).
 ORT_IN_LANE = {"backend": "onnxruntime"} if os.environ.get("EDGED_ISA_LANE") else {}
 CLS = {"x": (1, 3, 48, 192)}
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

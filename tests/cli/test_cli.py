@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.daemon_harness import python_argv
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def edgectl(*args: str, state: Path, check_rc: int | None = 0) -> subprocess.CompletedProcess:

@@ -434,7 +434,7 @@ def test_parent_cycle_is_safe(dtb_corpus: Path) -> None:
 
 # --- DT-CMA-OUTSIDE-DMA-WINDOW ------------------------------------------------------------------
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dtb"  # 12 boards
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "dtb"  # 12 boards
 HVS = "/soc/hvs@7e400000"  # the Pi 4's display scanout; /soc's dma-ranges reach the low 1 GiB
 WINDOW = "DT-CMA-OUTSIDE-DMA-WINDOW"
 

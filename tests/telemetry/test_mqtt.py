@@ -39,7 +39,7 @@ from tests.support.broker import (
 )
 from tests.support.schema import SCHEMAS, check, errors, schema
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BASE = "edged/v1/g/d/"
 BIRTH = {
     "version": "0.1.0",
@@ -142,7 +142,7 @@ def read_until(proc: subprocess.Popen[str], word: str, timeout: float = 15.0) ->
 def test_settings_give_host_port_and_topics_and_unreadable_files_fail_at_open(
     tmp_path: Path,
 ) -> None:
-    """The settings are checked by the config (tests/test_config.py); the publisher reads
+    """The settings are checked by the config (tests/daemon/test_config.py); the publisher reads
     them, and refuses a file it cannot read when it opens."""
     s = settings("mqtt://broker.local")
     assert (s.host, s.port, s.tls) == ("broker.local", 1883, False)

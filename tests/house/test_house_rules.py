@@ -6,7 +6,7 @@
 * every package says in its docstring what it holds (a newcomer reads those first);
 * no test module imports another one: what tests share lives in tests/support/.
 
-The layers and the order inside edged/ are tests/test_layers.py's.
+The layers and the order inside edged/ are tests/house/test_layers.py's.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ LONG_MODULES = {
     "sysconf/changes.py": "the crash-safe journal's state machine (apply, revert, stale boots); "
     "its records and unit links are apart",
     "edged/serving/protocol.py": "the KServe v2 JSON and binary codec, pure functions fuzzed "
-    "together in tests/test_protocol.py",
+    "together in tests/serving/test_protocol.py",
     "edged/serving/models.py": "a served model's selection, sessions, standby and switch-back "
     "in one state machine",
     "edged/daemon.py": "the daemon's wiring, lifecycle and reload; the repository extension is "

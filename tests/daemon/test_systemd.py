@@ -24,7 +24,7 @@ import pytest
 from edged.config import DEFAULT_CONFIG_PATH, ServerConfig
 from edged.daemon import DRAIN_S, EXIT_CONFIG
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "edged.service"
 SYSUSERS = REPO / "systemd" / "edged.sysusers.conf"
 # The venv's console script: an executable that really exists, for verify's ExecStart check.

@@ -28,7 +28,7 @@ from tests.support.images import image_root
 from tests.support.roots import tree_state
 from tests.support.systemctl import EXPECTED_TRIM, RUNNING, FakeSystemctl, LiveLooking
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def findings(root: Path, **options) -> list:

@@ -21,7 +21,7 @@ from edged.config import (
 )
 from edged.selection.policy import Policy
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "edged.toml"
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from edged.telemetry.spool import Spool, SpoolError, SpoolItem
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Clock:

@@ -35,7 +35,7 @@ from edged.telemetry.spool import Spool
 from sysconf.thermal import ThermalState, ThermalZone, Trip
 from tests.support.broker import Broker, free_port, pub
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- payloads shaped by the daemon's own objects ----------------------------------------------

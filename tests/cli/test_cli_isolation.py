@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.roots import board_root, snapshot_live, tree_state
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def edgectl(*args: str, rc: int = 0) -> subprocess.CompletedProcess:

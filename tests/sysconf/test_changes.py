@@ -34,7 +34,7 @@ from sysconf.journals import Journals
 from sysconf.sysroot import SysRoot
 from tests.support.roots import tree_state
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STATE = "var/lib/edged"
 
 GRUB = b"""\
