@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
 # Every `backends/<name>_backend.py` is a backend, found by its file name: adding a runtime is
 # one file (and its test), no list to edit. Each declares NAME, ALIASES, ORDER, FORMATS,
-# DEVICES and BACKEND; importing one is cheap because it imports its runtime only when asked
-# to list candidates or load a model. ORDER is the order candidates are listed, tried and
-# reported in. They are found on first use, not when this package is imported: `import
-# backends.errors` (what many modules need) then costs neither the backends nor numpy.
+# DEVICES, CPU_DEVICES and BACKEND; importing one is cheap because it imports its runtime only
+# when asked to list candidates or load a model. ORDER is the order candidates are listed,
+# tried and reported in. They are found on first use, not when this package is imported:
+# `import backends.errors` (what many modules need) then costs neither the backends nor numpy.
 _SUFFIX = "_backend"
 # Names this package hands on from its modules, imported when first asked for (PEP 562).
 _EXPORTS = {
@@ -90,6 +90,7 @@ __all__ = [
     "model_formats",
     "probe_hardware",
     "reference_candidates",
+    "runs_on_cpu",
 ]
 
 
@@ -123,6 +124,15 @@ def format_owner(format_name: str) -> str | None:
 def device_nodes() -> list[DeviceNode]:
     """The vendor device nodes every backend declares (for the hardware probe)."""
     return [node for m in _modules() for node in m.DEVICES]
+
+
+def runs_on_cpu(candidate: Candidate) -> bool:
+    """Whether a candidate's device is the CPU itself (its backend's CPU_DEVICES), not an
+    accelerator. A backend this registry does not know runs on no CPU it can vouch for."""
+    module = _registry().get(candidate.backend)
+    if module is None:
+        return False
+    return candidate.device in importlib.import_module(module).CPU_DEVICES
 
 
 def probe_hardware(root: SysRoot | None = None, dtb=None) -> HardwareFacts:

@@ -108,6 +108,7 @@ FORMATS = (
 # The PCIe driver makes /dev/hailoN in its own class (class_create "hailo_chardev"), which
 # no udev class edged knows describes; hot-plug events come from that subsystem.
 DEVICES = (DeviceNode("npu", "/dev/hailo*", "Hailo AI accelerator", "hailo_chardev"),)
+CPU_DEVICES: frozenset[str] = frozenset()  # an accelerator only
 
 SHARED_GROUP = "SHARED"  # the group id Hailo's own applications share a device under
 # run(): HailoRT's own timeout, so that a device that stopped answering gives the worker

@@ -59,6 +59,9 @@ DEVICES = (
     DeviceNode("npu", "/dev/neutron*", "NXP Neutron NPU", "misc"),
     DeviceNode("tpu", "/dev/apex_*", "Coral Edge TPU (PCIe)", "apex"),
 )
+# Its device labels that are the CPU itself (the XNNPACK delegate and the built-in kernels);
+# every other label is an NPU delegate.
+CPU_DEVICES = frozenset({"XNNPACK", "CPU"})
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,9 @@ FORMATS = (
     ),
 )
 DEVICES = ()  # its execution providers find their own devices
+# Device labels (PROVIDERS below) that are the CPU itself, not an accelerator: what decides
+# whether a pick on this runtime keeps a standby, and how a session's device is described.
+CPU_DEVICES = frozenset({"CPU", "XNNPACK", "ACL", "ArmNN"})
 # EP name -> (device label, note). EPs not listed here are offered under their own name.
 PROVIDERS = {
     "CPUExecutionProvider": ("CPU", ""),

@@ -66,6 +66,7 @@ FORMATS = (
     ),
 )
 DEVICES = ()  # its plugins find their own devices (CPU, GPU via DRM, NPU via accel)
+CPU_DEVICES = frozenset({"CPU"})  # its device labels that are the CPU itself
 # edged precision name -> OpenVINO INFERENCE_PRECISION_HINT
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 # Runtime layer precisions -> edged names.

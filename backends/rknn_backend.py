@@ -84,6 +84,7 @@ FORMATS = (
     ),
 )
 DEVICES = (DeviceNode("npu", "/dev/rknpu", "Rockchip NPU (rknpu)", "misc"),)
+CPU_DEVICES: frozenset[str] = frozenset()  # an accelerator only
 
 # -- the SoC, its NPU cores and the core mask ---------------------------------------------------
 

@@ -336,12 +336,13 @@ class ServedModel:
 
 # The most of the available memory a standby may take when `standby` is left to edged.
 STANDBY_MEMORY_SHARE = 0.25
-# Device labels that are the CPU itself (a runtime's CPU paths), not an accelerator.
-CPU_DEVICES = ("CPU", "XNNPACK", "ACL", "ARMNN")
 
 
 def is_accelerator(candidate: Candidate) -> bool:
-    return not candidate.device.upper().startswith(CPU_DEVICES)
+    """Not the CPU itself, as the candidate's backend declares (`CPU_DEVICES`)."""
+    from backends import runs_on_cpu
+
+    return not runs_on_cpu(candidate)
 
 
 def device_used(candidate: Candidate, info: dict[str, Any]) -> str:
