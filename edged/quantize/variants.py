@@ -44,11 +44,11 @@ from edged.quantize.calibration import (
     calibration_and_evaluation,
 )
 from edged.quantize.calibration_spec import CalibrationError, CalibrationSpec
+from edged.quantize.defaults import TARGETS
 from edged.selection.inputs import feeds_digest
 
 Progress = Callable[[str, int, int], None]
 VARIANTS_VERSION = 1
-CPU_TARGETS = ("onnxruntime", "openvino")  # the backends edged.quantize.quantizer can gate on
 
 
 @dataclass
@@ -258,7 +258,7 @@ def present_targets(hw) -> tuple[str, ...]:
     """The CPU backends installed here that can gate a quantized model."""
     from backends import get_backend
 
-    return tuple(t for t in CPU_TARGETS if get_backend(t).version() is not None) or CPU_TARGETS[:1]
+    return tuple(t for t in TARGETS if get_backend(t).version() is not None) or TARGETS[:1]
 
 
 def settings_for(policy, hw, cpus=None):
