@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edged import __version__
 from edged.config import DEFAULT_CONFIG_PATH, Config, ConfigError, ModelConfig, load_config
@@ -39,19 +39,25 @@ from edged.serving.listeners import (
 from edged.serving.metrics import ServingMetrics
 from edged.serving.model_set import load_models, stop_workers
 from edged.serving.models import ServedModel
+from edged.supervision import Supervision
 from edged.telemetry.from_config import open_telemetry
 from sysconf.cpusets import CpuPlan
 from sysconf.sysroot import SysRoot
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from edged.telemetry.loop import TelemetryLoop
+    from edged.telemetry.mqtt.log_publisher import LogPublisher
+    from edged.telemetry.mqtt.publisher import Publisher
 
 log = logging.getLogger("edged")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 DRAIN_S = 10.0  # bound on finishing in-flight requests at shutdown or after a swap
-SUPERVISE_S = 0.1  # how often stalled backends are looked for
-RECOVER_S = 30.0  # how often a model on a fall-back tries its pick again
 
 
-class Daemon(RepositoryControl):
+class Daemon(RepositoryControl, Supervision):
     def __init__(self, config: Config, root: SysRoot | None = None) -> None:
         """`root`: where CPU sets, cpufreq and throttle state are read (the live system; a
         fixture tree in tests). Nothing is ever written there."""
@@ -76,9 +82,9 @@ class Daemon(RepositoryControl):
         # Where it serves, once bound: "http" and "grpc", each its addresses.
         self.listening: dict[str, list[str]] = {"http": [], "grpc": []}
         self.memory_locked: bool | None = None
-        self.publisher = None
-        self.telemetry = None
-        self._server = None
+        self.publisher: Publisher | LogPublisher | None = None
+        self.telemetry: TelemetryLoop | None = None
+        self._server: uvicorn.Server | None = None
         self._reload_lock: asyncio.Lock | None = None
         self._reload_queued = False  # a reload waits for the model set (_on_hup)
         # Held by a variants job's swap and by stopping retired models (both in threads):
@@ -206,9 +212,10 @@ class Daemon(RepositoryControl):
         tasks.append(asyncio.ensure_future(self._supervise()))
         from edged.hotplug import AcceleratorMonitor
 
-        monitor = AcceleratorMonitor(
-            lambda action, path: loop.call_soon_threadsafe(self._on_hotplug, action, path)
-        )
+        def on_hotplug(action: str, path: str) -> None:  # from the monitor's thread
+            loop.call_soon_threadsafe(self._on_hotplug, action, path)
+
+        monitor = AcceleratorMonitor(on_hotplug)
         monitor.start()
         interval = watchdog_interval_s()
         if interval:
@@ -249,22 +256,24 @@ class Daemon(RepositoryControl):
         from edged.telemetry.loop import LogSink, TelemetryLoop
         from edged.telemetry.mqtt.log_publisher import LogPublisher
 
-        self.publisher = open_telemetry(self.config.telemetry.mqtt, self.config.server.state_dir)
-        self.publisher.set_birth(self._birth())
-        self.publisher.set_audit_handler(self._audit_command)
-        self.publisher.start()
+        publisher = open_telemetry(self.config.telemetry.mqtt, self.config.server.state_dir)
+        self.publisher = publisher
+        publisher.set_birth(self._birth())
+        publisher.set_audit_handler(self._audit)
+        publisher.start()
         # Without a broker: a summary line per payload at INFO, the payload itself at DEBUG
         # or in [telemetry] payload_file (birth, events and audit stay as the publisher logs
         # them).
         sink = (
-            LogSink(self.publisher, self.config.telemetry.payload_file)
-            if isinstance(self.publisher, LogPublisher)
-            else self.publisher
+            LogSink(publisher, self.config.telemetry.payload_file)
+            if isinstance(publisher, LogPublisher)
+            else publisher
         )
-        self.telemetry = TelemetryLoop(
+        telemetry = TelemetryLoop(
             self.config.telemetry.interval_s, lambda: self.models, sink, sampler=self.core_sampler()
         )
-        self.telemetry.start()
+        self.telemetry = telemetry
+        telemetry.start()
 
     def core_sampler(self):
         """The attribution sampler on the models' pinned CPUs (every CPU when none is
@@ -291,13 +300,10 @@ class Daemon(RepositoryControl):
             "failed": dict(self.failed),
         }
 
-    def _audit_command(self, request: dict) -> dict:
-        """cmd/audit (called in the publisher's worker thread, never on the event loop): run
-        the audit on the live system with the running config; the publisher publishes the
-        summary retained on `audit`."""
-        return self._audit()
-
-    def _audit(self) -> dict[str, Any]:
+    def _audit(self, request: dict | None = None) -> dict[str, Any]:
+        """The audit of the live system with the running config: at start, and for cmd/audit
+        (`request`; called in the publisher's worker thread, never on the event loop), whose
+        summary the publisher publishes retained on `audit`."""
         # Cores the daemon decided itself (no model sets cpus) are what the audit decides
         # on its own too; passing them would make them look configured to its checks.
         decided = self.cpu_plan is not None and self.cpu_plan.source != "models"
@@ -338,41 +344,6 @@ class Daemon(RepositoryControl):
             self._reload_queued = False  # a HUP from now on is after this reload's read
             await self.reload()
 
-    def _on_hotplug(self, action: str, path: str) -> None:
-        self._spawn(self._hardware_changed(action, path))
-
-    async def _hardware_changed(self, action: str, path: str) -> None:
-        """Re-probe; when what decides backend speed changed, let every model adapt (in a
-        thread: it may load a backend and measure). Serialized with reloads."""
-        from backends import probe_hardware
-
-        assert self._reload_lock is not None
-        async with self._reload_lock:
-            hw = await asyncio.to_thread(probe_hardware)
-            if hw.fingerprint() == self.hw.fingerprint():
-                return
-            log.info(
-                "hardware changed (%s %s): %s",
-                action,
-                path,
-                ", ".join(a.name for a in hw.accelerators) or "no accelerators",
-            )
-            self.hw = hw
-            for served in list(self.models.values()):
-                try:
-                    outcome = await asyncio.to_thread(served.adapt, hw)
-                except Exception as exc:  # keep serving what runs; say why it did not adapt
-                    outcome = f"could not adapt: {exc}"
-                log.info("model %s: %s", served.name, outcome)
-                self._event(
-                    "hardware_change",
-                    model=served.name,
-                    outcome=outcome,
-                    action=action,
-                    device=path,
-                )
-                self.notifier.notify(f"STATUS={self._status_line()}")
-
     def _on_stop(self, sig: int) -> None:
         log.info("signal %s: draining and stopping", signal.Signals(sig).name)
         self.notifier.notify("STOPPING=1", "STATUS=draining")
@@ -390,64 +361,6 @@ class Daemon(RepositoryControl):
             self._spawn(self._audit_at_start())
         if _hup_during_start.is_set():  # a HUP that came while models were loading
             self._on_hup()
-
-    def _status_line(self) -> str:
-        text = f"serving {len(self.models)} model(s)"
-        degraded = sorted(name for name, m in self.models.items() if m.worker.degraded)
-        if degraded:
-            text += f"; degraded (on a fall-back): {', '.join(degraded)}"
-        if self.failed:
-            text += f"; not loaded: {', '.join(sorted(self.failed))}"
-        return text
-
-    async def _watchdog(self, interval: float) -> None:
-        """WATCHDOG=1 only while every worker thread is alive and none is hung, so systemd
-        restarts a daemon whose inference path died even though its HTTP side answers. Hung:
-        one batch running longer than `[server] hang_s` (past every model's watchdog_ms, so
-        fail-over had its chance)."""
-        while True:
-            workers = [m.worker for m in self.models.values()]
-            hang_s = self.config.server.hang_s
-            if all(w.alive() and not w.stalled(hang_s) for w in workers):
-                self.notifier.notify("WATCHDOG=1")
-            else:
-                log.error("a worker is dead or hung; withholding watchdog pings")
-            await asyncio.sleep(interval)
-
-    async def _supervise(self) -> None:
-        """Fail a model over when its backend stalls (a batch over the model's watchdog_ms).
-        The take-over loads the next backend, so it runs in a thread, one at a time. A
-        model serving on a fall-back while its pick's device is still listed (it failed or
-        hung, it was not unplugged) tries its pick again every RECOVER_S, in the background."""
-        while True:
-            for served in list(self.models.values()):
-                worker = served.worker
-                if worker.stalled(worker.batching.watchdog_ms / 1000.0):
-                    await asyncio.to_thread(worker.take_over_if_stalled)
-                elif (
-                    worker.degraded
-                    and not served.recovering
-                    and time.monotonic() - served.last_recovery > RECOVER_S
-                ):
-                    served.last_recovery = time.monotonic()
-                    self._spawn(self._recover(served))
-            await asyncio.sleep(SUPERVISE_S)
-
-    async def _recover(self, served: ServedModel) -> None:
-        """Re-verify a degraded model's pick on a thread (a recompile may take minutes;
-        serving goes on), and say what came of it."""
-        try:
-            outcome = await asyncio.to_thread(served.recover, self.hw)
-        except Exception as exc:  # keep serving on the fall-back; say why
-            outcome = f"could not switch back: {exc}"
-        if outcome is None:
-            return
-        log.info("model %s: %s", served.name, outcome)
-        if not served.worker.degraded:
-            self._event(
-                "backend_restored", model=served.name, to=served.worker.primary, outcome=outcome
-            )
-            self.notifier.notify(f"STATUS={self._status_line()}")
 
     def _spawn(self, coro) -> None:
         """Run `coro` as a task, referenced until done (the loop holds only a weak one)."""
@@ -508,40 +421,11 @@ class Daemon(RepositoryControl):
             self.publisher.set_birth(self._birth())
 
     # -- INT8 variants made in the background ---------------------------------------------
-    def start_variant_jobs(self) -> None:
-        """The background jobs for the models whose variants are still to make (see
-        edged.serving.variant_job). Called after READY: readiness never waits for them."""
-        from edged.serving.variant_job import start_variant_jobs
-
-        start_variant_jobs(
-            self.models,
-            self.config,
-            self.housekeeping or sorted(self._allowed),
-            self._variants_made,
-        )
-
     def _stop_models(self, models: list[ServedModel]) -> None:
         """Stop models that left the set (in a thread): after any variants swap under way
         in them, so none puts a session into a stopped worker."""
         with self._swap_lock:
             stop_workers(models, DRAIN_S)
-
-    def _variants_made(self, served: ServedModel, report: dict[str, Any]) -> str:
-        """The job's decision (stored under the served policy's key) swapped in, in the
-        job's thread, if the model is still the one served (checked under the swap lock:
-        a model unloaded or replaced meanwhile is stopped only after this swap, or this
-        swap sees it gone)."""
-        from edged.serving.variant_job import stored_decision
-
-        with self._swap_lock:
-            if self.models.get(served.name) is not served:
-                return "the model was reloaded or unloaded meanwhile; it decides anew"
-            selection, variants = stored_decision(served, report, self.config.server.state_dir)
-            done = served.apply(selection, self.hw, variants)
-        served.variants_pending = False
-        log.info("model %s: %s; %s", served.name, done, selection.why)
-        self._event("selection", model=served.name, result=done, why=selection.why)
-        return done
 
 
 _hup_during_start = threading.Event()
@@ -585,11 +469,9 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s: no [[models]]; serving nothing", config.source)
     try:
         import uvloop
-
-        runner = uvloop.run
     except ImportError:
-        runner = asyncio.run
-    return runner(Daemon(config).run())
+        return asyncio.run(Daemon(config).run())
+    return uvloop.run(Daemon(config).run())
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ FORBIDDEN = {"sysconf": ("backends", "edged"), "backends": ("edged",)}
 # telemetry records latency and publishes (its settings are its own); config composes every
 # part's settings from the TOML file and checks them; serving runs models on the front ends;
 # fleet reads what devices publish; then the small single-job modules (repository: the
-# daemon's load/unload of one model, a part of the daemon); the daemon wires it all;
+# daemon's load/unload of one model, supervision: its watch over what it serves, both parts
+# of the daemon); the daemon wires it all;
 # the CLI may use anything (the daemon never imports the CLI).
 EDGED_ORDER = (
     "selection",
@@ -46,6 +47,7 @@ EDGED_ORDER = (
     "sdnotify",
     "client",
     "repository",
+    "supervision",
     "daemon",
     "cli",
 )
