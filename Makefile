@@ -48,13 +48,17 @@ demo-bench: data
 # time (daemons, brokers and outages it waits on), so side by side they take about the
 # suite's time instead of the sum. The lane's output is printed after the suite's; either
 # failing fails the target.
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each taking a whole test file at a
+# time (--dist loadfile: a file's fixtures are made once, the aarch64 lane's file runs beside
+# the others). Much of the suite waits (daemons, brokers, outages), so three keep 2 cores busy.
+TEST_WORKERS ?= 3
 test: data system-deps
 	@$(BIN)/python scripts/qemu_user.py --print-path x86_64 >/dev/null  # fetched before, not by both
 	@lane_log=$$(mktemp); \
 	( $(ISA_AVX2_LANE_SH) ) >"$$lane_log" 2>&1 & lane=$$!; \
 	trap 'pkill -TERM -P $$lane 2>/dev/null; kill $$lane 2>/dev/null; rm -f "$$lane_log"; exit 130' INT TERM HUP; \
 	echo "isa-avx2 lane: running alongside the suite (its output follows the suite's)"; \
-	$(BIN)/pytest -q; suite=$$?; \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile; suite=$$?; \
 	wait $$lane; lane_rc=$$?; cat "$$lane_log"; rm -f "$$lane_log"; \
 	[ $$suite -eq 0 ] && [ $$lane_rc -eq 0 ]
 

@@ -64,6 +64,17 @@ def register(sub) -> None:
         "--refresh", action="store_true", help="measure again even if a cached decision exists"
     )
     backends.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="timed runs per candidate at most (default 1000, within a 6 s budget, at least "
+        "10 of them; fewer than 10 is a quick look, its p99 is the slowest run)",
+    )
+    backends.add_argument(
+        "--warmup", type=int, default=None, metavar="N", help="untimed runs first (default 5)"
+    )
+    backends.add_argument(
         "--variant",
         action="append",
         type=Path,
@@ -146,8 +157,13 @@ def cmd_backends(args) -> int:
         model_info = inspect_model(args.model)
         check_output_name(args.model, args.scores, "--scores")
         state_dir = args.state_dir or default_state_dir()
+        runs, warmup = args.runs, args.warmup
+        if (runs is not None and runs < 1) or (warmup is not None and warmup < 0):
+            raise UsageError("--runs must be at least 1 and --warmup at least 0")
+        timing = {k: v for k, v in (("runs", runs), ("warmup", warmup)) if v is not None}
         policy = policy_of(
             args,
+            **timing,
             backend=args.backend,
             max_drop=_max_drop(args),
             max_abs=args.max_abs,

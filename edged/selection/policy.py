@@ -24,6 +24,9 @@ PRECISIONS = ("auto", "int8")  # Policy.precision: any variant, or INT8 variants
 _PER_MODEL = {"toml": None}
 
 
+QUICK_LOOK_RUNS = 10  # fewer timed runs than this (selection.bench's min_runs) decide apart
+
+
 @dataclass(frozen=True)
 class Policy:
     # At most `runs` timed runs per candidate, and at most its share of `time_budget_s` (but
@@ -50,6 +53,11 @@ class Policy:
 
     def key_parts(self) -> dict[str, Any]:
         parts: dict[str, Any] = {"npu_cores": list(self.npu_cores)} if self.npu_cores else {}
+        # A quick look (`edgectl backends --runs 3`: fewer runs than a p99 needs, the
+        # benchmark's minimum of 10) is its own decision, never the one the daemon reads.
+        # Other timings share one, as before.
+        if self.runs < QUICK_LOOK_RUNS:
+            parts["runs"] = self.runs
         return parts | {
             "max_drop": self.max_drop,
             "max_abs": self.max_abs,

@@ -332,6 +332,8 @@ def test_bench_failed_candidate_keeps_every_key(
         (("bench", "{cls}", "--backend", "litert"), "nothing available"),
         (("backends", "--model", "{truncated}"), "not a valid ONNX model"),
         (("bench", "{cls}", "--runs", "0"), "--runs must be at least 1"),
+        (("backends", "--model", "{cls}", "--runs", "0"), "--runs must be at least 1"),
+        (("backends", "--model", "{cls}", "--warmup", "-1"), "--warmup at least 0"),
         (
             ("bench", "{face}", "--backend", "litert:XNNPACK", "--shape", "input=1x64x64x3"),
             "the model takes 1x128x128x3",
