@@ -91,7 +91,7 @@ test-isa-avx2: data
 	@$(ISA_AVX2_LANE_SH)
 
 # The aarch64 lane's root: bookworm arm64 + aarch64 wheels for qemu-user, pinned and cached.
-# `make test` runs the lane as part of the suite (tests/lanes/test_arm64.py, marked arm64: the
+# `make test` runs the lane as part of the suite (tests/lanes/test_arm64*.py, marked arm64: the
 # host's pytest runs edged's programs in the root under qemu-aarch64 -cpu cortex-a76); this runs
 # it alone.
 .PHONY: arm64-root test-arm64
@@ -101,11 +101,11 @@ arm64-root: data
 test-arm64: data system-deps
 	$(BIN)/pytest -q -m arm64 --durations=10
 
-# ruff (lint and the formatter's check) on everything; mypy on the two lower layers first.
+# ruff (lint and the formatter's check) on everything; mypy on the three packages.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy sysconf backends
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

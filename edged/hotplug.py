@@ -48,10 +48,9 @@ class AcceleratorMonitor:
             monitor = pyudev.Monitor.from_netlink(context)
             for subsystem in WATCHED_SUBSYSTEMS:
                 monitor.filter_by(subsystem)
-            self._observer = pyudev.MonitorObserver(
-                monitor, callback=self._event, name="edged-hotplug"
-            )
-            self._observer.start()
+            observer = pyudev.MonitorObserver(monitor, callback=self._event, name="edged-hotplug")
+            observer.start()
+            self._observer = observer
         except Exception as exc:  # ImportError, OSError from netlink, libudev missing
             self.error = f"{exc.__class__.__name__}: {exc}"
             log.warning("accelerator hot-plug disabled: %s", self.error)

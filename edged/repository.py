@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 from edged.config import Config, ConfigError, ModelConfig, load_config
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from edged.sdnotify import Notifier
     from edged.serving.models import ServedModel
 
 log = logging.getLogger("edged")
@@ -30,6 +33,16 @@ class RepositoryControl:
     unloaded: set[str]
     overrides: dict[str, ModelConfig]
     _reload_lock: asyncio.Lock | None
+    notifier: Notifier
+    # ... and Daemon's methods (or Supervision's) it calls.
+    with_cpu_plan: Callable[[Config], Config]
+    load_models: Callable[
+        [Config, dict[str, ServedModel]], tuple[dict[str, ServedModel], dict[str, str]]
+    ]
+    _stop_models: Callable[[list[ServedModel]], None]
+    _status_line: Callable[[], str]
+    start_variant_jobs: Callable[[], None]
+    _event: Callable[..., None]
 
     def _with_control(self, config: Config) -> Config:
         """`config` with the loads' tables in place of the file's and the unloaded models
@@ -56,6 +69,7 @@ class RepositoryControl:
                     f"cannot load {name!r}: {len(self.models)} models are served, the most "
                     f"[server] max_models allows; unload one first",
                 )
+            mc: ModelConfig | None
             if table is not None:
                 mc = await asyncio.to_thread(self._model_table, name, table)
             else:

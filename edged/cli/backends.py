@@ -269,7 +269,7 @@ def _offline_plan(args, hw) -> int:
         "verdict": (
             "the board has no NPU edged knows"
             if not rows
-            else f"runs on {', '.join(r['device'] for r in takes)}"
+            else f"runs on {', '.join(str(r['device']) for r in takes)}"
             if takes
             else "the board has an NPU, but the model is not in a form it runs"
         ),

@@ -4,6 +4,7 @@ or on all of them, measured interleaved in one pinned thread."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -119,7 +120,7 @@ def cmd_bench(args) -> int:
             progress("bench", done[0], total)
 
         stats = benchmark(
-            {c.key: (lambda s=s: s.run(feeds)) for c, s in sessions.items()},
+            {c.key: functools.partial(s.run, feeds or {}) for c, s in sessions.items()},
             args.runs,
             args.warmup,
             progress=tick,

@@ -96,7 +96,7 @@ class Progress:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and sys.stderr.isatty()
-        self.bar = None
+        self.bar: Any = None  # a tqdm, made on first use (tqdm is imported then)
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         if not self.enabled:

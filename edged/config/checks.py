@@ -124,6 +124,13 @@ class Checker:
                 raise self.fail(f"{key}[{index}]", f"must be {rule}, got {show(item)}")
         return tuple(value)
 
+    def numbers(self, value: Any, key: str) -> tuple[float, ...]:
+        """A number or a non-empty array of numbers (per-channel values: mean, std)."""
+        items = value if isinstance(value, list) else [value]
+        if not items or any(isinstance(x, bool) or not isinstance(x, int | float) for x in items):
+            raise self.fail(key, f"must be a number or an array of numbers, got {show(value)}")
+        return tuple(float(x) for x in items)
+
     def path(self, raw: str | Path, key: str) -> Path:
         """`$VAR`, `${VAR}` and `~` expanded; relative to the config file's folder."""
 
@@ -166,14 +173,15 @@ class Checker:
             )
         if not cpus:
             raise self.fail(key, "empty; leave the key out to run the model unpinned")
-        missing = [c for c in cpus if self.online is not None and c not in self.online]
-        if missing:
+        online = self.online
+        missing = [] if online is None else [c for c in cpus if c not in online]
+        if online is not None and missing:
             from sysconf.cpulist import format_cpulist
 
             raise self.fail(
                 key,
                 f"CPU {missing[0]} is not online on this machine (online: "
-                f"{format_cpulist(sorted(self.online))})",
+                f"{format_cpulist(sorted(online))})",
             )
         return cpus
 

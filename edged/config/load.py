@@ -70,4 +70,5 @@ def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = 
     telemetry = sections.telemetry(check, check.table(doc, "telemetry"))
     audit = sections.audit(check, check.table(doc, "audit"))
     server = sections.hang_bound(check, check.table(doc, "server"), server, found)
-    return Config(check.absolute, server, selection, found, telemetry, audit)
+    frigate = sections.frigate(check, check.table(doc, "frigate"), server)
+    return Config(check.absolute, server, selection, found, telemetry, audit, frigate)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from edged.config import vision
 from edged.config.checks import Checker, ConfigError, Table, show
 from edged.config.schema import (
     CALIBRATION_KEYS,
@@ -33,6 +34,7 @@ def models(check: Checker, value: Any) -> tuple[ModelConfig, ...]:
         raise check.fail("models", f"expected an array of tables ([[models]]), got {show(value)}")
     found: list[ModelConfig] = []
     seen: dict[str, int] = {}
+    aliases: dict[str, int] = {}
     for index, table in enumerate(value):
         model = _read_model(check, table, f"models[{index}]")
         if model.name in seen:
@@ -41,6 +43,13 @@ def models(check: Checker, value: Any) -> tuple[ModelConfig, ...]:
                 f"duplicate model name {model.name!r} (also models[{seen[model.name]}])",
             )
         seen[model.name] = index
+        for alias in model.serves_as:
+            if alias in aliases:
+                raise check.fail(
+                    f"models[{index}].serves_as",
+                    f"{alias!r} is served by models[{aliases[alias]}] already",
+                )
+            aliases[alias] = index
         found.append(model)
     return tuple(found)
 
@@ -112,6 +121,11 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
         ),
         standby=t.boolean("standby") if "standby" in t.data else None,
         npu_cores=_npu_cores(check, t),
+        image=t.read("image", vision.image, check, path, shapes) if "image" in t else None,
+        detector=(
+            t.read("detector", vision.detector, check, path, shapes) if "detector" in t else None
+        ),
+        serves_as=t.read("serves_as", vision.serves_as, check),
     )
 
 
@@ -240,15 +254,7 @@ def _calibration(
             pre["size"] = parse_size(t.string("resize"))
         for name in ("mean", "std"):
             if name in t:
-                raw = value[name]
-                items = raw if isinstance(raw, list) else [raw]
-                if not items or any(
-                    isinstance(x, bool) or not isinstance(x, int | float) for x in items
-                ):
-                    raise check.fail(
-                        t.key(name), f"must be a number or an array of numbers, got {show(raw)}"
-                    )
-                pre[name] = tuple(float(x) for x in items)
+                pre[name] = t.read(name, check.numbers)
         if "scale" in t:
             pre["scale"] = t.number("scale", lambda x: 0 < x < math.inf, "a number > 0")
         if "multiple" in t:

@@ -18,6 +18,7 @@ from typing import Any
 from edged.quantize.calibration_spec import CalibrationSpec, Preprocess
 from edged.selection.policy import Policy
 from edged.telemetry.settings import MqttSettings
+from edged.vision.settings import Preprocessing
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MODEL_CONTROL = ("none", "explicit")
@@ -109,6 +110,24 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class FrigateConfig:
+    """[frigate]: Frigate's ZMQ detector protocol (edged.serving.frigate_zmq), for Frigate's
+    `type: zmq` detectors and other apps that speak it. Peers name a model by a name in its
+    [[models]] `serves_as` (or its own name)."""
+
+    enabled: bool = False
+    # The IPC socket (Frigate's endpoint: ipc://<socket>); unset: frigate.sock beside
+    # [server] socket; "": none. [server] socket_mode applies.
+    socket: Path | None = Path("/run/edged/frigate.sock")
+    # Loopback TCP too ("127.0.0.1:5555"); unset: not. Any local user may connect there.
+    listen_host: str | None = field(default=None, metadata={"toml": "listen"})
+    listen_port: int | None = field(default=None, metadata={"toml": "listen"})
+    # Peers (Frigate detector processes, apps) remembered at once: the oldest is forgotten
+    # and must handshake again (it does: Frigate re-handshakes after a timeout).
+    max_peers: int = 256
+
+
+@dataclass(frozen=True)
 class BatchingConfig:
     """A model's queue and batching: what its worker (edged.serving.engine) runs with. The one
     definition of these keys' defaults; ModelConfig takes its own from here."""
@@ -120,6 +139,21 @@ class BatchingConfig:
     timeout_ms: int = 1000
     watchdog_ms: int = 5000  # one batch running longer than this: the backend has stalled
     rt_priority: int = 0  # SCHED_FIFO priority of the worker thread (1-99); 0: normal
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """[models.detector]: the model is an object detector; how its outputs become boxes."""
+
+    type: str  # the family (edged.vision.decoders.DECODERS): Frigate's model_type names
+    # "coco80" (the 80 COCO names by 0-based id) or a label map file; held as (id, name).
+    labels: tuple[tuple[int, str], ...] = field(default=(), metadata={"toml": "labels"})
+    # Boxes scoring below this are dropped before NMS; apps apply their own threshold above.
+    min_score: float = 0.25
+
+    @property
+    def label_names(self) -> dict[int, str]:
+        return dict(self.labels)
 
 
 @dataclass(frozen=True)
@@ -156,6 +190,13 @@ class ModelConfig:
     # pick is an accelerator and the standby's memory fits.
     standby: bool | None = None
     npu_cores: tuple[int, ...] | None = None  # NPU cores to run on (RK3588: 0-2); sorted
+    # How pictures become its input ([models.image]): for image inputs, Frigate's frames and
+    # DeepStack uploads. None: the defaults, when a picture path needs them.
+    image: Preprocessing | None = None
+    detector: DetectorConfig | None = None  # [models.detector]
+    # The names Frigate's ZMQ peers may ask for this model by (their model file's name):
+    # a peer's name maps to a served model only through these, never to a path.
+    serves_as: tuple[str, ...] = ()
 
     @property
     def period_s(self) -> float | None:
@@ -206,6 +247,7 @@ class Config:
         default_factory=TelemetryConfig, metadata={"table": TelemetryConfig}
     )
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"table": AuditConfig})
+    frigate: FrigateConfig = field(default_factory=FrigateConfig, metadata={"table": FrigateConfig})
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

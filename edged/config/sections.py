@@ -20,6 +20,7 @@ from edged.config.schema import (
     MODEL_CONTROL,
     MQTT_PROTOCOLS,
     AuditConfig,
+    FrigateConfig,
     ModelConfig,
     MqttSettings,
     ServerConfig,
@@ -109,6 +110,49 @@ def server(check: Checker, data: Mapping[str, Any]) -> ServerConfig:
         max_model_bytes=t.integer("max_model_bytes", 1024, 2**40),
         load_dirs=_load_dirs(check, t),
     )
+
+
+def frigate(check: Checker, data: Mapping[str, Any], server: ServerConfig) -> FrigateConfig:
+    t = Table(check, data, "frigate", FrigateConfig)
+    if "socket" in t:
+        raw = t.string("socket")
+        socket = check.path(raw, "frigate.socket") if raw else None
+    else:
+        socket = server.socket.parent / "frigate.sock" if server.socket is not None else None
+    _check_socket_path(check, socket, "frigate.socket")
+    if socket is not None and socket in (server.socket, server.grpc_socket):
+        raise check.fail("frigate.socket", f"{socket} is a [server] socket too")
+    host, port = (
+        listen(check, t.string("listen"), "frigate.listen") if "listen" in t else (None, None)
+    )
+    if host is not None and not _loopback(host):
+        # ZMQ has no peer credentials and the protocol no authentication: this machine only.
+        raise check.fail(
+            "frigate.listen", f"must be a loopback address (127.0.0.1, [::1]), got {host}"
+        )
+    if (
+        host is not None
+        and (host, port)
+        in (
+            (server.listen_host, server.listen_port),
+            (server.grpc_listen_host, server.grpc_listen_port),
+        )
+        and port != 0
+    ):
+        raise check.fail("frigate.listen", f"{host}:{port} is a [server] address too")
+    enabled = t.boolean("enabled")
+    if enabled and socket is None and host is None:
+        raise check.fail(
+            "frigate.socket", 'is "" and frigate.listen is unset: no peer could reach it'
+        )
+    return FrigateConfig(enabled, socket, host, port, t.integer("max_peers", 1, 65536))
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _load_dirs(check: Checker, t: Table) -> tuple[Path, ...]:

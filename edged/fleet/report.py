@@ -224,10 +224,11 @@ def format_table(
 def summary(rows: list[dict[str, Any]], fleet: Fleet) -> str:
     states = collections.Counter(r["state"] for r in rows)
     lag = fleet.lag_quantiles()
+    lag_p50, lag_p99 = lag["p50_s"], lag["p99_s"]
     lag_text = (
         ""
-        if lag["p99_s"] is None
-        else f", lag p50 {lag['p50_s'] * 1e3:.0f} ms p99 {lag['p99_s'] * 1e3:.0f} ms"
+        if lag_p50 is None or lag_p99 is None
+        else f", lag p50 {lag_p50 * 1e3:.0f} ms p99 {lag_p99 * 1e3:.0f} ms"
     )
     parts = ", ".join(
         f"{states[s]} {s}" for s in ("online", "stale", "offline", "unknown") if states[s]

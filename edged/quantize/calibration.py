@@ -67,7 +67,7 @@ class Samples:
                 f"{len(self)} sample(s) cannot be split into calibration "
                 "and evaluation sets; give --eval DATA or more samples"
             )
-        return self._subset(order[:cut]), self._subset(order[cut:])
+        return self._subset(order[:cut].tolist()), self._subset(order[cut:].tolist())
 
     def _subset(self, index: Sequence[int]) -> Samples:
         def pick(values: list) -> list:
@@ -360,6 +360,11 @@ def _load_images(
     spec = _single_input(files[0].parent, inputs, "images")
     layout = image_layout(spec, preprocess)
     channels = spec.shape[1] if layout == "nchw" else spec.shape[3]
+    if channels is None:
+        raise CalibrationError(
+            f"input {spec.name!r} {format_shape(spec.shape)}: its channel axis ({layout}) is "
+            "dynamic; images need a fixed number of channels"
+        )
     color = "gray" if channels == 1 else preprocess.color
     if channels == 3 and preprocess.color == "gray":
         raise CalibrationError(f"input {spec.name!r} has 3 channels; --color gray needs 1")
@@ -381,7 +386,7 @@ def _load_images(
         size = (rgb.height, rgb.width)
         th, tw = _target_size(spec, layout, preprocess, size, file)
         if (th, tw) != size:
-            rgb = rgb.resize((tw, th), Image.BILINEAR)
+            rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR)
         pixels = np.asarray(rgb, dtype=np.float32)
         if pixels.ndim == 2:
             pixels = pixels[..., None]

@@ -62,7 +62,7 @@ class CalibrationSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CalibrationSpec:
-        pre = {
+        pre: dict[str, Any] = {
             k: tuple(v) if isinstance(v, list) else v
             for k, v in (data.get("preprocess") or {}).items()
         }

@@ -28,6 +28,7 @@ it beats float on this CPU: the NPU runs nothing else.
 from __future__ import annotations
 
 import contextlib
+import functools
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -383,7 +384,7 @@ def _time(
     feeds = evaluation.feeds[0]
     fp32_ms = {}
     for target, fp32 in fp32_sessions.items():
-        runners: dict[str, Callable[[], Any]] = {"fp32": lambda s=fp32: s.run(feeds)}
+        runners: dict[str, Callable[[], Any]] = {"fp32": functools.partial(fp32.run, feeds)}
         sessions = {}
         passing = [a for a in attempts if a.target == target and a.passed]
         try:
@@ -391,7 +392,7 @@ def _time(
                 sessions[attempt.recipe.label] = session = load_session(
                     attempt.path, target, "model", settings.threads, settings.cpus
                 )
-                runners[attempt.recipe.label] = lambda s=session: s.run(feeds)
+                runners[attempt.recipe.label] = functools.partial(session.run, feeds)
             total = settings.runs * len(runners)
             done = [0]
 

@@ -5,6 +5,7 @@ kept, with the reason), and the output file written whole or not at all.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,8 +99,8 @@ def decide(
         fewest = min((len(a.recipe.fp32_nodes) for a in passing), default=0)
         winners = [a for a in passing if len(a.recipe.fp32_nodes) == fewest]
     else:
-        winners = [a for a in passing if a.speedup >= MIN_SPEEDUP]
-    common = {
+        winners = [a for a in passing if (a.speedup or 0.0) >= MIN_SPEEDUP]
+    common: dict[str, Any] = {
         "warnings": warnings,
         "method": settings.method,
         "max_drop": settings.max_drop,
@@ -112,7 +113,7 @@ def decide(
     }
     if winners:
         # Across targets: the lowest latency wins (auto); within one, the fastest recipe.
-        pick = min(winners, key=lambda a: a.p50_ms)
+        pick = min(winners, key=lambda a: math.inf if a.p50_ms is None else a.p50_ms)
         _write(pick.path, output)
         return Report(
             str(output),
@@ -124,20 +125,21 @@ def decide(
             **common,
         )
     if passing:
-        best = max(passing, key=lambda a: a.speedup)
+        best = max(passing, key=lambda a: a.speedup or 0.0)
         reason = (
             f"no INT8 recipe beats FP32 (best: {best.recipe.label} on {best.target}, "
             f"{best.speedup:.2f}x); FP32 kept"
         )
     elif any(a.accuracy for a in attempts):
-        best = max((a for a in attempts if a.accuracy), key=lambda a: a.accuracy.score)
+        scored = [(a, acc) for a in attempts if (acc := a.accuracy) is not None]
+        best, accuracy = max(scored, key=lambda pair: pair[1].score)
         reason = (
             f"no INT8 recipe passes the accuracy gate (max drop {settings.max_drop}; best: "
-            f"{best.recipe.label} on {best.target}, {best.accuracy.rule} "
-            f"{best.accuracy.score:.4f}, cosine {best.accuracy.cosine:.4f}"
+            f"{best.recipe.label} on {best.target}, {accuracy.rule} "
+            f"{accuracy.score:.4f}, cosine {accuracy.cosine:.4f}"
             + (
-                f", top-1 agreement {best.accuracy.top1_agreement:.3f}"
-                if best.accuracy.top1_agreement is not None
+                f", top-1 agreement {accuracy.top1_agreement:.3f}"
+                if accuracy.top1_agreement is not None
                 else ""
             )
             + "); FP32 kept"
@@ -145,7 +147,7 @@ def decide(
     else:
         errors = "; ".join(f"{a.target} {a.recipe.label}: {a.error}" for a in attempts if a.error)
         reason = f"no INT8 recipe ran ({errors}); FP32 kept"
-    fastest = min(fp32_ms, key=fp32_ms.get) if fp32_ms else settings.targets[0]
+    fastest = min(fp32_ms, key=lambda name: fp32_ms[name]) if fp32_ms else settings.targets[0]
     _write(model_path, output)
     return Report(str(output), fastest, "fp32", [], None, None, reason=reason, **common)
 

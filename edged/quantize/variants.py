@@ -225,7 +225,7 @@ def make_variants(
                 ]
                 if not passing:
                     continue
-                best = max(passing, key=lambda a: a.speedup)
+                best = max(passing, key=lambda a: a.speedup or 0.0)
                 name = f"{original.stem}.{best.recipe.label}.onnx"
                 if name not in files:
                     shutil.copyfile(best.path, partial / name)
@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization's per-node noise
 
-    last = {"phase": "", "at": 0.0}
+    last: dict[str, Any] = {"phase": "", "at": 0.0}
 
     def progress(phase: str, done: int, total: int) -> None:
         # At most twice a second per phase: the daemon's job thread reads every line.

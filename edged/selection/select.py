@@ -25,6 +25,7 @@ among the passing ones and its why-line edged.selection.explain's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -212,7 +213,7 @@ def _measure(
                     progress("benchmark", done[0], total)
 
             stats = benchmark(
-                {k: (lambda s=s: s.run(feeds)) for k, s in sessions.items()},
+                {k: functools.partial(s.run, feeds) for k, s in sessions.items()},
                 policy.runs,
                 policy.warmup,
                 policy.time_budget_s,

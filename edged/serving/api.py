@@ -218,7 +218,7 @@ class Api(ControlRoutes):
                 raise HttpError(404, f"no route {path}")
             return served
 
-        async def read(served: ServedModel) -> bytes:
+        async def read(served: ServedModel) -> bytes | bytearray:
             body = await read_body(headers, receive, self.max_body_bytes)
             if body is None:  # the client went away, or its body timed out (answered)
                 raise ClientGone(408 if scope.get(BODY_TIMED_OUT) else 0)

@@ -140,6 +140,7 @@ class SessionSwitching:
         back). `primary`: it is the selection's pick. `keep_as_standby`: the session it
         replaces stays loaded as the standby; else it is closed once its batch is done."""
         with self._switch_lock:
+            old: Session | None
             old, self.session = self.session, session
             if primary:
                 self.primary = session.candidate.key

@@ -184,7 +184,7 @@ def _raw_outputs(arrays: list[np.ndarray]) -> bytes:
     protobuf bytes field and again into the serialized message."""
     parts: list[Any] = []
     for array in arrays:
-        parts += [key_and_length(6, array.nbytes), memoryview(array)]
+        parts += [key_and_length(6, array.nbytes), array.data]  # the array's buffer, not a copy
     return b"".join(parts)
 
 

@@ -16,7 +16,7 @@ JSON = [(b"content-type", b"application/json")]
 
 async def read_body(
     headers: dict[bytes, bytes], receive, max_body_bytes: int, limit: int | None = None
-) -> bytes | None:
+) -> bytes | bytearray | None:
     """The body, one message in the common case (no copy). A body in several messages
     goes into one buffer of the declared size, so a large body is held once rather than
     as chunks plus their join; chunked bodies (no Content-Length) are joined. `limit`:

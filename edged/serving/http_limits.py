@@ -171,10 +171,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         elif exc is None:
             self.transport.close()
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> None:
         if self._closing:
-            return None  # the client read our answer and hung up: close now
-        return super().eof_received()
+            return  # the client read our answer and hung up: close now
+        super().eof_received()
 
     def shutdown(self) -> None:
         if self._closing or self._listener is None:
@@ -194,7 +194,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if len(data) > room:
                 view = memoryview(data)
                 if room > 0:
-                    super().data_received(view[:room])
+                    super().data_received(view[:room])  # type: ignore[arg-type]  # any buffer
                 if self._in_head:  # the head did not end within the limit
                     if not self._closing and not self.transport.is_closing():
                         self._header_too_large()

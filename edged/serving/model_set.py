@@ -92,6 +92,7 @@ def load_models(
                 models[mc.name] = old
             continue
         sel = served.selection.selected
+        assert sel is not None  # a loaded model has its pick
         log.info(
             "model %s: %s on %s:%s (%s) p99 %.3f ms, %s in %.2f s",
             mc.name,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -361,7 +362,7 @@ def _verified(selection: Selection) -> list[Evidence]:
     """The selection's verified candidates other than the pick, in p99 order."""
     return sorted(
         (e for e in selection.evidence if e.status == "passed" and e.latency),
-        key=lambda e: e.latency.p99_ms,
+        key=lambda e: e.latency.p99_ms if e.latency else math.inf,
     )
 
 

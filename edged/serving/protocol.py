@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -53,7 +53,9 @@ def datatype_of(dtype_name: str) -> str:
 _NATIVE: dict[np.dtype, np.dtype] = {}
 
 
-def byteorder(cache: dict[np.dtype, np.dtype], dtype: np.dtype, order: str) -> np.dtype:
+def byteorder(
+    cache: dict[np.dtype, np.dtype], dtype: np.dtype, order: Literal["=", "<"]
+) -> np.dtype:
     converted = cache.get(dtype)
     if converted is None:
         converted = cache[dtype] = dtype.newbyteorder(order)
@@ -238,7 +240,7 @@ def decode_request(
     )
     if key is not None and slices is not None and not shm_outputs:
         if len(_LAYOUTS) >= CACHED_HEADERS:
-            _LAYOUTS.pop(next(iter(_LAYOUTS), None), None)  # the oldest: a bounded FIFO
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))  # the oldest: a bounded FIFO
         _LAYOUTS[key] = _Layout(
             tuple(slices), offset, request.id, dict(outputs), binary_default, request.timeout_ms
         )
@@ -445,18 +447,19 @@ def _decode_raw(body: bytes, specs: Sequence[TensorSpec]) -> InferRequest:
             f"model; this one has {len(specs)} inputs"
         )
     spec = specs[0]
-    if any(d is None for d in spec.shape):
+    shape = [d for d in spec.shape if d is not None]
+    if len(shape) != len(spec.shape):
         raise ProtocolError(
             f"raw binary request: input {spec.name!r} has dynamic dims "
             f"{list(spec.shape)}; send a JSON header with the shape"
         )
     dtype = np.dtype(spec.dtype)
-    expected = math.prod(spec.shape) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if len(body) != expected:
         raise ProtocolError(
             f"raw binary request: body is {len(body)} bytes, input {spec.name!r} needs {expected}"
         )
-    array = _from_bytes(body, dtype).reshape(spec.shape)
+    array = _from_bytes(body, dtype).reshape(shape)
     return InferRequest(None, {spec.name: array}, binary_default=True)
 
 

@@ -270,10 +270,10 @@ class SharedMemory:
         position = region.position(ref, where)
         if dtype.kind == "b":
             raw = np.empty(expected, np.uint8)
-            region.read_into(memoryview(raw), position, where)
+            region.read_into(raw.data, position, where)
             return (raw != 0).reshape(shape)
         array = np.empty(shape, byteorder(_NATIVE, dtype, "="))
-        target = memoryview(array.reshape(-1).view(np.uint8))
+        target = array.reshape(-1).view(np.uint8).data
         region.read_into(target, position, where)
         if array.dtype != dtype:  # the wire is little-endian; this machine is not
             array = array.view(dtype).astype(array.dtype)
@@ -307,7 +307,7 @@ class SharedMemory:
             plan.append((name, ref, array, region, region.position(ref, where)))
         entries = {}
         for name, ref, array, region, position in plan:
-            region.write_from(memoryview(array.reshape(-1).view(np.uint8)), position, name)
+            region.write_from(array.reshape(-1).view(np.uint8).data, position, name)
             params: dict[str, Any] = {
                 "shared_memory_region": ref.region,
                 "shared_memory_byte_size": array.nbytes,

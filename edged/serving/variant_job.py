@@ -17,6 +17,7 @@ whatever a child prints costs this process bounded memory.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import subprocess
@@ -195,7 +196,9 @@ def start_variant_jobs(
     for name, served in models.items():
         if not served.variants_pending or served.job is not None:
             continue
-        given = config.model(name).variants if config.model(name) else ()
+        mc = config.model(name)
+        given = mc.variants if mc else ()
+        assert served.calibration is not None  # variants are pending only with calibration
         command = background_command(
             served.original.path,
             given,
@@ -204,7 +207,7 @@ def start_variant_jobs(
             served.policy,
             cpus,
         )
-        served.job = VariantJob(name, command, lambda report, s=served: on_made(s, report))
+        served.job = VariantJob(name, command, functools.partial(on_made, served))
         served.job.start()  # this thread is on the housekeeping CPUs; the child too
 
 

@@ -90,7 +90,7 @@ def attribution(
     done_times = [s.t_done for s in samples]
     start_times = [s.t for s in samples]
     for outlier in outliers:
-        start, end, switches = outlier[0], outlier[1], outlier[2]
+        start, end, switches = outlier[0], outlier[1], int(outlier[2])
         off_cpu = outlier[3] if len(outlier) > 3 else None
         wake = outlier[4] if len(outlier) > 4 else None
         causes: set[str] = set()

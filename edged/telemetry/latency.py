@@ -375,7 +375,9 @@ class LatencyRecorder:
             self.model,
             opened,
             closed_at,
-            *phases,
+            phases[0],
+            phases[1],
+            phases[2],
             outlier_threshold_ms=threshold_ms,
             outlier_count=max(above, len(outliers)),
             outlier_spans=outliers,
@@ -401,11 +403,15 @@ class LatencyRecorder:
                     else PhaseStats()
                     for i, totals in enumerate(self._since_start)
                 ]
-                return WindowStats(self.model, self._started, self._opened, *phases)
+                return WindowStats(
+                    self.model, self._started, self._opened, phases[0], phases[1], phases[2]
+                )
             with self._lock:  # a copy of 3 × 17 k counters: some µs
                 open_counts = [_counts(h).copy() for h in self._active]
             phases = [
                 PhaseStats.from_counts(totals + counts)
                 for totals, counts in zip(self._since_start, open_counts, strict=True)
             ]
-        return WindowStats(self.model, self._started, time.perf_counter(), *phases)
+        return WindowStats(
+            self.model, self._started, time.perf_counter(), phases[0], phases[1], phases[2]
+        )

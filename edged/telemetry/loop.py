@@ -59,8 +59,13 @@ class ServedWorker(Protocol):
     batching: Any  # its BatchingConfig (max_queue_delay_us)
     batchable: bool
     session: Any  # the backend session (candidate, sensors)
-    degraded: bool
-    queue_depth: int
+
+    @property
+    def degraded(self) -> bool: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
     cpus: Any  # the CPUs it is pinned to, or None
     native_id: int | None  # its thread id, once it runs
 
@@ -73,9 +78,10 @@ class Served(Protocol):
 
 
 class TelemetrySink(Protocol):
-    def publish_telemetry(self, payload: dict) -> None: ...
+    # What they return is theirs (a publisher answers a message id); the loop ignores it.
+    def publish_telemetry(self, payload: dict[str, Any]) -> object: ...
 
-    def publish_event(self, kind: str, detail: dict) -> None: ...
+    def publish_event(self, kind: str, detail: dict[str, Any]) -> object: ...
 
 
 class IntruderWatch:
@@ -331,7 +337,7 @@ class TelemetryLoop:
             counts = thread_switches(tid, root=self._root) if tid else None
             before = self._worker_counts.pop(name, None)
             rate = None
-            if counts is not None:
+            if counts is not None and tid is not None:
                 self._worker_counts[name] = (now, tid, counts.involuntary)
                 # A reload or take-over replaces the worker thread: its counter starts anew,
                 # so no rate until two readings of the same thread.

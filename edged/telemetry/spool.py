@@ -273,7 +273,9 @@ class Spool:
                 )
                 self._count += 1
                 self._bytes += len(payload)
-                return int(cur.lastrowid)
+                rowid = cur.lastrowid
+                assert rowid is not None  # an INSERT sets it
+                return rowid
 
             return self._write(db, durable=True, body=body)
 

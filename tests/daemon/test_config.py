@@ -559,14 +559,22 @@ def test_example_documents_every_key() -> None:
     set or commented out."""
     import re
 
-    from edged.config.schema import MQTT_KEYS, TOP_KEYS
+    from edged.config.schema import MQTT_KEYS, TOP_KEYS, DetectorConfig, toml_keys
+    from edged.vision.settings import Preprocessing
 
     text = EXAMPLE.read_text()
+    subtables = [
+        ("telemetry.mqtt", MQTT_KEYS),
+        ("models.image", toml_keys(Preprocessing)),
+        ("models.detector", toml_keys(DetectorConfig)),
+    ]
     missing = [
         f"{section}.{key}"
-        for section, keys in [*TOP_KEYS.items(), ("telemetry.mqtt", MQTT_KEYS)]
+        for section, keys in [*TOP_KEYS.items(), *subtables]
         for key in keys
-        if key != "mqtt" and not re.search(rf"^#?\s*{key}\s*=", text, re.MULTILINE)
+        if key != "mqtt"
+        and not re.search(rf"^#?\s*{key}\s*=", text, re.MULTILINE)
+        and f"[{section}.{key}]" not in text
     ]
     assert not missing
     assert "[telemetry.mqtt]" in text and "[audit]" in text

@@ -28,6 +28,7 @@ PACKAGES = ("sysconf", "backends", "edged")
 # package -> the packages it must never import
 FORBIDDEN = {"sysconf": ("backends", "edged"), "backends": ("edged",)}
 # Inside edged/, bottom to top: each part imports only parts below it (and sysconf, backends).
+# vision decodes pictures and detections (numpy only);
 # selection measures; quantize makes variants and gates them with selection's accuracy;
 # telemetry records latency and publishes (its settings are its own); config composes every
 # part's settings from the TOML file and checks them; serving runs models on the front ends;
@@ -36,6 +37,7 @@ FORBIDDEN = {"sysconf": ("backends", "edged"), "backends": ("edged",)}
 # of the daemon); the daemon wires it all;
 # the CLI may use anything (the daemon never imports the CLI).
 EDGED_ORDER = (
+    "vision",
     "selection",
     "quantize",
     "telemetry",

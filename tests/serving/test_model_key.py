@@ -8,8 +8,10 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from edged.config import BatchingConfig, ModelConfig
+from edged.config.schema import DetectorConfig
 from edged.quantize.calibration_spec import CalibrationSpec
 from edged.serving.model_set import model_key
+from edged.vision.settings import Preprocessing
 
 CHANGED = {  # a value other than the default, for each field
     "path": Path("/tmp/other.onnx"),
@@ -31,6 +33,9 @@ CHANGED = {  # a value other than the default, for each field
     "period_ms": 5.0,
     "standby": True,
     "npu_cores": (0, 1),
+    "image": Preprocessing(color="bgr"),
+    "detector": DetectorConfig("yologeneric"),
+    "serves_as": ("yolo.onnx",),
 }
 
 

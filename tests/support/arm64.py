@@ -26,8 +26,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edged.selection.accuracy import Accuracy
 from tests.support import REPO
 
+CLS, CLS_INT8 = "ppocr_cls.onnx", "ppocr_cls_int8.onnx"
+DET, DET_INT8 = "ppocrv4_det.onnx", "ppocrv4_det_int8.onnx"
+FACE = "face_detection_short_range.tflite"
 ROOT_ENV = "EDGED_ARM64_ROOT"  # a built root to use as is (the lane's override)
 CPU_ENV = "EDGED_ARM64_CPU"
 DEFAULT_CPU = "cortex-a76"  # RK3588, Raspberry Pi 5: dotprod, fp16
@@ -258,3 +262,12 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+def figure(acc: Accuracy) -> str:
+    """An accuracy comparison on one line, for the `arm64-figure:` lines of the notes."""
+    top1 = "" if acc.top1_agreement is None else f" top-1 {acc.top1_agreement:.3f}"
+    return (
+        f"score {acc.score:.6f} ({acc.rule}) cosine {acc.cosine:.6f} min {acc.cosine_min:.6f} "
+        f"max-abs {acc.max_abs:.3g}{top1}"
+    )

@@ -1,0 +1,5 @@
+"""Pictures in, detections out, for apps that send images rather than tensors: the boxes a
+detector found and what is done to them (`boxes`: class-aware NMS, the top rows, Frigate's
+20x6 answer, DeepStack's pixel boxes), the decoders from each detector family's raw outputs
+to boxes (`decoders`) and label maps (`labels`). Only numpy: the bottom of edged/, below
+selection."""
