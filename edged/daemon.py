@@ -80,7 +80,8 @@ class Daemon(RepositoryControl, Supervision):
         self.restart_needed: list[str] = []  # [server] keys a reload changed (need a restart)
         self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of our Unix socket
         # Where it serves, once bound: "http" and "grpc", each its addresses.
-        self.listening: dict[str, list[str]] = {"http": [], "grpc": []}
+        self.listening: dict[str, list[str]] = {"http": [], "grpc": [], "frigate": []}
+        self.frigate: Any = None  # edged.serving.frigate_zmq.FrigateZmq when [frigate] is on
         self.memory_locked: bool | None = None
         self.publisher: Publisher | LogPublisher | None = None
         self.telemetry: TelemetryLoop | None = None
@@ -130,6 +131,8 @@ class Daemon(RepositoryControl, Supervision):
             "config": str(self.config.source),
             "uptime_s": round(time.time() - self.started, 1),
             "listening": self.listening,
+            # The models Frigate's peers may ask for, by each name they may use.
+            "frigate": self.frigate.names() if self.frigate is not None else None,
             "reloads": self.reloads,
             "last_reload_error": self.last_reload_error,
             "restart_needed": [f"server.{k}" for k in self.restart_needed],
@@ -184,9 +187,17 @@ class Daemon(RepositoryControl, Supervision):
             sockets = bind_sockets(self.config)
             self._socket_id = socket_identity(self.config)
             grpc_server = bind_grpc(inference, srv)  # None: gRPC is off
+            frigate = None
+            if self.config.frigate.enabled:
+                from edged.serving.frigate_zmq import FrigateZmq
+
+                frigate = FrigateZmq(inference, self.config.frigate, srv.socket_mode)
+                frigate.bind()
+            self.frigate = frigate
             self.listening = {
                 "http": [describe(s) for s in sockets],
                 "grpc": grpc_server.where if grpc_server is not None else [],
+                "frigate": frigate.where if frigate is not None else [],
             }
         except OSError as exc:
             log.error("cannot listen: %s", exc)
@@ -224,6 +235,8 @@ class Daemon(RepositoryControl, Supervision):
             await grpc_server.start()
             stop = grpc_server.stop_when(lambda: server.should_exit, DRAIN_S)
             tasks.append(asyncio.ensure_future(stop))
+        if frigate is not None:
+            frigate.start()
         try:
             await server.serve(sockets=sockets)
             if not server.started:
@@ -235,6 +248,8 @@ class Daemon(RepositoryControl, Supervision):
                 task.cancel()
             if grpc_server is not None:
                 await grpc_server.stop(DRAIN_S)
+            if frigate is not None:
+                await frigate.stop()
             await asyncio.to_thread(stop_workers, list(self.models.values()), DRAIN_S)
             left = inference.shared_memory.close()  # no worker holds a view now
             if left:

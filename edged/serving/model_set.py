@@ -14,6 +14,7 @@ from typing import Any
 
 from edged.config import Config, ModelConfig
 from edged.serving.models import ServedModel, load_model
+from edged.serving.pictures import pictures_of
 from sysconf.hardware import HardwareFacts
 
 log = logging.getLogger("edged")  # the daemon's log: its lines keep their logger name
@@ -84,6 +85,13 @@ def load_models(
                 calibration=mc.calibration,
                 standby=mc.standby,
             )
+            session = served.worker.session
+            try:
+                served.pictures = pictures_of(mc, session.inputs, session.outputs)
+            except Exception:
+                stop_workers([served], 1.0)  # it was never served: nothing to drain
+                raise
+            served.serves_as = mc.serves_as
         except Exception as exc:  # any failure: this model is not served, others are
             reason = str(exc) or exc.__class__.__name__
             log.error("model %s: not loaded: %s", mc.name, reason)

@@ -23,6 +23,7 @@ from edged.selection.decision import Evaluation, Evidence, Selection
 from edged.selection.policy import Policy
 from edged.selection.select import reverify, select
 from edged.serving.engine import ModelWorker
+from edged.serving.pictures import Pictures
 from edged.telemetry.latency import LatencyRecorder
 from sysconf.hardware import HardwareFacts
 
@@ -48,6 +49,10 @@ class ServedModel:
     # accelerator and the standby's measured memory fits (`standby_wanted`).
     standby_mode: bool | None = None
     standby_note: str = ""  # why there is no standby, for status
+    # Pictures in (Frigate's frames, image inputs) and, for a detector, boxes out; None: the
+    # model takes no picture. `serves_as`: the names Frigate's peers may ask for it by.
+    pictures: Pictures | None = None
+    serves_as: tuple[str, ...] = ()
     recovering: bool = False  # a re-verification of the pick is running
     last_recovery: float = 0.0  # time.monotonic() of the last attempt
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
