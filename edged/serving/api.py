@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from backends.tensors import TensorSpec
 from edged import __version__
 from edged.serving.http_control import ControlRoutes
+from edged.serving.http_deepstack import DeepStackRoutes
 from edged.serving.http_io import JSON, lifespan, read_body, request_peer, send_body, send_json
 from edged.serving.http_limits import BODY_TIMED_OUT
 from edged.serving.inference import (
@@ -47,7 +48,7 @@ MiB = 2**20
 HttpError = RequestError  # the shared path's error: its status is the HTTP status
 
 
-class Api(ControlRoutes):
+class Api(ControlRoutes, DeepStackRoutes):
     """The HTTP front end: routes a request to the shared `Inference` (which gRPC's front end
     is handed too) or to the control routes."""
 
@@ -85,6 +86,9 @@ class Api(ControlRoutes):
         try:
             if method == "POST" and path.endswith("/infer"):
                 await self._infer(scope, receive, send, path)
+                return
+            if method == "POST" and path.startswith("/v1/vision/"):
+                await self._deepstack(scope, receive, send, path)
                 return
             if method == "POST" and path == "/edged/reload":
                 await self._reload_request(scope, send)
