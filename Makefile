@@ -62,7 +62,7 @@ test: data system-deps
 	wait $$lane; lane_rc=$$?; cat "$$lane_log"; rm -f "$$lane_log"; \
 	[ $$suite -eq 0 ] && [ $$lane_rc -eq 0 ]
 
-# The unit tests alone, in under a minute: no data fetch, no daemon, broker or emulator (markers: pyproject.toml).
+# The unit tests alone, in about a minute: no data fetch, no daemon, broker or emulator (markers: pyproject.toml).
 test-fast: venv
 	$(BIN)/pytest -q -m "not slow and not integration and not isa and not needs_data and not timing"
 
