@@ -352,7 +352,7 @@ def _load_images(
     files: Sequence[Path], inputs: Sequence[TensorSpec], preprocess: Preprocess
 ) -> Samples:
     try:
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image
     except ImportError:
         raise CalibrationError(
             "reading images needs Pillow: pip install 'edged[quantize]'"
@@ -381,7 +381,9 @@ def _load_images(
                     )
                 img.load()
                 rgb = img.convert("L" if color == "gray" else "RGB")
-        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as exc:
+        except CalibrationError:
+            raise
+        except Exception as exc:  # Pillow's decoders fail in their own ways (see vision.images)
             raise CalibrationError(f"{file}: cannot read the image ({exc})") from None
         size = (rgb.height, rgb.width)
         th, tw = _target_size(spec, layout, preprocess, size, file)

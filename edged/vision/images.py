@@ -138,7 +138,7 @@ def decode_image(
     decoded. `size_hint` (height, width): the size it will be fitted to; a JPEG is then
     decoded at the smallest 1/2, 1/4 or 1/8 scale still at least that big (libjpeg's
     draft mode: a 1080p frame for a 320x320 model decodes about 4x faster)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data)) as img:
@@ -154,5 +154,10 @@ def decode_image(
             return np.asarray(rgb), size
     except ImageError:
         raise
-    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as exc:
-        raise ImageError(f"{where}: cannot read the picture ({exc})") from None
+    except Exception as exc:
+        # Pillow's decoders fail in their own ways on damaged files (OSError, ValueError,
+        # SyntaxError for a broken PNG chunk, EOFError, struct.error, ...): all are this
+        # upload's error, never the daemon's.
+        raise ImageError(
+            f"{where}: cannot read the picture ({type(exc).__name__}: {exc})"
+        ) from None
