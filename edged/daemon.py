@@ -77,7 +77,7 @@ class Daemon(RepositoryControl, Supervision):
         self.started = time.time()
         self.reloads = 0
         self.last_reload_error: str | None = None
-        self.restart_needed: list[str] = []  # [server] keys a reload changed (need a restart)
+        self.restart_needed: list[str] = []  # keys a reload changed that need a restart
         self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of our Unix socket
         # Where it serves, once bound: "http" and "grpc", each its addresses.
         self.listening: dict[str, list[str]] = {"http": [], "grpc": [], "frigate": []}
@@ -135,7 +135,7 @@ class Daemon(RepositoryControl, Supervision):
             "frigate": self.frigate.names() if self.frigate is not None else None,
             "reloads": self.reloads,
             "last_reload_error": self.last_reload_error,
-            "restart_needed": [f"server.{k}" for k in self.restart_needed],
+            "restart_needed": self.restart_needed,
             "models": [m.status() for m in self.models.values()],
             "failed": dict(self.failed),
             "housekeeping_cpus": self.housekeeping,
@@ -406,15 +406,20 @@ class Daemon(RepositoryControl, Supervision):
         # [server] is bound at start (sockets, limits, CPUs): a change there waits for a
         # restart, says so, and the running values stay in force (stop must remove the
         # socket this process bound, not whatever sits at a new path).
-        pending = server_changes(self.config.server, config.server)
+        # So is [frigate] (its socket is bound at start).
+        pending = [f"server.{k}" for k in server_changes(self.config.server, config.server)]
+        pending += ["frigate"] if config.frigate != self.config.frigate else []
         if pending:
             log.warning(
-                "reload: [server] %s changed; that takes a restart (still serving "
-                "with the running values)",
+                "reload: %s changed; that takes a restart (still serving with the running values)",
                 ", ".join(pending),
             )
         # hang_s follows the models' watchdog_ms and is read live by the watchdog.
-        config = replace(config, server=replace(self.config.server, hang_s=config.server.hang_s))
+        config = replace(
+            config,
+            server=replace(self.config.server, hang_s=config.server.hang_s),
+            frigate=self.config.frigate,
+        )
         self.restart_needed = pending
         old = self.models
         models, failed = await asyncio.to_thread(self.load_models, config, old)
@@ -430,7 +435,7 @@ class Daemon(RepositoryControl, Supervision):
             models=sorted(models),
             failed=failed,
             replaced=sorted(m.name for m in retired),
-            restart_needed=[f"server.{k}" for k in pending],
+            restart_needed=pending,
         )
         if self.publisher is not None:
             self.publisher.set_birth(self._birth())

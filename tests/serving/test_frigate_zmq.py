@@ -240,3 +240,22 @@ def test_same_detections_as_the_kserve_path(daemon: harness.Daemon, tmp_path: Pa
     assert rows[0].tolist() == pytest.approx(
         [dets.classes[0], dets.scores[0], *dets.boxes[0].tolist()], abs=1e-4
     )  # the same picture scaled by 1/255 here, by the configured scale there: float rounding
+
+
+def test_a_reload_that_changes_frigate_waits_for_a_restart(
+    daemon: harness.Daemon, tmp_path: Path
+) -> None:
+    import signal
+
+    daemon.config.write_text(daemon.config.read_text() + "max_peers = 3\n")
+    mark = len(daemon.notify.messages)
+    daemon.signal(signal.SIGHUP)
+    daemon.notify.wait_for("READY=1", after=mark)
+    status = json.loads(harness.get(daemon, "/edged/status")[1])
+    assert status["restart_needed"] == ["frigate"] and status["last_reload_error"] is None
+    peer = Peer(f"ipc://{tmp_path / 'frigate.sock'}", "people-320.onnx")
+    try:  # still served with the running settings
+        assert peer.handshake()["model_loaded"]
+        assert isinstance(peer.detect(picture(90)), np.ndarray)
+    finally:
+        peer.close()
