@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,11 +48,29 @@ class Candidate:
         return data
 
 
-def compile_cache(state_dir: Path) -> Path:
-    """Where runtimes that compile a model keep what they compiled, under a state dir (one
-    definition: the selection cleans it after a failed run, the daemon and edgectl bench
-    load through it). The name is OpenVINO's, its only user today."""
-    return state_dir / "openvino-cache"
+def backend_cache(state_dir: Path, backend: str) -> Path:
+    """The folder where `backend` keeps what it compiled, under a state dir: one per backend,
+    so that no backend finds another's files (OpenVINO's is `<state dir>/openvino-cache`, as
+    it always was). The selection cleans them after a failed run."""
+    return state_dir / f"{backend}-cache"
+
+
+@dataclass(frozen=True)
+class BackendOption:
+    """One key of a backend's own table, `[models.backend_options.<backend>]`: declared in
+    the backend's module (`OPTIONS`), read by the config through `backends.read_options`,
+    and handed to the backend's `load` in `LoadOptions.backend_options`. Nothing outside the
+    backend knows what it means."""
+
+    name: str
+    read: Callable[[Any], Any]  # the value as written -> as used; ValueError says why not
+    help: str  # one line, for the config's error messages and docs
+
+
+def read_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -69,10 +87,18 @@ class LoadOptions:
     # CPU) must not be fixed to them, or the sizes a model accepts would depend on which
     # backend won; one that compiles statically (an NPU) still needs them.
     shapes_bind: bool = True
-    cache_dir: Path | None = None
-    # NPU cores to run on, for runtimes with several (RK3588's three: the per-model
-    # `npu_cores`); None lets the runtime choose.
-    npu_cores: tuple[int, ...] | None = None
+    # The state dir: a backend that compiles keeps its files in `cache_dir(NAME)` under it;
+    # None: nothing is cached.
+    cache_root: Path | None = None
+    # Each backend's own options (`[models.backend_options.<backend>]`, read by its OPTIONS),
+    # by backend name; a backend reads only its own, with `own(NAME)`.
+    backend_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
+
+    def cache_dir(self, backend: str) -> Path | None:
+        return None if self.cache_root is None else backend_cache(self.cache_root, backend)
+
+    def own(self, backend: str) -> Mapping[str, Any]:
+        return self.backend_options.get(backend, {})
 
     def thread_count(self) -> int:
         if self.threads:

@@ -18,3 +18,12 @@ class InputError(ValueError):
 
 class BackendError(RuntimeError):
     """The runtime failed on a model it had loaded (not the caller's fault)."""
+
+
+class OptionError(ValueError):
+    """A backend option that cannot be used: `key` is the option (empty for the whole
+    table), the message says why."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key

@@ -23,6 +23,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,10 @@ DEVICES = (
 # Its device labels that are the CPU itself (the XNNPACK delegate and the built-in kernels);
 # every other label is an NPU delegate.
 CPU_DEVICES = frozenset({"XNNPACK", "CPU"})
+OPTIONS = ()  # no [models.backend_options.litert] keys yet
+# Where `edgectl quantize` gates an INT8 model of each format: (target, device); a
+# .tflite on XNNPACK and on the built-in (reference) kernels.
+QUANTIZE_TARGETS = {"tflite": (("litert", "XNNPACK"), ("litert:CPU", "CPU"))}
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,18 @@ def form_problem(spec: DelegateSpec, form: TfliteForm) -> str | None:
 
 # The `edgectl quantize --target` that makes a model for each delegate.
 TARGET_OF = {"NPU-VX": "npu-vx", "NPU-Neutron": "npu-neutron", "EdgeTPU": "edgetpu"}
+# The NPUs `edgectl quantize --target` makes a full-integer .tflite for (through a delegate).
+NPU_TARGETS = tuple(TARGET_OF.values())
+
+
+def form_note(target: str, path: Path) -> str:
+    """Whether the model at `path` is in the form `target`'s delegate runs (one line for
+    `edgectl quantize`'s report), or the step that makes it so."""
+    [spec] = [s for s in DELEGATES if TARGET_OF.get(s.name) == target]
+    problem = form_problem(spec, tflite_form(path))
+    return f"{spec.name}: " + (
+        problem.replace("MODEL", str(path)) if problem else "the model is in the form it runs"
+    )
 
 
 _quiet = False

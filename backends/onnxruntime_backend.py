@@ -36,6 +36,9 @@ DEVICES = ()  # its execution providers find their own devices
 # Device labels (PROVIDERS below) that are the CPU itself, not an accelerator: what decides
 # whether a pick on this runtime keeps a standby, and how a session's device is described.
 CPU_DEVICES = frozenset({"CPU", "XNNPACK", "ACL", "ArmNN"})
+OPTIONS = ()  # no [models.backend_options.onnxruntime] keys yet
+# Where `edgectl quantize` gates an INT8 model of each format: (target, device).
+QUANTIZE_TARGETS = {"onnx": (("onnxruntime", "CPU"),)}
 # EP name -> (device label, note). EPs not listed here are offered under their own name.
 PROVIDERS = {
     "CPUExecutionProvider": ("CPU", ""),

@@ -67,6 +67,9 @@ FORMATS = (
 )
 DEVICES = ()  # its plugins find their own devices (CPU, GPU via DRM, NPU via accel)
 CPU_DEVICES = frozenset({"CPU"})  # its device labels that are the CPU itself
+OPTIONS = ()  # no [models.backend_options.openvino] keys yet
+# Where `edgectl quantize` gates an INT8 model of each format: (target, device).
+QUANTIZE_TARGETS = {"onnx": (("openvino", "CPU"),)}
 # edged precision name -> OpenVINO INFERENCE_PRECISION_HINT
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 # Runtime layer precisions -> edged names.
@@ -192,11 +195,12 @@ class OvSession:
         self._caller_cpus = (
             set(options.cpus) if options.cpus and candidate.device.startswith("CPU") else None
         )
-        if options.cache_dir is not None:
+        cache_dir = options.cache_dir(NAME)
+        if cache_dir is not None:
             # One folder per precision hint: OpenVINO leaves the hint out of its cache key, so
             # with one folder a second compile of the same model at another precision loads the
             # first one's blob (seen on aarch64: an "fp32" session that ran fp16).
-            cache = options.cache_dir / (hint or "default").lower()
+            cache = cache_dir / (hint or "default").lower()
             cache.mkdir(parents=True, exist_ok=True)
             config["CACHE_DIR"] = str(cache)
         try:

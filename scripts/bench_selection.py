@@ -161,7 +161,7 @@ def confirm(
             threads=policy.threads,
             cpus=policy.cpus,
             shapes=selection.shapes,
-            cache_dir=Path(tmp) / "openvino-cache",
+            cache_root=Path(tmp),
         )
         sessions = {}
         for key in passed:

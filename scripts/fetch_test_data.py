@@ -738,7 +738,7 @@ def check_rknn(path: Path, original: Path, target: str, precision: str) -> None:
     with `original`'s inputs and outputs."""
     from backends.errors import ModelError
     from backends.model_info import signature, signature_mismatch
-    from backends.rknn_file import read_rknn
+    from backends.rknn.rknn_file import read_rknn
 
     try:
         made = read_rknn(path, path.read_bytes())

@@ -42,7 +42,6 @@ def register(sub) -> None:
 
 def cmd_bench(args) -> int:
     from backends import BackendError, LoadOptions, get_backend, probe_hardware
-    from backends.base import compile_cache
     from backends.model_info import inspect_model
     from edged.selection.bench import LatencyStats, benchmark, pinned_thread
     from edged.selection.candidates import backend_candidates
@@ -76,9 +75,7 @@ def cmd_bench(args) -> int:
             raise UsageError(
                 f"--backend {args.backend}: nothing available to run {model.name} ({why})"
             )
-    options = LoadOptions(
-        threads=args.threads, cpus=policy.cpus, cache_dir=compile_cache(state_dir)
-    )
+    options = LoadOptions(threads=args.threads, cpus=policy.cpus, cache_root=state_dir)
     results: list[dict[str, Any]] = []
     sessions = {}
     with pinned_thread(policy.cpus):
@@ -92,7 +89,7 @@ def cmd_bench(args) -> int:
                         threads=args.threads,
                         cpus=policy.cpus,
                         shapes=shapes,
-                        cache_dir=options.cache_dir,
+                        cache_root=options.cache_root,
                     )
                     feeds = make_inputs(session.inputs, shapes)
                     session.close()

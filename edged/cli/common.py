@@ -116,9 +116,9 @@ class Progress:
 
 
 def quiet_runtime_logs() -> None:
-    """stderr is for edgectl's one-line errors: drop LiteRT's native INFO lines (the module
-    is plain Python; this imports no runtime)."""
-    from backends.litert_backend import quiet_native_info
+    """stderr is for edgectl's one-line errors: drop the runtimes' native INFO lines (this
+    imports no runtime)."""
+    from backends import quiet_native_info
 
     quiet_native_info()
 

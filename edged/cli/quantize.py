@@ -39,9 +39,6 @@ from edged.quantize.defaults import (
     EVAL_SPLIT,
     IO_TYPES,
     METHODS,
-    NPU_TARGETS,
-    TARGETS,
-    TFLITE_TARGETS,
 )
 
 ORDER = 100  # place in `edgectl --help`
@@ -76,10 +73,11 @@ def register(sub) -> None:
         "--target",
         default="auto",
         metavar="TARGET",
-        help="where the model will run (auto: try each CPU backend, keep the fastest): "
-        f"for ONNX {', '.join(TARGETS)}; for TFLite litert, {', '.join(NPU_TARGETS)}, or "
-        f"an Ethos-U config ({ETHOS_U_PREFIX}55-128, {ETHOS_U_PREFIX}65-256...: also "
-        "compiled with Vela)",
+        help="where the model will run (auto: try each CPU backend that runs the model's "
+        "format, keep the fastest): one of those backends (ONNX: onnxruntime, openvino; "
+        "TFLite: litert), an NPU whose delegate runs a full-integer .tflite (npu-vx, "
+        f"npu-neutron, edgetpu), or an Ethos-U config ({ETHOS_U_PREFIX}55-128, "
+        f"{ETHOS_U_PREFIX}65-256...: also compiled with Vela)",
     )
     q.add_argument(
         "--io",
@@ -212,29 +210,30 @@ def cmd_quantize(args) -> int:
 
 
 def _targets(target: str, fmt: str) -> tuple[tuple[str, ...], str | None]:
-    """The gate's targets for `--target` on a model of format `fmt`, and the NPU target (or
-    None for a CPU backend)."""
-    if fmt == "tflite":
-        if target in ("auto", "litert"):
-            return TFLITE_TARGETS, None
-        if target in NPU_TARGETS or target.startswith(ETHOS_U_PREFIX):
-            return TFLITE_TARGETS, target
-        raise UsageError(
-            f"--target {target}: for a .tflite use auto, litert, {', '.join(NPU_TARGETS)} "
-            f"or an Ethos-U config such as {ETHOS_U_PREFIX}65-256"
-        )
+    """The gate's targets for `--target` on a model of format `fmt` (the backends declare
+    which: backends.quantize_targets), and the NPU target (or None for a CPU backend)."""
+    from backends import npu_targets, quantize_targets
+
+    gates = quantize_targets(fmt)
+    npus = list(npu_targets()) if fmt == "tflite" else []
     if target == "auto":
-        return TARGETS, None
-    if target in TARGETS:
-        return (target,), None
-    raise UsageError(f"--target {target}: for an ONNX model use auto, {', '.join(TARGETS)}")
+        return gates, None
+    if target in npus or (fmt == "tflite" and target.startswith(ETHOS_U_PREFIX)):
+        return gates, target
+    if target in gates:
+        # A .tflite is gated on every LiteRT path (XNNPACK and the built-in kernels).
+        return (gates if fmt == "tflite" else (target,)), None
+    ethos = f" or an Ethos-U config such as {ETHOS_U_PREFIX}65-256" if fmt == "tflite" else ""
+    raise UsageError(
+        f"--target {target}: for {'a .tflite' if fmt == 'tflite' else 'an ONNX model'} use "
+        f"auto, {', '.join([*gates, *npus])}{ethos}"
+    )
 
 
 def _for_npu(report, npu: str, output: Path, show_progress: bool) -> None:
     """The written full-integer model checked for its NPU's delegate; an Ethos-U target's
     compiled with Vela (`report.compiled`)."""
-    from backends.litert_backend import DELEGATES, TARGET_OF, form_problem
-    from backends.tflite_form import tflite_form
+    from backends import npu_form_note
 
     if npu.startswith(ETHOS_U_PREFIX):
         from backends import BackendError, ModelError
@@ -248,12 +247,7 @@ def _for_npu(report, npu: str, output: Path, show_progress: bool) -> None:
         except (ModelError, BackendError) as exc:  # the INT8 model stays written; say why
             report.notes.append(f"Vela did not compile {output}: {exc}")
         return
-    [spec] = [s for s in DELEGATES if TARGET_OF.get(s.name) == npu]
-    problem = form_problem(spec, tflite_form(output))
-    report.notes.append(
-        f"{spec.name}: "
-        + (problem.replace("MODEL", str(output)) if problem else "the model is in the form it runs")
-    )
+    report.notes.append(npu_form_note(npu, output))
 
 
 def format_report(report: dict[str, Any]) -> str:

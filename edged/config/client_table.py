@@ -44,6 +44,7 @@ CLIENT_KEYS = (
     "period_ms",
     "standby",
     "npu_cores",
+    "backend_options",
 )
 OPERATOR_ONLY = {
     "cpus": "the CPU plan is the operator's (the config file's [[models]] cpus)",

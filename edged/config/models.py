@@ -16,7 +16,6 @@ from edged.config.schema import (
     CALIBRATION_KEYS,
     MAX_BATCH,
     MAX_MS,
-    MAX_NPU_CORE,
     MAX_THREADS,
     MODEL_NAME,
     ModelConfig,
@@ -120,7 +119,7 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
             f"a number of milliseconds above 0, at most {MAX_MS}",
         ),
         standby=t.boolean("standby") if "standby" in t.data else None,
-        npu_cores=_npu_cores(check, t),
+        backend_options=_backend_options(check, t),
         image=t.read("image", vision.image, check, path, shapes) if "image" in t else None,
         detector=(
             t.read("detector", vision.detector, check, path, shapes) if "detector" in t else None
@@ -129,15 +128,47 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
     )
 
 
-def _npu_cores(check: Checker, t: Table) -> tuple[int, ...] | None:
-    """NPU core numbers, each once (whether the board's NPU has them is the backend's to
-    say: it knows the SoC)."""
-    if "npu_cores" not in t.data:
-        return None
-    cores = t.read("npu_cores", check.int_list, 0, MAX_NPU_CORE)
-    if not cores or len(set(cores)) != len(cores):
-        raise check.fail(t.key("npu_cores"), f"must list NPU cores, each once, got {list(cores)}")
-    return tuple(sorted(cores))
+def _backend_options(check: Checker, t: Table) -> dict[str, dict[str, Any]]:
+    """[models.backend_options.<backend>] tables, each read by that backend's own OPTIONS
+    (the backend module says what its keys mean; this reader knows none of them). A backend
+    may own a [[models]] key of an older config too (RKNN's `npu_cores`: OLDER_KEYS)."""
+    from backends import canonical_name, older_option_keys, read_options
+    from backends.errors import OptionError
+
+    tables: dict[str, Any] = {}
+    if "backend_options" in t:
+        raw = t.data["backend_options"]
+        if not isinstance(raw, dict):
+            raise check.fail(
+                t.key("backend_options"),
+                f"expected a table of backend tables ([models.backend_options.rknn]), "
+                f"got {show(raw)}",
+            )
+        for name, table in raw.items():
+            key = t.key(f"backend_options.{name}")
+            if not isinstance(table, dict):
+                raise check.fail(key, f"expected a table of {name}'s options, got {show(table)}")
+            canonical = canonical_name(name)
+            if canonical in tables:
+                raise check.fail(key, f"{name} is {canonical}, given twice")
+            tables[canonical] = (key, table)
+    older = {k: backend for k, backend in older_option_keys().items() if k in t}
+    for option, backend in older.items():  # an option written as a [[models]] key
+        if option in tables.get(backend, ("", {}))[1]:
+            raise check.fail(
+                t.key(option), f"given twice: here and in backend_options.{backend}.{option}"
+            )
+        key, table = tables.get(backend, (t.key(f"backend_options.{backend}"), {}))
+        tables[backend] = (key, {**table, option: t.data[option]})
+    read: dict[str, dict[str, Any]] = {}
+    for name, (key, table) in tables.items():
+        try:
+            read[name] = read_options(name, table)
+        except OptionError as exc:
+            if older.get(exc.key) == name:
+                raise check.fail(t.key(exc.key), str(exc)) from None
+            raise check.fail(f"{key}.{exc.key}" if exc.key else key, str(exc)) from None
+    return read
 
 
 # The kernel's own files: regular files whose size says nothing (0) and whose reading may

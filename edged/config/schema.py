@@ -30,7 +30,6 @@ MAX_SOCKET_PATH = 107
 MAX_THREADS = 256
 MAX_BATCH = 1024
 MAX_MS = 3_600_000  # one hour, for timeouts, watchdogs and periods
-MAX_NPU_CORE = 15  # the highest NPU core number a config may name (RK3588 has 0-2)
 MQTT_PROTOCOLS = ("5", "3.1.1")
 _NOT_A_KEY = {"toml": None}
 
@@ -189,7 +188,12 @@ class ModelConfig:
     # Keep the next verified candidate loaded for an instant fail-over; None: on when the
     # pick is an accelerator and the standby's memory fits.
     standby: bool | None = None
-    npu_cores: tuple[int, ...] | None = None  # NPU cores to run on (RK3588: 0-2); sorted
+    # Each backend's own keys ([models.backend_options.<backend>]), read by that backend's
+    # OPTIONS; by canonical backend name. `npu_cores` is the older spelling of
+    # backend_options.rknn.npu_cores. Left out of the hash, like shapes; do not mutate it.
+    backend_options: dict[str, dict[str, Any]] = field(
+        default_factory=dict, hash=False, metadata={"toml": ("backend_options", "npu_cores")}
+    )
     # How pictures become its input ([models.image]): for image inputs, Frigate's frames and
     # DeepStack uploads. None: the defaults, when a picture path needs them.
     image: Preprocessing | None = None
@@ -217,7 +221,7 @@ class ModelConfig:
             backend=self.backend,
             precision=self.precision,
             scores=self.scores,
-            npu_cores=self.npu_cores,
+            backend_options=self.backend_options,
         )
 
 

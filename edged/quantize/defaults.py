@@ -5,12 +5,10 @@ parsers show them in `--help`, and building a parser must not import numpy or th
 from edged.selection.policy import DEFAULT_MAX_DROP  # noqa: F401  (this module's API)
 
 EVAL_SPLIT = 0.2  # share of the calibration samples held out for the accuracy gate
-TARGETS = ("onnxruntime", "openvino")  # the backends `edgectl quantize` gates an ONNX model on
-# A .tflite is gated on LiteRT with XNNPACK and with its built-in (reference) kernels.
-TFLITE_TARGETS = ("litert", "litert:CPU")
-# NPU targets of a .tflite: the full-integer model is written even where it does not beat
-# float on this CPU, its form is checked for the delegate, and Ethos-U's go through Vela.
-NPU_TARGETS = ("npu-vx", "npu-neutron", "edgetpu")
+# Which backends gate a quantized model of a format, and which NPUs a .tflite is made for,
+# the backends declare (backends.quantize_targets, backends.npu_targets). For an NPU target
+# the full-integer model is written even where it does not beat float on this CPU, its form
+# is checked for the delegate, and Ethos-U's go through Vela.
 ETHOS_U_PREFIX = "ethos-u"  # ethos-u55-128, ethos-u65-256...: Vela's accelerator configs
 IO_TYPES = ("int8", "uint8", "float")  # a full-integer .tflite's inputs and outputs
 METHODS = ("minmax", "entropy", "percentile")  # activation range calibration

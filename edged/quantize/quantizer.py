@@ -37,7 +37,15 @@ from typing import Any
 
 import numpy as np
 
-from backends import BackendError, Candidate, LoadOptions, ModelError, get_backend
+from backends import (
+    BackendError,
+    Candidate,
+    LoadOptions,
+    ModelError,
+    get_backend,
+    quantize_targets,
+    target_device,
+)
 from backends.base import float_io
 from backends.model_info import inspect_model
 from edged.quantize.calibration import Samples
@@ -68,15 +76,8 @@ SENSITIVITY_SAMPLES = 8
 # -- measuring --------------------------------------------------------------------------------
 
 
-# A target is BACKEND[:DEVICE]; without a device, the backend's CPU path.
-DEFAULT_DEVICE = {"litert": "XNNPACK"}
 # Where each format's float reference runs, and so where its inputs are read.
 REFERENCE_TARGET = {"onnx": Quantizer.reference_target, "tflite": TfliteQuantizer.reference_target}
-
-
-def split_target(target: str) -> tuple[str, str]:
-    backend, _, device = target.partition(":")
-    return backend, device or DEFAULT_DEVICE.get(backend, "CPU")
 
 
 def load_session(
@@ -85,7 +86,7 @@ def load_session(
     """`model_path` loaded on `target`, taking and giving float32 (a full-integer TFLite with
     int8 IO is fed through its own scales, `float_io`)."""
     model = inspect_model(model_path)
-    backend, device = split_target(target)
+    backend, device = target_device(target)
     candidate = Candidate(backend, device, precision)
     options = LoadOptions(threads=threads, cpus=cpus)
     return float_io(get_backend(backend).load(model, candidate, options))
@@ -184,7 +185,9 @@ def measure(
     fmt = inspect_model(model_path).format
     if fmt not in REFERENCE_TARGET:
         raise ModelError(f"{model_path}: edgectl quantize takes an ONNX or TFLite model")
-    wrong = [t for t in settings.targets if (split_target(t)[0] == "litert") != (fmt == "tflite")]
+    gates = quantize_targets(fmt)
+    settings = replace(settings, targets=settings.targets or gates)
+    wrong = [t for t in settings.targets if t not in gates]
     if wrong:
         raise QuantizeError(f"{model_path}: a {fmt} model cannot be gated on {', '.join(wrong)}")
     from backends import probe_hardware

@@ -21,7 +21,7 @@ import numpy as np
 
 from backends import ModelError
 from edged.quantize.calibration import Samples
-from edged.quantize.defaults import DEFAULT_MAX_DROP, TARGETS
+from edged.quantize.defaults import DEFAULT_MAX_DROP
 from edged.selection.accuracy import ScoreMap
 
 Progress = Callable[[str, int, int], None]
@@ -242,7 +242,9 @@ class Quantizer:
 # The settings of one quantize run: the recipes it tries, on which targets, judged how.
 @dataclass(frozen=True)
 class Settings:
-    targets: tuple[str, ...] = TARGETS
+    # Where the INT8 model is gated; empty: every backend that declares the model's format
+    # (backends.quantize_targets).
+    targets: tuple[str, ...] = ()
     method: str = "minmax"
     max_drop: float = DEFAULT_MAX_DROP
     threads: int | None = None

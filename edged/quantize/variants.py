@@ -44,7 +44,6 @@ from edged.quantize.calibration import (
     calibration_and_evaluation,
 )
 from edged.quantize.calibration_spec import CalibrationError, CalibrationSpec
-from edged.quantize.defaults import TARGETS
 from edged.selection.inputs import feeds_digest
 
 Progress = Callable[[str, int, int], None]
@@ -256,9 +255,11 @@ def make_variants(
 
 def present_targets(hw) -> tuple[str, ...]:
     """The CPU backends installed here that can gate a quantized model."""
-    from backends import get_backend
+    from backends import get_backend, quantize_targets, target_device
 
-    return tuple(t for t in TARGETS if get_backend(t).version() is not None) or TARGETS[:1]
+    targets = quantize_targets("onnx")
+    present = tuple(t for t in targets if get_backend(target_device(t)[0]).version() is not None)
+    return present or targets[:1]
 
 
 def settings_for(policy, hw, cpus=None):

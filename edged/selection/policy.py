@@ -48,11 +48,20 @@ class Policy:
     # A detector's score output (logits): the accuracy rule compares detections
     # (edged.selection.accuracy.ScoreMap), not raw values.
     scores: str | None = field(default=None, metadata=_PER_MODEL)
-    # The NPU cores the model runs on where the NPU has several (RK3588: 0, 1, 2).
-    npu_cores: tuple[int, ...] | None = field(default=None, metadata=_PER_MODEL)
+    # Each backend's own options ([models.backend_options.<backend>]: RKNN's npu_cores), by
+    # backend name, as the backends read them.
+    backend_options: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=dict, hash=False, metadata=_PER_MODEL
+    )
 
     def key_parts(self) -> dict[str, Any]:
-        parts: dict[str, Any] = {"npu_cores": list(self.npu_cores)} if self.npu_cores else {}
+        parts: dict[str, Any] = {}
+        if self.backend_options:
+            parts["backend_options"] = {
+                name: {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(opts.items())}
+                for name, opts in sorted(self.backend_options.items())
+                if opts
+            }
         # A quick look (`edgectl backends --runs 3`: fewer runs than a p99 needs, the
         # benchmark's minimum of 10) is its own decision, never the one the daemon reads.
         # Other timings share one, as before.

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from backends import Candidate, LoadOptions, get_backend, reference_candidates
-from backends.base import Session, compile_cache
+from backends.base import Session, backend_cache
 from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo, inspect_model, signature, signature_mismatch
 from edged.selection.accuracy import ScoreMap, accuracy, constant_outputs
@@ -113,30 +113,39 @@ def select(
         raise
 
 
+def _caches(state_dir: Path) -> list[Path]:
+    """Every backend's compiled-model folder under a state dir."""
+    from backends import backend_names
+
+    return [backend_cache(state_dir, name) for name in backend_names()]
+
+
 def _cache_files(state_dir: Path | None) -> tuple[bool, set[Path]] | None:
-    """What the state dir and its compiled-model cache held before a selection."""
+    """What the state dir and the backends' compiled-model caches held before a selection."""
     if state_dir is None:
         return None
-    cache = compile_cache(state_dir)
-    return state_dir.exists(), set(cache.rglob("*")) if cache.exists() else set()
+    old = {path for cache in _caches(state_dir) if cache.exists() for path in cache.rglob("*")}
+    return state_dir.exists(), old
 
 
 def _forget_new_files(state_dir: Path | None, before: tuple[bool, set[Path]] | None) -> None:
     """Undo what a failed selection wrote: the compiled-model blobs it added (OpenVINO writes
-    them during compile, before verification can fail) and the folders it created. Only that
-    cache is touched: the state dir may hold a running daemon's other files."""
+    them during compile, before verification can fail) and the folders it created. Only those
+    caches are touched: the state dir may hold a running daemon's other files."""
     if state_dir is None or before is None:
         return
     existed, old = before
-    cache = compile_cache(state_dir)
-    if cache.exists():
+    for cache in _caches(state_dir):
+        if not cache.exists():
+            continue
+        had = any(path.is_relative_to(cache) for path in old)
         for path in sorted(set(cache.rglob("*")) - old, reverse=True):
             if path.is_dir():
                 with contextlib.suppress(OSError):
                     path.rmdir()
             else:
                 path.unlink(missing_ok=True)
-        if not old:
+        if not had:
             with contextlib.suppress(OSError):
                 cache.rmdir()
     if not existed:
@@ -182,8 +191,8 @@ def _measure(
     options = LoadOptions(
         threads=policy.threads,
         cpus=policy.cpus,
-        cache_dir=compile_cache(state_dir) if state_dir else None,
-        npu_cores=policy.npu_cores,
+        cache_root=state_dir,
+        backend_options=policy.backend_options,
     )
     models = {str(m.path): m for m in family}
     work = [(m, c) for m, cands in per_member for c in cands if c.available]

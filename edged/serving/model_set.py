@@ -39,8 +39,8 @@ def model_key(mc: ModelConfig) -> tuple:
             return str(value), file_id(value)
         if name == "variants":
             return tuple((str(v), file_id(v)) for v in value)
-        if isinstance(value, dict):  # shapes: a dict, not hashable
-            return tuple(sorted(value.items()))
+        if isinstance(value, dict):  # shapes, backend_options: dicts, not hashable
+            return repr(sorted(value.items()))
         return repr(value)  # calibration's spec holds lists; repr covers every field
 
     return tuple(part(f.name, getattr(mc, f.name)) for f in fields(mc) if f.name != "name")

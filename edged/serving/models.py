@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from backends import LoadOptions, get_backend
-from backends.base import Candidate, Session, compile_cache
+from backends.base import Candidate, Session
 from backends.errors import BackendError, InputError, ModelError
 from backends.model_info import ModelInfo
 from edged.config import BatchingConfig
@@ -433,7 +433,7 @@ def _reference_loader(selection: Selection, options: LoadOptions) -> Callable[[]
         model = selection.original
 
     def load() -> Session:
-        one = _replace(options, threads=1, cache_dir=None)
+        one = _replace(options, threads=1, cache_root=None)
         errors = []
         for candidate in reference_candidates(model):
             try:
@@ -545,6 +545,6 @@ def _load_options(
         shapes=selection.shapes,
         shapes_bind=bool(policy.shapes),
         dynamic_batch=batching.max_batch_size > 1,
-        cache_dir=compile_cache(state_dir),
-        npu_cores=policy.npu_cores,
+        cache_root=state_dir,
+        backend_options=policy.backend_options,
     )

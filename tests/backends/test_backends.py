@@ -101,7 +101,7 @@ def test_litert_pool_runs_on_the_worker_cpus(hw, models_dir: Path) -> None:
 @pytest.mark.isa
 def test_openvino_reports_the_precision_that_ran(hw, models_dir: Path, tmp_path: Path) -> None:
     model = inspect_model(models_dir / "ppocr_cls.onnx")
-    options = LoadOptions(threads=1, shapes=CLS_SHAPE, cache_dir=tmp_path / "ov-cache")
+    options = LoadOptions(threads=1, shapes=CLS_SHAPE, cache_root=tmp_path)
     fp32 = get_backend("openvino").load(
         model, candidate(hw, "openvino", "CPU", model, "fp32"), options
     )
@@ -110,7 +110,7 @@ def test_openvino_reports_the_precision_that_ran(hw, models_dir: Path, tmp_path:
     assert fp32.inputs[0].shape == (1, 3, 48, 192)
     feeds = make_inputs(fp32.inputs, CLS_SHAPE)
     ref = fp32.run(feeds)
-    assert any((tmp_path / "ov-cache").iterdir()), "the model cache dir stayed empty"
+    assert any((tmp_path / "openvino-cache").iterdir()), "the model cache dir stayed empty"
     assert info["loaded_from_cache"] is False
     # A second compile with the same settings and cache dir (a restart) imports the blob.
     again = get_backend("openvino").load(

@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 
 import backends
-from backends import hailo_backend as hb
-from backends import hailo_stack, hef_file
+from backends import hailo as hb
 from backends.base import Candidate, LoadOptions
 from backends.errors import BackendError, InputError, ModelError
 from backends.formats import platform_of
+from backends.hailo import hef_file
+from backends.hailo import session as hailo_session
+from backends.hailo import stack as hailo_stack
 from backends.model_info import inspect_model, signature
 from sysconf.hardware import HardwareFacts
 from sysconf.sysroot import SysRoot
@@ -332,8 +334,8 @@ def test_a_dtb_alone_cannot_show_a_pcie_accelerator():
 def test_importing_the_backend_and_asking_its_version_imports_no_runtime():
     code = textwrap.dedent("""
         import sys, backends
-        from backends import hailo_backend
-        hailo_backend.BACKEND.version()
+        from backends import hailo
+        hailo.BACKEND.version()
         print("hailo_platform" in sys.modules)
     """)
     out = subprocess.run(
@@ -348,7 +350,7 @@ def test_importing_the_backend_and_asking_its_version_imports_no_runtime():
 @pytest.fixture
 def board(monkeypatch, tmp_path, models_dir) -> standin.Board:
     board = standin.install(monkeypatch, standin.Board())
-    monkeypatch.setattr(hb, "SENSOR_MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(hailo_session, "SENSOR_MIN_INTERVAL_S", 0.0)
     hailo_root(tmp_path / "root")
     return board
 
@@ -403,7 +405,7 @@ def test_a_session_runs_batches_as_hailort_would(board, tmp_path, models_dir):
     params = board.vdevice_params[-1]
     assert params["scheduling_algorithm"] == standin.HailoSchedulingAlgorithm.ROUND_ROBIN
     assert (params["group_id"], params["multi_process_service"]) == ("SHARED", False)
-    assert board.run_timeouts[-1] == hb.RUN_TIMEOUT_MS
+    assert board.run_timeouts[-1] == hailo_session.RUN_TIMEOUT_MS
     assert board.batch_sizes == [1]  # frames are bindings; HailoRT's burst is one frame
     info = session.info()
     assert info["precision"] == "int8" and info["architecture"] == "HAILO8L"
@@ -554,7 +556,7 @@ def test_a_device_that_stops_answering_times_out_into_a_backend_error(board, tmp
     board.hung = True
     with pytest.raises(BackendError, match=r"HailoRTTimeout.*did not answer in time"):
         session.run({"x": frames(1)})
-    assert board.run_timeouts == [hb.RUN_TIMEOUT_MS]
+    assert board.run_timeouts == [hailo_session.RUN_TIMEOUT_MS]
     session.close()
 
 
@@ -580,7 +582,7 @@ def test_sensors_read_the_hotter_sensor_and_power_where_the_module_measures_it(
 def test_sensor_readings_are_kept_briefly(board, tmp_path, models_dir, monkeypatch):
     model = register(board, tmp_path, models_dir)
     session = hb.BACKEND.load(model, candidate_for(tmp_path, model), LoadOptions())
-    monkeypatch.setattr(hb, "SENSOR_MIN_INTERVAL_S", 60.0)
+    monkeypatch.setattr(hailo_session, "SENSOR_MIN_INTERVAL_S", 60.0)
     first = session.sensors()
     board.temperatures = (90.0, 90.0)
     assert session.sensors() == first

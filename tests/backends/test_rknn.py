@@ -30,8 +30,8 @@ from backends import LoadOptions, device_nodes, get_backend, model_formats, prob
 from backends.errors import BackendError, InputError, ModelError
 from backends.formats import platform_of
 from backends.model_info import inspect_model, signature, signature_mismatch
-from backends.rknn_backend import SOCS, Soc, core_mask
-from backends.rknn_file import read_rknn
+from backends.rknn.rknn_file import read_rknn
+from backends.rknn.soc import SOCS, Soc, core_mask
 from backends.tensors import TensorSpec
 from sysconf.hardware import HardwareFacts, find_accelerators
 from sysconf.sysroot import SysRoot
@@ -365,7 +365,8 @@ def _load(monkeypatch, rknn_dir: Path, root: Path, name: str, cores=None, board_
     model = inspect_model(rknn_dir / name)
     found = candidate(root, None, model)
     assert found.available, found.reason
-    return stand_in, model, BACKEND.load(model, found, LoadOptions(npu_cores=cores))
+    options = LoadOptions(backend_options={"rknn": {"npu_cores": cores}})
+    return stand_in, model, BACKEND.load(model, found, options)
 
 
 def _cls_input() -> np.ndarray:
@@ -435,7 +436,7 @@ def test_an_impossible_core_mask_is_refused_at_load(
     model = inspect_model(rknn_dir / "ppocr_cls_rk3566_fp16.rknn")
     found = candidate(board(tmp_path), dtb_corpus / RK3566, model)
     with pytest.raises(BackendError, match=r"npu_cores \[1\]: RK3566 has one NPU core"):
-        BACKEND.load(model, found, LoadOptions(npu_cores=(1,)))
+        BACKEND.load(model, found, LoadOptions(backend_options={"rknn": {"npu_cores": (1,)}}))
 
 
 def test_sensors(monkeypatch, rknn_dir: Path, rk3588: Path) -> None:

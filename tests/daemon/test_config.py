@@ -575,6 +575,7 @@ def test_example_documents_every_key() -> None:
         if key != "mqtt"
         and not re.search(rf"^#?\s*{key}\s*=", text, re.MULTILINE)
         and f"[{section}.{key}]" not in text
+        and f"[{section}.{key}." not in text  # a table of tables: by its sub-tables
     ]
     assert not missing
     assert "[telemetry.mqtt]" in text and "[audit]" in text
@@ -787,3 +788,79 @@ def test_serving_extension_keys(folder: Path) -> None:
     assert err.key == "server.model_control" and "none, explicit" in err.problem
     err = error(folder, '[server]\nallow_shared_memory = "yes"')
     assert err.key == "server.allow_shared_memory"
+
+
+# -- [models.backend_options.<backend>]: each backend reads its own keys ------------------------
+
+
+def test_backend_options_are_read_by_their_backend(folder: Path) -> None:
+    text = MODEL + "[models.backend_options.rockchip]\nnpu_cores = [2, 0]\n"
+    text += "[models.backend_options.hailo]\nmulti_process_service = false\n"
+    model = parse(folder, text).models[0]
+    # By canonical name ("rockchip" is RKNN's alias), each value as its backend uses it.
+    assert model.backend_options == {
+        "rknn": {"npu_cores": (0, 2)},
+        "hailo": {"multi_process_service": False},
+    }
+    assert model.policy(Policy()).backend_options == model.backend_options
+
+
+def test_npu_cores_is_rknns_option_by_its_older_name(folder: Path) -> None:
+    old = parse(folder, MODEL + "npu_cores = [1, 0]\n").models[0]
+    new = parse(folder, MODEL + "backend_options.rknn.npu_cores = [0, 1]\n").models[0]
+    assert old.backend_options == new.backend_options == {"rknn": {"npu_cores": (0, 1)}}
+    assert old.policy(Policy()).key_parts() == new.policy(Policy()).key_parts()
+    # No options: the selection's cache key is what it was before backend_options existed.
+    assert "backend_options" not in parse(folder, MODEL).models[0].policy(Policy()).key_parts()
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "problem"),
+    [
+        ("npu_cores = [0, 0]", "models[0].npu_cores", "lists a core twice"),
+        ("npu_cores = 1", "models[0].npu_cores", "expected a list of core numbers"),
+        (
+            "backend_options.rknn.npu_cores = [16]",
+            "models[0].backend_options.rknn.npu_cores",
+            "each core is a number 0-15",
+        ),
+        (
+            "backend_options.rknn.cores = [0]",
+            "models[0].backend_options.rknn.cores",
+            "rknn has no option 'cores' (its options: npu_cores)",
+        ),
+        (
+            "backend_options.openvino.threads = 2",
+            "models[0].backend_options.openvino.threads",
+            "openvino has no option 'threads' (its options: none)",
+        ),
+        (
+            "backend_options.tensorrt.workspace = 1",
+            "models[0].backend_options.tensorrt",
+            "no backend is called 'tensorrt'",
+        ),
+        (
+            'backend_options.hailo.multi_process_service = "yes"',
+            "models[0].backend_options.hailo.multi_process_service",
+            "expected true or false",
+        ),
+        ("backend_options = 3", "models[0].backend_options", "expected a table of backend"),
+        ("backend_options.rknn = 3", "models[0].backend_options.rknn", "expected a table"),
+        (
+            "npu_cores = [0]\nbackend_options.rknn.npu_cores = [1]",
+            "models[0].npu_cores",
+            "given twice",
+        ),
+        (
+            "backend_options.rknn.npu_cores = [0]\nbackend_options.rknpu.npu_cores = [1]",
+            "models[0].backend_options.rknpu",
+            "rknpu is rknn, given twice",
+        ),
+    ],
+)
+def test_backend_option_errors_name_the_key(
+    folder: Path, extra: str, key: str, problem: str
+) -> None:
+    err = error(folder, MODEL + extra + "\n")
+    assert err.key == key
+    assert problem in err.problem, err.problem

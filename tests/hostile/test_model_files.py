@@ -14,9 +14,10 @@ from pathlib import Path
 import flatbuffers
 import pytest
 
-from backends import rknn_file, tflite_file
+from backends import tflite_file
 from backends.errors import ModelError
 from backends.model_info import inspect_model, signature
+from backends.rknn import rknn_file
 from backends.tensors import TensorSpec
 from edged.quantize.calibration import MAX_ARRAY_BYTES, load_samples
 from edged.quantize.calibration_spec import CalibrationError

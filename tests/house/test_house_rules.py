@@ -38,8 +38,6 @@ LONG_MODULES = {
     "together in tests/serving/test_protocol.py",
     "edged/serving/models.py": "a served model's selection, sessions, standby and switch-back "
     "in one state machine",
-    "backends/hailo_backend.py": "HailoRT's session (InferModel bindings, NMS outputs, the "
-    "multi-process service); the HEF reader and the stack probe are apart",
 }
 
 

@@ -232,7 +232,7 @@ def test_outputs_match_x86_and_the_original(
         "outputs",
         jobs,
         arm_out,
-        arm64_state / "openvino-cache",
+        arm64_state,
         label="outputs of 6 models on every runtime",
     )
     assert run.returncode == 0, run.why()

@@ -76,7 +76,7 @@ shapes = {"x": (1, 3, 48, 192)}
 report = {}
 for precision in (reduced, "fp32"):
     candidate = Candidate("openvino", "CPU", precision)
-    options = LoadOptions(1, shapes=shapes, cache_dir=cache)
+    options = LoadOptions(1, shapes=shapes, cache_root=cache)
     session = get_backend("openvino").load(model, candidate, options)
     out = session.run(make_inputs(session.inputs, shapes))
     report[precision] = {**session.info(), "output": next(iter(out.values())).tolist()}
@@ -261,7 +261,7 @@ for soc in ("rockchip,rk3588", "rockchip,rk3566"):
     out[soc] = [c.to_dict() for c in backend.candidates(board, model)]
 npu = Candidate("rknn", "NPU", "model", True, "", {"soc": "rk3588", "cores": 3, "root": "/"})
 try:
-    backend.load(model, npu, LoadOptions(npu_cores=(0, 1)))
+    backend.load(model, npu, LoadOptions(backend_options={"rknn": {"npu_cores": (0, 1)}}))
 except BackendError as exc:
     out["load"] = str(exc)
 print(json.dumps(out))

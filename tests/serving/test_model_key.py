@@ -32,7 +32,7 @@ CHANGED = {  # a value other than the default, for each field
     "rt_priority": 10,
     "period_ms": 5.0,
     "standby": True,
-    "npu_cores": (0, 1),
+    "backend_options": {"rknn": {"npu_cores": (0, 1)}},
     "image": Preprocessing(color="bgr"),
     "detector": DetectorConfig("yologeneric"),
     "serves_as": ("yolo.onnx",),

@@ -165,7 +165,7 @@ def _qemu_aarch64() -> Path:
 
 
 def record_outputs(
-    jobs: list[dict], out: Path, cache_dir: Path | None = None, threads: int = 1
+    jobs: list[dict], out: Path, state_dir: Path | None = None, threads: int = 1
 ) -> None:
     """For each job {"model": path, "shapes": {name: dims} | None, "inputs": path.npz
     (optional)}: the evaluation inputs selection makes (edged.selection.inputs, seeds
@@ -174,8 +174,8 @@ def record_outputs(
     model's float32 reference (selection's: the first of reference_candidates that loads) and
     of every available candidate that runs the model's own arithmetic or float32 (precision
     "model" or "fp32": OpenVINO's bf16/fp16 are selection's business, and each INT8 compile
-    costs tens of seconds emulated). OpenVINO compiles go to `cache_dir` (selection's
-    openvino-cache: the lane's `edgectl backends` runs compiled the fp32 ones first)."""
+    costs tens of seconds emulated). OpenVINO compiles go to its cache under `state_dir` (the
+    selection's: the lane's `edgectl backends` runs compiled the fp32 ones first)."""
     import hashlib
 
     from backends import LoadOptions, get_backend, probe_hardware, reference_candidates
@@ -191,7 +191,7 @@ def record_outputs(
         model = inspect_model(job["model"])
         entry: dict = {"runs": {}}
         samples = None
-        base = LoadOptions(threads=threads, cache_dir=cache_dir)
+        base = LoadOptions(threads=threads, cache_root=state_dir)
         candidates = [("reference", c) for c in reference_candidates(model)] + [
             (c.key, c)
             for c in backend_candidates(hw, model)
@@ -229,7 +229,7 @@ def record_outputs(
                             digest.update(feeds[name].tobytes())
                     entry["inputs_sha256"] = digest.hexdigest()
                     entry["shapes"] = {k: list(v) for k, v in shapes.items()}
-                options = LoadOptions(threads=threads, shapes=shapes, cache_dir=cache_dir)
+                options = LoadOptions(threads=threads, shapes=shapes, cache_root=state_dir)
                 session = get_backend(candidate.backend).load(model, candidate, options)
                 try:
                     outputs = [session.run(feeds) for feeds in samples]
@@ -253,7 +253,7 @@ def record_outputs(
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (3, 4) or argv[0] != "outputs":
-        print("usage: python -m tests.support.arm64 outputs JOBS.json OUT.pickle [CACHE_DIR]")
+        print("usage: python -m tests.support.arm64 outputs JOBS.json OUT.pickle [STATE_DIR]")
         return 2
     cache = Path(argv[3]) if len(argv) == 4 else None
     record_outputs(json.loads(Path(argv[1]).read_text()), Path(argv[2]), cache)

@@ -1,6 +1,6 @@
 """The Hailo HEF file, read without HailoRT: which HailoRT can read it (its header's version)
 and which chip it was compiled for (its protobuf header's hw_arch). The format is owned by
-`backends.hailo_backend` (its FORMATS); this module only reads the bytes.
+`backends.hailo` (its FORMATS); this module only reads the bytes.
 
 Every length and offset is checked against the file, so a truncated or damaged HEF is a
 ModelError naming it (tests/hostile/test_parser_fuzz.py).
@@ -178,3 +178,16 @@ def _proto_header(path: Path, proto: memoryview, whole: bool) -> tuple[str | Non
             return None, None
         raise ModelError(f"{path}: corrupt HEF: its protobuf part is unreadable ({exc})") from None
     return None, None
+
+
+# Which HEFs each chip runs (device_internal.cpp, DeviceBase::is_hef_compatible): a Hailo-8
+# also runs Hailo-8L HEFs (slower), a Hailo-8L only its own. Keys: the firmware's
+# DeviceArchitectureTypes names.
+RUNS = {
+    "HAILO8": ("hailo8", "hailo8r", "hailo8l"),
+    "HAILO8L": ("hailo8l",),
+    "HAILO15H": ("hailo15h", "hailo15m", "hailo10h", "ginger", "lavender"),
+    "HAILO10H": ("hailo15h", "hailo15m", "hailo10h", "ginger", "lavender"),
+    "HAILO15L": ("hailo15l", "pluto"),
+    "HAILO15M": ("hailo15m",),
+}

@@ -1,5 +1,5 @@
 """The Rockchip .rknn file, read without librknnrt: the SoC it was built for, its inputs and
-outputs, and the precision it computes in. The format is owned by `backends.rknn_backend`
+outputs, and the precision it computes in. The format is owned by `backends.rknn`
 (its FORMATS); this module only reads the bytes, every length and table checked against
 the file (a damaged one is a ModelError naming it: tests/hostile/test_parser_fuzz.py)."""
 
