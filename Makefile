@@ -58,7 +58,7 @@ test: data system-deps
 	( $(ISA_AVX2_LANE_SH) ) >"$$lane_log" 2>&1 & lane=$$!; \
 	trap 'pkill -TERM -P $$lane 2>/dev/null; kill $$lane 2>/dev/null; rm -f "$$lane_log"; exit 130' INT TERM HUP; \
 	echo "isa-avx2 lane: running alongside the suite (its output follows the suite's)"; \
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile; suite=$$?; \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25; suite=$$?; \
 	wait $$lane; lane_rc=$$?; cat "$$lane_log"; rm -f "$$lane_log"; \
 	[ $$suite -eq 0 ] && [ $$lane_rc -eq 0 ]
 

@@ -8,6 +8,7 @@ the compiled model's runtime graph (per-layer `runtimePrecision`) and reported.
 from __future__ import annotations
 
 import os
+import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Mapping
@@ -95,6 +96,13 @@ COMPUTE_LAYERS = {
 
 
 def _import():
+    # `import openvino` imports its model converter, which sends a usage event to Google
+    # Analytics from a forked child unless the user has opted out (openvino_telemetry: opt-out
+    # outside CI). A daemon on a device must not phone home, and that child, forked from a
+    # threaded process, can hang for good at exit, where the interpreter joins it (seen here:
+    # an edged that never stopped after SIGTERM). The converter falls back to its own stub when
+    # the package does not import, so it is made not to import, here and for this process.
+    sys.modules.setdefault("openvino_telemetry", None)
     import openvino
 
     return openvino

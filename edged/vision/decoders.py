@@ -148,7 +148,9 @@ def decode_yologeneric(outputs: Sequence[np.ndarray], size: Size, min_score: flo
 
 def decode_yolonas(outputs: Sequence[np.ndarray], size: Size, min_score: float) -> Detections:
     raw = _one(outputs, "yolonas")
-    flat = raw.reshape(-1, raw.shape[-1]) if raw.ndim in (2, 3) else raw
+    # The width is checked before the reshape: (0, 0) cannot be reshaped to (-1, 0).
+    wide = raw.ndim in (2, 3) and raw.shape[-1] == 7
+    flat = raw.reshape(-1, 7) if wide else raw
     if flat.ndim != 2 or flat.shape[1] != 7:
         raise DecodeError(
             f"yolonas expects the flat export (K, 7): batch, x1, y1, x2, y2, score, class; "

@@ -391,3 +391,35 @@ def test_backends_are_found_by_file_name_in_their_order_without_a_runtime():
         "rknn": "rknn",
         "hef": "hailo",
     }
+
+
+@pytest.mark.parametrize("ci", [None, "false"])
+def test_openvino_sends_no_usage_event_and_writes_nothing_home(
+    models_dir: Path, tmp_path: Path, ci: str | None
+) -> None:
+    """`import openvino` sends a Google Analytics event from a forked child, and writes a
+    client id under ~/intel, unless the user opted out or CI=true (openvino_telemetry). Through
+    edged's backend it does neither: a fresh HOME stays empty, the telemetry package is not
+    imported, and the process exits at once (that child, forked from a threaded process, once
+    hung a daemon's exit for good)."""
+    code = textwrap.dedent(f"""
+        import sys
+        from backends import LoadOptions, get_backend, probe_hardware
+        from backends.model_info import inspect_model
+        model = inspect_model({str(models_dir / "ppocr_cls.onnx")!r})
+        backend = get_backend("openvino")
+        found = backend.candidates(probe_hardware(), model)
+        [cpu] = [c for c in found if c.key == "openvino:CPU:fp32"]
+        backend.load(model, cpu, LoadOptions(threads=1, shapes={{"x": (1, 3, 48, 192)}})).close()
+        print(sys.modules.get("openvino_telemetry", "absent"))
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD", "JENKINS_URL")}
+    env["HOME"] = str(tmp_path)
+    if ci is not None:
+        env["CI"] = ci
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"  # blocked, so its converter uses its own stub
+    assert list(tmp_path.iterdir()) == [], "openvino wrote into HOME"

@@ -135,10 +135,18 @@ class Daemon:
         self.proc.send_signal(sig)
 
     def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and the exit status; a daemon that has not exited after `timeout` fails
+        the test (TimeoutExpired) and is killed with its children, so none outlives it."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                child.kill()
+            self.proc.kill()
+            self.proc.wait(10)
+            raise
         finally:
             self.log.close()
             self.notify.close()

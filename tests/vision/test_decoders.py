@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -174,6 +174,8 @@ def test_wrong_layouts_name_the_family_and_the_shapes(model_type, outputs, messa
         max_size=4,
     ),
 )
+# Found by this test in a full run: an empty (0, 0) output reshaped to (-1, 0) was a ValueError.
+@example("yolonas", [np.zeros((0, 0), np.float32)])
 def test_any_outputs_decode_or_raise_decode_error(model_type, outputs) -> None:
     try:
         dets = decode(model_type, outputs, SIZE, 0.25)
