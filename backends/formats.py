@@ -51,6 +51,9 @@ class ModelFormat:
     not_it: str = ""
     # The file's inputs and outputs without a runtime; None where only a runtime can tell.
     signature: Callable[[Path, bytes], Signature] | None = None
+    # The file's own key/value metadata (an ONNX model's metadata_props: an Ultralytics export
+    # keeps its class names there); None where the format has none edged reads.
+    metadata: Callable[[Path, bytes], dict[str, str]] | None = None
 
 
 def registered() -> dict[str, ModelFormat]:

@@ -164,6 +164,19 @@ def _signature(path: Path) -> Signature | None:
     return fmt.signature(path, data) if fmt.signature is not None else None
 
 
+def metadata(path: str | Path) -> dict[str, str]:
+    """A model file's own key/value metadata (e.g. an ONNX export's class names); empty for a
+    format that has none edged reads."""
+    path = Path(path)
+
+    def read() -> dict[str, str]:
+        data = read_model_file(path)
+        fmt = detect(path, data)
+        return fmt.metadata(path, data) if fmt.metadata is not None else {}
+
+    return dict(_cached("metadata", path, read))
+
+
 def signature_mismatch(original: Signature, variant: Signature) -> str | None:
     """What differs between two models' inputs/outputs (names, dtypes, fixed dims), or None.
     A dim that is dynamic in either is not compared (a variant may fix a size)."""

@@ -54,6 +54,11 @@ def load_onnx(path: Path, data: bytes):
         ) from None
 
 
+def metadata(path: Path, data: bytes) -> dict[str, str]:
+    """The model's metadata_props (key -> value), as its exporter wrote them."""
+    return {p.key: p.value for p in load_onnx(path, data).metadata_props}
+
+
 def read(path: Path, data: bytes) -> FormatFacts:
     """The model's precision. A field this onnx cannot read (an element type from a newer
     ONNX, initializer data that does not match its shape) is a ModelError naming it."""

@@ -30,6 +30,7 @@ FORMATS = (
         "onnxruntime_onnx",  # Triton's platform name for its onnxruntime backend
         onnx_file.read,
         signature=onnx_file.signature,  # protobuf has no magic: the suffix tells
+        metadata=onnx_file.metadata,
     ),
 )
 DEVICES = ()  # its execution providers find their own devices

@@ -70,20 +70,24 @@ def detector(
 ) -> DetectorConfig:
     if not isinstance(value, dict):
         raise check.fail(key, f"must be a table ([models.detector]), got {show(value)}")
-    from edged.vision.labels import LabelmapError, coco80, read_labelmap
+    from edged.vision.labels import LabelmapError, coco80, names_from_metadata, read_labelmap
 
     t = Table(check, value, key, DetectorConfig)
     kind = t.string("type")
     if kind not in MODEL_TYPES:
         raise check.fail(t.key("type"), f"must be one of {', '.join(MODEL_TYPES)}; got {kind!r}")
     labels_raw = t.string("labels") if "labels" in t else "coco80"
-    if labels_raw == "coco80":
-        labels = coco80()
-    else:
-        try:
+    try:
+        if labels_raw == "coco80":
+            labels = coco80()
+        elif labels_raw == "model":  # the class names the model file carries
+            from backends.model_info import metadata
+
+            labels = names_from_metadata(metadata(path), str(path))
+        else:
             labels = read_labelmap(check.path(labels_raw, t.key("labels")))
-        except LabelmapError as exc:
-            raise check.fail(t.key("labels"), str(exc)) from None
+    except LabelmapError as exc:
+        raise check.fail(t.key("labels"), str(exc)) from None
     config = DetectorConfig(
         kind,
         tuple(sorted(labels.items())),

@@ -14,6 +14,7 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
+from edged.serving import bytes_tensors
 from edged.serving.grpc_messages import (
     ModelConfigResponse,
     ModelInferResponse,
@@ -76,8 +77,13 @@ def decode_infer_request(request: Message, remaining_s: float | None) -> InferRe
                 raise ProtocolError(
                     f"input {name!r} has contents and raw_input_contents: give one of them"
                 )
-            array = tensor_from_bytes(name, tensor.datatype, tensor.shape, raw[entry], where)
+            if tensor.datatype == bytes_tensors.BYTES:
+                array = _bytes_tensor(tensor, raw[entry], where)
+            else:
+                array = tensor_from_bytes(name, tensor.datatype, tensor.shape, raw[entry], where)
             entry += 1
+        elif tensor.datatype == bytes_tensors.BYTES:
+            array = _bytes_tensor(tensor, None, where)
         else:
             array = _typed_tensor(tensor, where)
         inputs[name] = array
@@ -117,6 +123,28 @@ def _values(parameters: Mapping[str, Message]) -> dict[str, Any]:
             choice = param.WhichOneof("parameter_choice")
             values[key] = getattr(param, choice) if choice is not None else None
     return values
+
+
+def _bytes_tensor(tensor: Message, raw: bytes | None, where: str) -> np.ndarray:
+    """A BYTES input (pictures): its raw entry (4-byte length-prefixed elements, as
+    tritonclient sends them), else contents.bytes_contents."""
+    name = tensor.name
+    _, dims = dtype_and_shape("UINT8", tensor.shape, where)  # the shape's own checks
+    try:
+        if raw is not None:
+            return bytes_tensors.from_length_prefixed(raw, dims, name)
+        given = [f.name for f, _ in tensor.contents.ListFields()]
+        if any(g != "bytes_contents" for g in given):
+            raise ProtocolError(f"input {name!r}: BYTES values go in contents.bytes_contents")
+        elements = list(tensor.contents.bytes_contents)
+        if len(elements) != math.prod(dims):
+            raise ProtocolError(
+                f"input {name!r}: {len(elements)} BYTES element(s), its shape {list(dims)} "
+                f"needs {math.prod(dims)}"
+            )
+        return bytes_tensors.from_elements(elements, dims)
+    except bytes_tensors.BytesError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def _typed_tensor(tensor: Message, where: str) -> np.ndarray:

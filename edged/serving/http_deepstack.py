@@ -28,7 +28,7 @@ from edged.serving.models import ServedModel
 from edged.serving.pictures import Pictures
 from edged.serving.protocol import InferRequest, ProtocolError
 from edged.vision.boxes import deepstack_predictions
-from edged.vision.images import Fit, ImageError, decode_image, fit, tensor
+from edged.vision.images import Fit, ImageError
 
 DEFAULT_MIN_CONFIDENCE = 0.45  # DeepStack's
 MAX_FIELDS = 8  # form fields in one upload (image, min_confidence and a few unknown ones)
@@ -166,14 +166,10 @@ class DeepStackRoutes:
                 raise ProtocolError("DeepStack: no 'image' field in the form")
             state["min_confidence"] = _min_confidence(fields)
             try:
-                pixels, size = decode_image(
-                    image, "DeepStack: image", size_hint=pictures.input.size
-                )
-                fitted, how = fit(pixels, pictures.input)
-                state["fit"], state["size"] = how, size
-                return tensor(fitted, pictures.input)
+                x, state["fit"], state["size"] = pictures.to_tensor(image, "DeepStack: image")
             except ImageError as exc:
                 raise ProtocolError(str(exc)) from None
+            return x
 
         async def decode(body: bytes | bytearray, served: ServedModel) -> InferRequest:
             pictures = served.pictures

@@ -20,6 +20,7 @@ from edged.serving.errors import RequestError
 from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel
 from edged.serving.peers import Peer
+from edged.serving.pictures import tensors_of
 from edged.serving.protocol import InferRequest, ProtocolError
 from edged.serving.requests import EngineError, Timing
 
@@ -165,6 +166,12 @@ class Inference:
                 received = await receive(served)
                 decoding = time.perf_counter()
                 request = await decode(received, served)
+                if any(array.dtype == object for array in request.inputs.values()):
+                    # Pictures (BYTES inputs) decoded and fitted off the event loop, on the
+                    # housekeeping CPUs its threads run on, never the inference core.
+                    request.inputs = await self.offload(
+                        tensors_of, served.pictures, request.inputs, name
+                    )
                 if request.shm_inputs or request.shm_outputs:
                     self.shared_memory.check_enabled()
                     peer = self.control_peer(peer, "system shared memory")

@@ -6,15 +6,25 @@ its outputs turned into boxes in the picture's coordinates."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from backends.errors import InputError
 from backends.tensors import TensorSpec
 from edged.config.schema import DetectorConfig, ModelConfig
 from edged.vision.boxes import Detections
 from edged.vision.decoders import decode
-from edged.vision.images import Fit, ImageError, ImageInput, Preprocessing, image_input
+from edged.vision.images import (
+    Fit,
+    ImageError,
+    ImageInput,
+    Preprocessing,
+    decode_image,
+    fit,
+    image_input,
+    tensor,
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,32 @@ class Pictures:
     input: ImageInput
     output_names: tuple[str, ...]  # the model's outputs in its order (decoders read by order)
     detector: DetectorConfig | None
+
+    def to_tensor(self, data: bytes, where: str) -> tuple[np.ndarray, Fit, tuple[int, int]]:
+        """An encoded picture (JPEG, PNG, ...) as the model's input (a batch of one), how it
+        was fitted, and the picture's own (height, width). ImageError says what is wrong."""
+        pixels, size = decode_image(data, where, size_hint=self.input.size)
+        fitted, how = fit(pixels, self.input)
+        return tensor(fitted, self.input), how, size
+
+    def batch(self, pictures: np.ndarray) -> np.ndarray:
+        """A BYTES tensor of N encoded pictures ([N], or [1] for one) as the model's input
+        batch. InputError names the input and the picture that cannot be used."""
+        name = self.input.name
+        if pictures.ndim != 1 or len(pictures) == 0:
+            raise InputError(
+                f"input {name!r}: pictures come as a BYTES tensor of shape [N], got "
+                f"{list(pictures.shape)}"
+            )
+        try:
+            return np.concatenate(
+                [
+                    self.to_tensor(data, f"input {name!r}, picture {index}")[0]
+                    for index, data in enumerate(pictures)
+                ]
+            )
+        except ImageError as exc:
+            raise InputError(str(exc)) from None
 
     def detections(
         self,
@@ -54,9 +90,30 @@ def pictures_of(
                 f"pictures need a model with one input; this one has "
                 f"{', '.join(s.name for s in inputs)}"
             )
-        contract = image_input(inputs[0], mc.image or Preprocessing())
+        spec = inputs[0]
+        if mc.shapes and spec.name in mc.shapes:  # the sizes it is served at ([[models]] shapes)
+            spec = replace(spec, shape=tuple(mc.shapes[spec.name]))
+        contract = image_input(spec, mc.image or Preprocessing())
     except ImageError:
         if wanted:
             raise
         return None
     return Pictures(contract, tuple(s.name for s in outputs), mc.detector)
+
+
+def tensors_of(
+    pictures: Pictures | None, inputs: dict[str, np.ndarray], model: str
+) -> dict[str, np.ndarray]:
+    """A request's inputs with its pictures (BYTES inputs: encoded JPEG, PNG, ...) made into
+    the model's input tensor; the others as they are. InputError when the model takes no
+    picture there."""
+    for name, array in inputs.items():
+        if array.dtype != object:
+            continue
+        if pictures is None or name != pictures.input.name:
+            raise InputError(
+                f"{model}: input {name!r} is BYTES, and this model takes no pictures there "
+                "(send a tensor, or give the model one picture input and [models.image])"
+            )
+        return {**inputs, name: pictures.batch(array)}
+    return inputs

@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from backends.tensors import TensorSpec
+from edged.serving import bytes_tensors
 
 # OIP datatype <-> numpy dtype (little-endian, as the extension specifies).
 DATATYPES = {
@@ -38,6 +39,9 @@ DATATYPES = {
 NAMES = {dtype.name: name for name, dtype in DATATYPES.items()}
 MAX_DIMS = 16
 MAX_ELEMENTS = 2**31  # per tensor, and per product of its non-zero dims
+
+
+BYTES = bytes_tensors.BYTES
 
 
 class ProtocolError(ValueError):
@@ -164,9 +168,20 @@ def decode_request(
         if name in inputs or name in shm_inputs:
             raise ProtocolError(f"{where}: input {name!r} given twice")
         shape = _shape(item.get("shape"), f"{where}.shape")
-        dtype = _dtype(item.get("datatype"), f"{where}.datatype")
         in_params = _object(item.get("parameters", {}), f"{where}.parameters")
         size = in_params.get("binary_data_size")
+        if item.get("datatype") == BYTES:  # pictures: edged.serving.bytes_tensors
+            if shm_ref(in_params, f"{where}.parameters") is not None:
+                raise ProtocolError(f"input {name!r}: a BYTES input cannot be in shared memory")
+            try:
+                inputs[name], offset = bytes_tensors.read_input(
+                    item.get("data"), size, binary, offset, shape, name, where
+                )
+            except bytes_tensors.BytesError as exc:
+                raise ProtocolError(str(exc)) from None
+            slices = None
+            continue
+        dtype = _dtype(item.get("datatype"), f"{where}.datatype")
         ref = shm_ref(in_params, f"{where}.parameters")
         if ref is not None:
             if size is not None or "data" in item:

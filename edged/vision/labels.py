@@ -57,3 +57,35 @@ def read_labelmap(path: Path) -> dict[int, str]:
             labels[ident] = name.strip()
         return labels
     return {i: line for i, line in enumerate(lines) if line}
+
+
+MAX_NAMES_CHARS = 1 << 16  # a model's class-name table: a few KB
+
+
+def names_from_metadata(metadata: dict[str, str], where: str) -> dict[int, str]:
+    """The class names a model file carries: an Ultralytics export's `names` entry, a Python
+    dict literal of id -> name (`{0: 'person', 1: 'bicycle'}`), read as a literal only
+    (ast.literal_eval: no code runs). LabelmapError says what is missing or wrong."""
+    import ast
+
+    text = metadata.get("names")
+    if text is None:
+        raise LabelmapError(
+            f"{where}: the model's metadata has no class names (an Ultralytics export keeps "
+            "them as 'names'); give a label map file"
+        )
+    if len(text) > MAX_NAMES_CHARS:
+        raise LabelmapError(f"{where}: its 'names' metadata is over {MAX_NAMES_CHARS} characters")
+    try:
+        names = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise LabelmapError(
+            f"{where}: its 'names' metadata is not a literal id -> name table"
+        ) from None
+    if isinstance(names, list):
+        names = dict(enumerate(names))
+    if not isinstance(names, dict) or not all(
+        type(k) is int and k >= 0 and isinstance(v, str) and v for k, v in names.items()
+    ):
+        raise LabelmapError(f"{where}: its 'names' metadata is not a table of id -> name")
+    return names

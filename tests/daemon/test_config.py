@@ -64,7 +64,7 @@ def test_example_config_loads(test_data: Path, monkeypatch: pytest.MonkeyPatch) 
         grpc_socket=REPO / "state" / "grpc.sock",  # beside `socket`
     )
     assert config.selection == Policy(runs=50, warmup=5, max_drop=0.01, max_abs=None)
-    det, face = config.models
+    det, face, detector = config.models
     assert det == ModelConfig(
         name="ocr-det",
         path=test_data / "models" / "ppocrv4_det.onnx",
@@ -82,6 +82,11 @@ def test_example_config_loads(test_data: Path, monkeypatch: pytest.MonkeyPatch) 
     assert face.path == test_data / "models" / "face_detection_short_range.tflite"
     assert face.backend == "auto" and face.max_batch_size == 1
     assert config.model("face") is face and config.model("nope") is None
+    # The real detector on Frigate's endpoint and the DeepStack route, its names from the file.
+    assert config.frigate.enabled and detector.serves_as == ("nudenet_320n.onnx",)
+    assert detector.detector is not None and detector.detector.type == "yologeneric"
+    assert dict(detector.detector.labels)[1] == "FACE_FEMALE"
+    assert detector.image is not None and detector.image.resize == "letterbox"
 
 
 def test_variants_must_fit_their_original(models_dir: Path, tmp_path: Path) -> None:
@@ -159,7 +164,12 @@ def test_example_falls_back_to_the_default_test_data_folder(
     monkeypatch.setenv("HOME", str(tmp_path))
     models = tmp_path / ".cache" / "edged" / "test-data" / "models"
     models.mkdir(parents=True)
-    for name in ("ppocrv4_det.onnx", "ppocrv4_det_int8.onnx", "face_detection_short_range.tflite"):
+    for name in (
+        "ppocrv4_det.onnx",
+        "ppocrv4_det_int8.onnx",
+        "face_detection_short_range.tflite",
+        "nudenet_320n.onnx",
+    ):
         (models / name).symlink_to(models_dir / name)  # variants are read: real models
     config = load_config(EXAMPLE)
     assert config.model("ocr-det").path == models / "ppocrv4_det.onnx"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import io
 import json
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -17,22 +16,9 @@ from PIL import Image
 from edged.vision.images import ImageError, decode_image
 from tests.support import daemon_harness as harness
 from tests.support.detector import SIZE, make_detector
+from tests.support.forms import multipart
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def multipart(fields: dict[str, tuple[str | None, bytes]]) -> tuple[bytes, str]:
-    """A multipart/form-data body (name -> (file name or None, content)) and its type."""
-    boundary = uuid.uuid4().hex
-    out = b""
-    for name, (filename, content) in fields.items():
-        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
-        out += (
-            f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode()
-            + content
-            + b"\r\n"
-        )
-    return out + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
 def post(daemon: harness.Daemon, path: str, body: bytes, content_type: str) -> tuple[int, dict]:

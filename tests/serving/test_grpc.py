@@ -546,7 +546,10 @@ def test_decode_raw_and_typed_inputs() -> None:
             ).contents.fp32_contents.append(1.0),
             "1 values for shape [3] (3 expected)",
         ),
-        (lambda r: r.inputs.add(name="a", datatype="BYTES", shape=[1]), "is not supported"),
+        (
+            lambda r: r.inputs.add(name="a", datatype="BYTES", shape=[1]),
+            "0 BYTES element(s), its shape [1] needs 1",
+        ),
         (lambda r: r.inputs.add(name="a", datatype="FP32", shape=[-1]), "non-negative"),
         (lambda r: None, "request has no inputs"),
     ],

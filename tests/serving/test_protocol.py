@@ -386,9 +386,9 @@ MALFORMED = [
     ),
     (
         "bytes",
-        doc({"name": "a", "shape": [1], "datatype": "BYTES", "data": ["hi"]}),
+        doc({"name": "a", "shape": [1], "datatype": "BYTES", "data": [1]}),
         None,
-        r"inputs\[0\]\.datatype 'BYTES' is not supported",
+        r"input 'a': element 0 must be a string or \{\"b64\": \"...\"\}",
     ),
     (
         "datatype-lowercase",

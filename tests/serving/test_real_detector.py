@@ -1,0 +1,187 @@
+"""A real pretrained detector (NudeNet's YOLOv8n from PyPI, in Frigate's "yologeneric"
+layout; its FACE_FEMALE and FACE_MALE classes on the scikit-image photos) served end to end:
+a Frigate-style ZMQ peer, KServe over HTTP and gRPC with pictures as BYTES inputs (the
+unmodified tritonclient), and the DeepStack route, all agreeing on the same picture.
+
+The face regions below were read off the photos by eye (the boxes drawn on them checked
+the same way), not from edged's output."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edged.vision.boxes import Detections
+from edged.vision.decoders import decode
+from tests.support import daemon_harness as harness
+from tests.support.forms import multipart
+from tests.support.frigate_peer import Peer
+
+tritonclient_http = pytest.importorskip("tritonclient.http")
+tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "nudenet_320n.onnx"
+SIZE = 320
+FACE_FEMALE, FACE_MALE = 1, 12
+# (x0, y0, x1, y1) in the photo's pixels: the region a face box must lie in, and a point of
+# the face it must cover.
+FACES = {
+    "astronaut.png": (FACE_FEMALE, (150, 60, 300, 200), (222, 130)),
+    "camera.png": (FACE_MALE, (165, 105, 285, 220), (225, 160)),
+}
+
+
+@pytest.fixture(scope="module")
+def daemon(models_dir: Path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("real-detector")
+    models = f"""
+[[models]]
+name = "faces"
+path = "{models_dir / MODEL}"
+backend = "onnxruntime"
+threads = 1
+shapes = {{ images = [1, 3, {SIZE}, {SIZE}] }}
+serves_as = ["{MODEL}"]
+[models.image]
+resize = "letterbox"
+[models.detector]
+type = "yologeneric"
+labels = "model"
+
+[[models]]
+name = "cls"
+path = "{models_dir / "ppocr_cls.onnx"}"
+backend = "onnxruntime"
+threads = 1
+shapes = {{ x = [1, 3, 48, 192] }}
+
+[frigate]
+enabled = true
+socket = "{folder / "frigate.sock"}"
+"""
+    d = harness.Daemon(harness.write_config(folder, models)).wait_ready()
+    yield d
+    assert d.stop() == 0, d.log_text()
+
+
+def photo(test_data: Path, name: str, size: int | None = None) -> Image.Image:
+    img = Image.open(test_data / "images" / "photos" / name).convert("RGB")
+    return img.resize((size, size), Image.Resampling.BILINEAR) if size else img
+
+
+def encoded(img: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    img.save(out, fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+def best(outputs: np.ndarray, min_score: float = 0.25) -> Detections:
+    """The model's raw output decoded (the decoder itself is checked on the photos in
+    tests/vision/test_real_detector_decode.py)."""
+    dets = decode("yologeneric", [outputs], (SIZE, SIZE), min_score)
+    return dets.best(len(dets))
+
+
+def assert_face(name: str, cls: int, box_unit: np.ndarray, width: int, height: int) -> None:
+    want, (rx0, ry0, rx1, ry1), (px, py) = FACES[name]
+    y0, x0, y1, x1 = box_unit * [height, width, height, width]
+    assert cls == want, (name, cls)
+    assert rx0 <= x0 < x1 <= rx1 and ry0 <= y0 < y1 <= ry1, (name, x0, y0, x1, y1)
+    assert x0 <= px <= x1 and y0 <= py <= y1, (name, x0, y0, x1, y1)
+
+
+def test_a_frigate_peer_and_kserve_pictures_get_the_same_detections(
+    daemon: harness.Daemon, test_data: Path
+) -> None:
+    """The same 320x320 picture as a Frigate frame (raw RGB) and as a lossless PNG in a
+    KServe BYTES input: the same tensor reaches the model, so the same boxes come back."""
+    img = photo(test_data, "astronaut.png", SIZE)
+    peer = Peer(f"ipc://{daemon.config.parent / 'frigate.sock'}", MODEL)
+    try:
+        assert peer.handshake() == {"model_available": True, "model_loaded": True}
+        rows = peer.detect(np.asarray(img)[None])
+    finally:
+        peer.close()
+    assert isinstance(rows, np.ndarray) and rows[0, 1] > 0.5
+    frigate = rows[rows[:, 1] > 0]
+
+    client = tritonclient_http.InferenceServerClient(daemon.address)
+    try:
+        x = tritonclient_http.InferInput("images", [1], "BYTES")
+        x.set_data_from_numpy(np.array([encoded(img, "PNG")], dtype=np.object_))
+        result = client.infer("faces", [x])
+    finally:
+        client.close()
+    kserve = best(result.as_numpy("output0"))
+    assert len(kserve) == len(frigate)
+    np.testing.assert_allclose(kserve.scores, frigate[:, 1], atol=1e-4)
+    np.testing.assert_array_equal(kserve.classes, frigate[:, 0].astype(int))
+    np.testing.assert_allclose(kserve.boxes, frigate[:, 2:], atol=1e-4)
+    # Normalised boxes: of the photo as much as of its 320x320 copy.
+    full = photo(test_data, "astronaut.png")
+    assert_face("astronaut.png", int(frigate[0, 0]), frigate[0, 2:], full.width, full.height)
+
+
+@pytest.mark.parametrize("name", sorted(FACES))
+def test_a_jpeg_over_grpc_finds_the_face(daemon: harness.Daemon, test_data: Path, name) -> None:
+    """The photo at its own size as a JPEG in a gRPC BYTES input (tritonclient's raw
+    contents): decoded, fitted to 320x320 and run; the face is found where it is."""
+    img = photo(test_data, name)
+    with tritonclient_grpc.InferenceServerClient(f"127.0.0.1:{harness.grpc_port(daemon)}") as c:
+        x = tritonclient_grpc.InferInput("images", [1], "BYTES")
+        x.set_data_from_numpy(np.array([encoded(img, "JPEG")], dtype=np.object_))
+        result = c.infer("faces", [x])
+    dets = best(result.as_numpy("output0"))
+    assert len(dets) >= 1
+    # A square photo letterboxed into a square input: the boxes are the photo's own.
+    assert_face(name, int(dets.classes[0]), dets.boxes[0], img.width, img.height)
+
+
+def test_deepstack_answers_a_real_jpeg(daemon: harness.Daemon, test_data: Path) -> None:
+    img = photo(test_data, "camera.png")
+    body, content_type = multipart({"image": ("camera.jpg", encoded(img, "JPEG"))})
+    conn = http.client.HTTPConnection(daemon.address, timeout=30)
+    try:
+        conn.request("POST", "/v1/vision/detection", body, {"Content-Type": content_type})
+        response = conn.getresponse()
+        status, answer = response.status, json.loads(response.read())
+    finally:
+        conn.close()
+    assert status == 200 and answer["success"] is True, answer
+    [face] = [p for p in answer["predictions"] if p["label"] == "FACE_MALE"]
+    box = np.array([face["y_min"], face["x_min"], face["y_max"], face["x_max"]], np.float64)
+    unit = box / [img.height, img.width, img.height, img.width]
+    assert_face("camera.png", FACE_MALE, unit, img.width, img.height)
+
+
+@pytest.mark.parametrize(
+    ("model", "name", "picture", "message"),
+    [
+        ("faces", "images", b"not a picture", "input 'images', picture 0: cannot read the picture"),
+        ("cls", "x", b"\xff\xd8\xff", "input 'x', picture 0: cannot read the picture"),
+        ("faces", "other", b"\xff\xd8\xff", "input 'other' is BYTES, and this model takes no"),
+    ],
+)
+def test_a_bad_picture_is_a_400_naming_the_input(
+    daemon: harness.Daemon, model: str, name: str, picture: bytes, message: str
+) -> None:
+    """Any model with one picture input (3 colour channels, fixed size) takes pictures, with
+    the default preprocessing unless [models.image] says otherwise; what cannot be used is a
+    400 naming the input and the picture."""
+    client = tritonclient_http.InferenceServerClient(daemon.address)
+    try:
+        x = tritonclient_http.InferInput(name, [1], "BYTES")
+        x.set_data_from_numpy(np.array([picture], dtype=np.object_))
+        with pytest.raises(tritonclient_http.InferenceServerException) as err:
+            client.infer(model, [x])
+    finally:
+        client.close()
+    assert err.value.status() == "400" and message in err.value.message(), err.value
