@@ -32,6 +32,7 @@ from edged.serving.protocol import (
     ProtocolError,
     datatype_of,
     dtype_and_shape,
+    image_format,
     shm_ref,
     tensor_from_bytes,
     tensor_from_values,
@@ -61,6 +62,7 @@ def decode_infer_request(request: Message, remaining_s: float | None) -> InferRe
         )
     inputs: dict[str, np.ndarray] = {}
     shm_inputs = {}
+    frames: dict[str, str] = {}
     entry = 0
     for index, (tensor, ref) in enumerate(zip(request.inputs, refs, strict=True)):
         where, name = f"inputs[{index}]", tensor.name
@@ -87,6 +89,11 @@ def decode_infer_request(request: Message, remaining_s: float | None) -> InferRe
         else:
             array = _typed_tensor(tensor, where)
         inputs[name] = array
+        if tensor.parameters and "image_format" in tensor.parameters:
+            param = tensor.parameters["image_format"]
+            choice = param.WhichOneof("parameter_choice")
+            layout = getattr(param, choice) if choice is not None else None
+            frames[name] = image_format(layout, array.dtype, f"{where}.parameters")
     outputs = {}
     shm_outputs = {}
     for index, out in enumerate(request.outputs):
@@ -108,6 +115,7 @@ def decode_infer_request(request: Message, remaining_s: float | None) -> InferRe
         timeout_ms=timeout_ms,
         shm_inputs=shm_inputs,
         shm_outputs=shm_outputs,
+        frames=frames,
     )
 
 

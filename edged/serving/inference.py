@@ -166,11 +166,12 @@ class Inference:
                 received = await receive(served)
                 decoding = time.perf_counter()
                 request = await decode(received, served)
-                if any(array.dtype == object for array in request.inputs.values()):
-                    # Pictures (BYTES inputs) decoded and fitted off the event loop, on the
-                    # housekeeping CPUs its threads run on, never the inference core.
+                if request.frames or any(a.dtype == object for a in request.inputs.values()):
+                    # Pictures (BYTES inputs, raw frames) decoded and fitted off the event
+                    # loop, on the housekeeping CPUs its threads run on, never the inference
+                    # core.
                     request.inputs = await self.offload(
-                        tensors_of, served.pictures, request.inputs, name
+                        tensors_of, served.pictures, request.inputs, request.frames, name
                     )
                 if request.shm_inputs or request.shm_outputs:
                     self.shared_memory.check_enabled()

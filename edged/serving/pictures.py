@@ -15,6 +15,7 @@ from backends.tensors import TensorSpec
 from edged.config.schema import DetectorConfig, ModelConfig
 from edged.vision.boxes import Detections
 from edged.vision.decoders import decode
+from edged.vision.frames import yuv420_to_rgb
 from edged.vision.images import (
     Fit,
     ImageError,
@@ -59,6 +60,25 @@ class Pictures:
         except ImageError as exc:
             raise InputError(str(exc)) from None
 
+    def frames(self, frames: np.ndarray, layout: str) -> np.ndarray:
+        """Raw YUV 4:2:0 camera frames ([N, height * 3 / 2, width] uint8, `layout` nv12 or
+        i420) as the model's input batch."""
+        name = self.input.name
+        if frames.ndim != 3 or len(frames) == 0:
+            raise InputError(
+                f"input {name!r}: {layout} frames come as [N, height * 3 / 2, width], got "
+                f"{list(frames.shape)}"
+            )
+        try:
+            batch = []
+            for index, frame in enumerate(frames):
+                where = f"input {name!r}, frame {index}"
+                pixels = yuv420_to_rgb(frame, layout, where, self.input.size)
+                batch.append(tensor(fit(pixels, self.input)[0], self.input))
+        except ImageError as exc:
+            raise InputError(str(exc)) from None
+        return np.concatenate(batch)
+
     def detections(
         self,
         outputs: Mapping[str, np.ndarray],
@@ -102,18 +122,24 @@ def pictures_of(
 
 
 def tensors_of(
-    pictures: Pictures | None, inputs: dict[str, np.ndarray], model: str
+    pictures: Pictures | None,
+    inputs: dict[str, np.ndarray],
+    frames: Mapping[str, str],
+    model: str,
 ) -> dict[str, np.ndarray]:
-    """A request's inputs with its pictures (BYTES inputs: encoded JPEG, PNG, ...) made into
-    the model's input tensor; the others as they are. InputError when the model takes no
-    picture there."""
+    """A request's inputs with its pictures (BYTES inputs: encoded JPEG, PNG, ...) or raw
+    frames (`frames`: input -> nv12/i420) made into the model's input tensor; the others as
+    they are. InputError when the model takes no picture there."""
     for name, array in inputs.items():
-        if array.dtype != object:
+        if array.dtype != object and name not in frames:
             continue
         if pictures is None or name != pictures.input.name:
+            what = f"a {frames[name]} frame" if name in frames else "BYTES"
             raise InputError(
-                f"{model}: input {name!r} is BYTES, and this model takes no pictures there "
+                f"{model}: input {name!r} is {what}, and this model takes no pictures there "
                 "(send a tensor, or give the model one picture input and [models.image])"
             )
+        if name in frames:
+            return {**inputs, name: pictures.frames(array, frames[name])}
         return {**inputs, name: pictures.batch(array)}
     return inputs

@@ -113,6 +113,9 @@ class InferRequest:
     shm_inputs: dict[str, tuple[np.dtype, tuple[int, ...], ShmRef]] = field(default_factory=dict)
     shm_outputs: dict[str, ShmRef] = field(default_factory=dict)
     shm_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Inputs that are raw camera frames (parameters.image_format: "nv12", "i420"), which the
+    # shared infer path turns into the model's picture tensor.
+    frames: dict[str, str] = field(default_factory=dict)
 
 
 def decode_request(
@@ -157,6 +160,7 @@ def decode_request(
     params = _object(doc.get("parameters", {}), "parameters")
     inputs: dict[str, np.ndarray] = {}
     shm_inputs: dict[str, tuple[np.dtype, tuple[int, ...], ShmRef]] = {}
+    frames: dict[str, str] = {}
     offset = 0
     slices: list[tuple[str, np.dtype, tuple[int, ...], int]] | None = []
     for index, item in enumerate(raw_inputs):
@@ -217,6 +221,8 @@ def decode_request(
             array = _json_tensor(item.get("data"), shape, dtype, name)
             slices = None  # tensor data in the header: nothing to reuse
         inputs[name] = array.astype(byteorder(_NATIVE, dtype, "="), copy=False)
+        if "image_format" in in_params:
+            frames[name] = image_format(in_params["image_format"], dtype, f"{where}.parameters")
     if offset != len(binary):
         raise ProtocolError(
             f"{len(binary) - offset} bytes of binary data after the last "
@@ -252,8 +258,9 @@ def decode_request(
         timeout_ms=timeout / 1000.0 if timeout is not None else None,
         shm_inputs=shm_inputs,
         shm_outputs=shm_outputs,
+        frames=frames,
     )
-    if key is not None and slices is not None and not shm_outputs:
+    if key is not None and slices is not None and not shm_outputs and not frames:
         if len(_LAYOUTS) >= CACHED_HEADERS:
             _LAYOUTS.pop(next(iter(_LAYOUTS)))  # the oldest: a bounded FIFO
         _LAYOUTS[key] = _Layout(
@@ -453,6 +460,15 @@ def _from_bytes(data: bytes | memoryview, dtype: np.dtype) -> np.ndarray:
     if dtype.kind == "b":  # any non-zero byte is true; hand runtimes canonical 0/1 bytes
         return np.frombuffer(data, dtype=np.uint8) != 0
     return np.frombuffer(data, dtype=dtype)
+
+
+def image_format(value: Any, dtype: np.dtype, where: str) -> str:
+    """A raw frame's layout (parameters.image_format) on a UINT8 input."""
+    if value not in ("nv12", "i420"):
+        raise ProtocolError(f'{where}.image_format must be "nv12" or "i420", got {_brief(value)}')
+    if dtype != np.uint8:
+        raise ProtocolError(f"{where}.image_format: a {value} frame is UINT8, not {_name(dtype)}")
+    return value
 
 
 def _decode_raw(body: bytes, specs: Sequence[TensorSpec]) -> InferRequest:

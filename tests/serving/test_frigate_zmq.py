@@ -24,7 +24,6 @@ zmq = pytest.importorskip("zmq")
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-
 def picture(value: int) -> np.ndarray:
     return np.full((1, SIZE, SIZE, 3), value, np.uint8)
 

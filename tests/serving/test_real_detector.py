@@ -185,3 +185,77 @@ def test_a_bad_picture_is_a_400_naming_the_input(
     finally:
         client.close()
     assert err.value.status() == "400" and message in err.value.message(), err.value
+
+
+def infer_frame(daemon: harness.Daemon, frame: np.ndarray, layout: str, transport: str):
+    """A raw frame with parameters.image_format, over HTTP (the protocol's binary request,
+    by hand: tritonclient has no per-input parameters) or gRPC (tritonclient's own
+    messages and stub); the model's output, or (status, message) of a refusal."""
+    if transport == "grpc":
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        request = service_pb2.ModelInferRequest(model_name="faces")
+        tensor = request.inputs.add(name="images", datatype="UINT8", shape=frame.shape)
+        tensor.parameters["image_format"].string_param = layout
+        request.raw_input_contents.append(frame.tobytes())
+        with grpc.insecure_channel(f"127.0.0.1:{harness.grpc_port(daemon)}") as channel:
+            try:
+                reply = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+            except grpc.RpcError as exc:
+                return exc.code().name, exc.details()
+        shape = tuple(reply.outputs[0].shape)
+        return np.frombuffer(reply.raw_output_contents[0], np.float32).reshape(shape)
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "images",
+                    "shape": list(frame.shape),
+                    "datatype": "UINT8",
+                    "parameters": {"binary_data_size": frame.nbytes, "image_format": layout},
+                }
+            ]
+        }
+    ).encode()
+    conn = http.client.HTTPConnection(daemon.address, timeout=30)
+    try:
+        conn.request(
+            "POST",
+            "/v2/models/faces/infer",
+            header + frame.tobytes(),
+            {"Inference-Header-Content-Length": str(len(header))},
+        )
+        response = conn.getresponse()
+        body = json.loads(response.read())
+    finally:
+        conn.close()
+    if response.status != 200:
+        return response.status, body["error"]
+    [out] = body["outputs"]
+    return np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+
+@pytest.mark.parametrize("layout", ["nv12", "i420"])
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_a_raw_camera_frame_finds_the_face(
+    daemon: harness.Daemon, test_data: Path, layout: str, transport: str
+) -> None:
+    """The photo as a raw YUV 4:2:0 frame ([1, height * 3 / 2, width] UINT8 with
+    parameters.image_format), as a camera pipeline hands it over."""
+    from tests.vision.test_frames import to_yuv420
+
+    img = photo(test_data, "astronaut.png")
+    frame = to_yuv420(np.asarray(img), layout)[None]
+    dets = best(infer_frame(daemon, frame, layout, transport))
+    assert len(dets) >= 1
+    assert_face("astronaut.png", int(dets.classes[0]), dets.boxes[0], img.width, img.height)
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_a_frame_of_a_wrong_shape_is_refused_naming_it(
+    daemon: harness.Daemon, transport: str
+) -> None:
+    status, message = infer_frame(daemon, np.zeros((1, 721, 640), np.uint8), "nv12", transport)
+    assert status in (400, "INVALID_ARGUMENT")
+    assert "input 'images', frame 0: 721 rows of 640" in message
