@@ -21,6 +21,7 @@ from edged.vision.boxes import Detections
 from edged.vision.decoders import decode
 from tests.support import daemon_harness as harness
 from tests.support.forms import multipart
+from tests.support.frames import to_yuv420
 from tests.support.frigate_peer import Peer
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
@@ -243,8 +244,6 @@ def test_a_raw_camera_frame_finds_the_face(
 ) -> None:
     """The photo as a raw YUV 4:2:0 frame ([1, height * 3 / 2, width] UINT8 with
     parameters.image_format), as a camera pipeline hands it over."""
-    from tests.vision.test_frames import to_yuv420
-
     img = photo(test_data, "astronaut.png")
     frame = to_yuv420(np.asarray(img), layout)[None]
     dets = best(infer_frame(daemon, frame, layout, transport))
