@@ -21,17 +21,6 @@ from tests.support.broker import MOSQUITTO, MOSQUITTO_SUB
 CPUS = len(os.sched_getaffinity(0))
 
 
-# The files that take longest, run first: `make test` hands whole files to its workers in
-# collection order (xdist --dist loadfile), so a long file collected late (tests/lanes/ sorts
-# after most areas) ends the suite alone while the other workers idle. Measured with
-# `pytest -n 3 --dist loadfile --durations=60`: the aarch64 lane's selections ~10 min, the
-# daemon's background variants job (SCHED_IDLE, so slowest when the machine is busy) ~6 min.
-LONG_FILES_FIRST = (
-    "tests/lanes/test_arm64.py",
-    "tests/quantize/test_variants.py",
-)
-
-
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -39,12 +28,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.needs_data)
         if item.get_closest_marker("needs_broker"):  # a real broker is integration by definition
             item.add_marker(pytest.mark.integration)
-
-    def rank(item: pytest.Item) -> int:
-        path = Path(str(item.fspath)).relative_to(REPO).as_posix()
-        return LONG_FILES_FIRST.index(path) if path in LONG_FILES_FIRST else len(LONG_FILES_FIRST)
-
-    items.sort(key=rank)  # stable: the order within and among the others is kept
 
 
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures start a daemon or a broker

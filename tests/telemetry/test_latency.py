@@ -466,7 +466,9 @@ def test_batch_usage_measures_off_cpu_time_exactly() -> None:
     assert activity.inflight == 0 and waking is None  # this thread's first batch
     # Off-CPU time is measured when the batch was switched out (on a shared machine it may
     # be): from the thread's CPU clock, exact, where getrusage would be up to a tick off.
-    assert (switches, off_cpu) == (0, None) or (switches > 0 and 0 <= off_cpu < 0.02)
+    # At most the batch's own wall time: a switch-out just before the loop's last check
+    # makes that longer than the 20 ms asked for (seen: 24 ms off the CPU on a loaded machine).
+    assert (switches, off_cpu) == (0, None) or (switches > 0 and 0 <= off_cpu <= t1 - t0)
     time.sleep(0.01)  # between batches: one sleep, as waiting for work is
     usage = batch_begin(activity)
     t0 = time.perf_counter()
