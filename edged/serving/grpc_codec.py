@@ -33,6 +33,7 @@ from edged.serving.protocol import (
     datatype_of,
     dtype_and_shape,
     image_format,
+    postprocess_of,
     shm_ref,
     tensor_from_bytes,
     tensor_from_values,
@@ -90,9 +91,7 @@ def decode_infer_request(request: Message, remaining_s: float | None) -> InferRe
             array = _typed_tensor(tensor, where)
         inputs[name] = array
         if tensor.parameters and "image_format" in tensor.parameters:
-            param = tensor.parameters["image_format"]
-            choice = param.WhichOneof("parameter_choice")
-            layout = getattr(param, choice) if choice is not None else None
+            layout = _string(tensor.parameters, "image_format")
             frames[name] = image_format(layout, array.dtype, f"{where}.parameters")
     outputs = {}
     shm_outputs = {}
@@ -116,6 +115,9 @@ def decode_infer_request(request: Message, remaining_s: float | None) -> InferRe
         shm_inputs=shm_inputs,
         shm_outputs=shm_outputs,
         frames=frames,
+        postprocess=postprocess_of(
+            _string(request.parameters, "postprocess"), "parameters.postprocess"
+        ),
     )
 
 
@@ -169,6 +171,15 @@ def _typed_tensor(tensor: Message, where: str) -> np.ndarray:
 
 def typed_value_count(request: Message) -> int:
     return sum(len(values) for t in request.inputs for _, values in t.contents.ListFields())
+
+
+def _string(parameters: Mapping[str, Message], key: str) -> Any:
+    """A request parameter's value, whichever field holds it; None when absent."""
+    if key not in parameters:
+        return None
+    param = parameters[key]
+    choice = param.WhichOneof("parameter_choice")
+    return getattr(param, choice) if choice is not None else None
 
 
 def _timeout_ms(parameters: Mapping[str, Message]) -> float | None:

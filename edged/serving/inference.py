@@ -20,7 +20,7 @@ from edged.serving.errors import RequestError
 from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel
 from edged.serving.peers import Peer
-from edged.serving.pictures import tensors_of
+from edged.serving.pictures import detections_output, tensors_of
 from edged.serving.protocol import InferRequest, ProtocolError
 from edged.serving.requests import EngineError, Timing
 
@@ -170,7 +170,7 @@ class Inference:
                     # Pictures (BYTES inputs, raw frames) decoded and fitted off the event
                     # loop, on the housekeeping CPUs its threads run on, never the inference
                     # core.
-                    request.inputs = await self.offload(
+                    request.inputs, request.fits = await self.offload(
                         tensors_of, served.pictures, request.inputs, request.frames, name
                     )
                 if request.shm_inputs or request.shm_outputs:
@@ -187,6 +187,10 @@ class Inference:
             feeds = dict(request.inputs) if request.shm_inputs else request.inputs
             outputs, timing = await worker.infer(feeds, request.timeout_ms)
             samples = _samples(request) if worker.batchable else 1
+            if request.postprocess:  # decoded off the event loop, as pictures are
+                outputs = await self.offload(
+                    detections_output, served.pictures, outputs, request.fits, name
+                )
             encoding = time.perf_counter()
             if request.shm_outputs:  # all checked before any is written
                 shm = self.shared_memory

@@ -13,7 +13,7 @@ import numpy as np
 from backends.errors import InputError
 from backends.tensors import TensorSpec
 from edged.config.schema import DetectorConfig, ModelConfig
-from edged.vision.boxes import Detections
+from edged.vision.boxes import Detections, frigate_rows
 from edged.vision.decoders import decode
 from edged.vision.frames import yuv420_to_rgb
 from edged.vision.images import (
@@ -41,7 +41,7 @@ class Pictures:
         fitted, how = fit(pixels, self.input)
         return tensor(fitted, self.input), how, size
 
-    def batch(self, pictures: np.ndarray) -> np.ndarray:
+    def batch(self, pictures: np.ndarray) -> tuple[np.ndarray, list[Fit]]:
         """A BYTES tensor of N encoded pictures ([N], or [1] for one) as the model's input
         batch. InputError names the input and the picture that cannot be used."""
         name = self.input.name
@@ -51,16 +51,15 @@ class Pictures:
                 f"{list(pictures.shape)}"
             )
         try:
-            return np.concatenate(
-                [
-                    self.to_tensor(data, f"input {name!r}, picture {index}")[0]
-                    for index, data in enumerate(pictures)
-                ]
-            )
+            made = [
+                self.to_tensor(data, f"input {name!r}, picture {index}")
+                for index, data in enumerate(pictures)
+            ]
         except ImageError as exc:
             raise InputError(str(exc)) from None
+        return np.concatenate([x for x, _, _ in made]), [how for _, how, _ in made]
 
-    def frames(self, frames: np.ndarray, layout: str) -> np.ndarray:
+    def frames(self, frames: np.ndarray, layout: str) -> tuple[np.ndarray, list[Fit]]:
         """Raw YUV 4:2:0 camera frames ([N, height * 3 / 2, width] uint8, `layout` nv12 or
         i420) as the model's input batch."""
         name = self.input.name
@@ -70,14 +69,16 @@ class Pictures:
                 f"{list(frames.shape)}"
             )
         try:
-            batch = []
+            batch, fits = [], []
             for index, frame in enumerate(frames):
                 where = f"input {name!r}, frame {index}"
                 pixels = yuv420_to_rgb(frame, layout, where, self.input.size)
-                batch.append(tensor(fit(pixels, self.input)[0], self.input))
+                fitted, how = fit(pixels, self.input)
+                batch.append(tensor(fitted, self.input))
+                fits.append(how)
         except ImageError as exc:
             raise InputError(str(exc)) from None
-        return np.concatenate(batch)
+        return np.concatenate(batch), fits
 
     def detections(
         self,
@@ -126,10 +127,11 @@ def tensors_of(
     inputs: dict[str, np.ndarray],
     frames: Mapping[str, str],
     model: str,
-) -> dict[str, np.ndarray]:
+) -> tuple[dict[str, np.ndarray], list[Fit]]:
     """A request's inputs with its pictures (BYTES inputs: encoded JPEG, PNG, ...) or raw
-    frames (`frames`: input -> nv12/i420) made into the model's input tensor; the others as
-    they are. InputError when the model takes no picture there."""
+    frames (`frames`: input -> nv12/i420) made into the model's input tensor, the others as
+    they are; and how each picture was fitted. InputError when the model takes no picture
+    there."""
     for name, array in inputs.items():
         if array.dtype != object and name not in frames:
             continue
@@ -140,6 +142,25 @@ def tensors_of(
                 "(send a tensor, or give the model one picture input and [models.image])"
             )
         if name in frames:
-            return {**inputs, name: pictures.frames(array, frames[name])}
-        return {**inputs, name: pictures.batch(array)}
-    return inputs
+            x, fits = pictures.frames(array, frames[name])
+        else:
+            x, fits = pictures.batch(array)
+        return {**inputs, name: x}, fits
+    return inputs, []
+
+
+def detections_output(
+    pictures: Pictures | None, outputs: Mapping[str, np.ndarray], fits: list[Fit], model: str
+) -> dict[str, np.ndarray]:
+    """The request's `postprocess = "detections"`: the detector's outputs decoded, one
+    picture after another, into {"detections": [N, 20, 6]} of Frigate's rows (class, score,
+    ymin, xmin, ymax, xmax; normalised to each picture, best first, zero rows after)."""
+    if pictures is None or pictures.detector is None:
+        raise InputError(f"{model}: postprocess needs a detector ([models.detector]); it has none")
+    first = next(iter(outputs.values()))
+    rows = []
+    for index in range(first.shape[0] if first.ndim else 1):
+        one = {name: array[index : index + 1] for name, array in outputs.items()}
+        how = fits[index] if index < len(fits) else None
+        rows.append(frigate_rows(pictures.detections(one, how)))
+    return {"detections": np.stack(rows)}

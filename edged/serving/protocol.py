@@ -116,6 +116,12 @@ class InferRequest:
     # Inputs that are raw camera frames (parameters.image_format: "nv12", "i420"), which the
     # shared infer path turns into the model's picture tensor.
     frames: dict[str, str] = field(default_factory=dict)
+    # parameters.postprocess = "detections": a detector's outputs decoded by edged into one
+    # output, "detections" [N, 20, 6] (Frigate's rows), instead of the model's own.
+    postprocess: str | None = None
+    # How each picture of a BYTES/frame input was fitted (set by the picture path), so that
+    # decoded boxes are mapped back to the pictures' own coordinates.
+    fits: list[Any] = field(default_factory=list)
 
 
 def decode_request(
@@ -248,6 +254,7 @@ def decode_request(
     timeout = params.get("timeout")
     if timeout is not None and not _positive_finite(timeout):
         raise ProtocolError("parameters.timeout must be a positive number (microseconds)")
+    postprocess = postprocess_of(params.get("postprocess"), "parameters.postprocess")
     request_id = doc.get("id")
     request = InferRequest(
         id=str(request_id) if request_id is not None else None,
@@ -259,8 +266,15 @@ def decode_request(
         shm_inputs=shm_inputs,
         shm_outputs=shm_outputs,
         frames=frames,
+        postprocess=postprocess,
     )
-    if key is not None and slices is not None and not shm_outputs and not frames:
+    if (
+        key is not None
+        and slices is not None
+        and not shm_outputs
+        and not frames
+        and not postprocess
+    ):
         if len(_LAYOUTS) >= CACHED_HEADERS:
             _LAYOUTS.pop(next(iter(_LAYOUTS)))  # the oldest: a bounded FIFO
         _LAYOUTS[key] = _Layout(
@@ -460,6 +474,18 @@ def _from_bytes(data: bytes | memoryview, dtype: np.dtype) -> np.ndarray:
     if dtype.kind == "b":  # any non-zero byte is true; hand runtimes canonical 0/1 bytes
         return np.frombuffer(data, dtype=np.uint8) != 0
     return np.frombuffer(data, dtype=dtype)
+
+
+POSTPROCESS = ("detections",)
+
+
+def postprocess_of(value: Any, where: str) -> str | None:
+    """The request's `postprocess` parameter: None, or "detections"."""
+    if value is None:
+        return None
+    if value not in POSTPROCESS:
+        raise ProtocolError(f'{where} must be "detections", got {_brief(value)}')
+    return value
 
 
 def image_format(value: Any, dtype: np.dtype, where: str) -> str:

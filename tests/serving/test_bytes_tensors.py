@@ -88,6 +88,7 @@ def test_a_picture_batch_of_one_becomes_the_model_tensor() -> None:
     )
     out = io.BytesIO()
     Image.new("RGB", (16, 16), (255, 0, 0)).save(out, "PNG")
-    feeds = tensors_of(pictures, {"x": np.array([out.getvalue()], dtype=object)}, {}, "m")
+    feeds, fits = tensors_of(pictures, {"x": np.array([out.getvalue()], dtype=object)}, {}, "m")
+    assert len(fits) == 1
     assert feeds["x"].shape == (1, 3, 8, 8) and feeds["x"].dtype == np.float32
     assert feeds["x"][0, 0].min() == pytest.approx(1.0) and feeds["x"][0, 1:].max() == 0.0

@@ -258,3 +258,45 @@ def test_a_frame_of_a_wrong_shape_is_refused_naming_it(
     status, message = infer_frame(daemon, np.zeros((1, 721, 640), np.uint8), "nv12", transport)
     assert status in (400, "INVALID_ARGUMENT")
     assert "input 'images', frame 0: 721 rows of 640" in message
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_postprocess_returns_frigates_rows_in_the_pictures_coordinates(
+    daemon: harness.Daemon, test_data: Path, transport: str
+) -> None:
+    """parameters.postprocess = "detections": edged decodes the boxes itself, per picture,
+    mapped back through the letterbox to each picture (a 512x384 crop here, so the mapping
+    matters), as [N, 20, 6] rows of Frigate's layout."""
+    full = photo(test_data, "astronaut.png")
+    crop = full.crop((0, 0, 512, 384))
+    pictures = np.array([encoded(crop, "PNG"), encoded(full, "PNG")], dtype=np.object_)
+    lib = tritonclient_http if transport == "http" else tritonclient_grpc
+    address = daemon.address if transport == "http" else f"127.0.0.1:{harness.grpc_port(daemon)}"
+    client = lib.InferenceServerClient(address)
+    try:
+        rows = []
+        for one in pictures:  # the model is served at batch 1: a picture a request
+            x = lib.InferInput("images", [1], "BYTES")
+            x.set_data_from_numpy(np.array([one], dtype=np.object_))
+            result = client.infer("faces", [x], parameters={"postprocess": "detections"})
+            rows.append(result.as_numpy("detections"))
+    finally:
+        client.close()
+    for found, img in zip(rows, (crop, full), strict=True):
+        assert found.shape == (1, 20, 6) and found.dtype == np.float32
+        top = found[0, 0]
+        assert top[1] > 0.5
+        assert_face("astronaut.png", int(top[0]), top[2:], img.width, img.height)
+        assert np.all(np.diff(found[0, :, 1]) <= 0)  # best first, zero rows after
+
+
+def test_postprocess_is_refused_for_a_model_without_a_detector(daemon: harness.Daemon) -> None:
+    client = tritonclient_http.InferenceServerClient(daemon.address)
+    x = tritonclient_http.InferInput("x", [1, 3, 48, 192], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 3, 48, 192), np.float32))
+    try:
+        with pytest.raises(tritonclient_http.InferenceServerException) as err:
+            client.infer("cls", [x], parameters={"postprocess": "detections"})
+    finally:
+        client.close()
+    assert err.value.status() == "400" and "needs a detector" in err.value.message()
