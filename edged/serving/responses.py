@@ -62,7 +62,14 @@ def encode_response(
             entry["data"] = array.ravel().tolist()
             as_data.append(array)
         doc["outputs"].append(entry)
-    doc["outputs"].extend(request.shm_results.values())  # written to shared memory: no data
+    # Written to shared memory: name, datatype and shape only, as Triton's HTTP server answers
+    # (no data, no parameters). Triton's C++ client reads `binary_data_size` from every output
+    # that has `parameters`, so echoing the region there stopped it ("attempt to access
+    # non-existing object member 'binary_data_size'").
+    doc["outputs"].extend(
+        {k: v for k, v in entry.items() if k != "parameters"}
+        for entry in request.shm_results.values()
+    )
     if not chunks:
         return _dumps(doc, as_data), None
     # Binary outputs only carry strings and integers in the header: orjson writes the same
