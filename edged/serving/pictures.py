@@ -5,8 +5,9 @@ its outputs turned into boxes in the picture's coordinates."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -44,35 +45,38 @@ class Pictures:
     def batch(self, pictures: np.ndarray) -> tuple[np.ndarray, list[Fit]]:
         """A BYTES tensor of N encoded pictures ([N], or [1] for one) as the model's input
         batch. InputError names the input and the picture that cannot be used."""
-        name = self.input.name
         if pictures.ndim != 1 or len(pictures) == 0:
             raise InputError(
-                f"input {name!r}: pictures come as a BYTES tensor of shape [N], got "
-                f"{list(pictures.shape)}"
+                f"input {self.input.name!r}: pictures come as a BYTES tensor of shape [N], "
+                f"got {list(pictures.shape)}"
             )
-        try:
-            made = [
-                self.to_tensor(data, f"input {name!r}, picture {index}")
-                for index, data in enumerate(pictures)
-            ]
-        except ImageError as exc:
-            raise InputError(str(exc)) from None
-        return np.concatenate([x for x, _, _ in made]), [how for _, how, _ in made]
+        size = self.input.size
+        return self._stack(
+            pictures, "picture", lambda data, where: decode_image(data, where, size_hint=size)[0]
+        )
 
     def frames(self, frames: np.ndarray, layout: str) -> tuple[np.ndarray, list[Fit]]:
         """Raw YUV 4:2:0 camera frames ([N, height * 3 / 2, width] uint8, `layout` nv12 or
         i420) as the model's input batch."""
-        name = self.input.name
         if frames.ndim != 3 or len(frames) == 0:
             raise InputError(
-                f"input {name!r}: {layout} frames come as [N, height * 3 / 2, width], got "
-                f"{list(frames.shape)}"
+                f"input {self.input.name!r}: {layout} frames come as [N, height * 3 / 2, "
+                f"width], got {list(frames.shape)}"
             )
+        size = self.input.size
+        return self._stack(
+            frames, "frame", lambda frame, where: yuv420_to_rgb(frame, layout, where, size)
+        )
+
+    def _stack(
+        self, items: np.ndarray, kind: str, pixels_of: Callable[[Any, str], np.ndarray]
+    ) -> tuple[np.ndarray, list[Fit]]:
+        """Each item as RGB pixels (`pixels_of(item, where)`), fitted to the input, stacked
+        into one batch; how each was fitted. ImageError becomes the request's InputError."""
+        batch, fits = [], []
         try:
-            batch, fits = [], []
-            for index, frame in enumerate(frames):
-                where = f"input {name!r}, frame {index}"
-                pixels = yuv420_to_rgb(frame, layout, where, self.input.size)
+            for index, item in enumerate(items):
+                pixels = pixels_of(item, f"input {self.input.name!r}, {kind} {index}")
                 fitted, how = fit(pixels, self.input)
                 batch.append(tensor(fitted, self.input))
                 fits.append(how)

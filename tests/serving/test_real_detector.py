@@ -57,13 +57,7 @@ resize = "letterbox"
 type = "yologeneric"
 labels = "model"
 
-[[models]]
-name = "cls"
-path = "{models_dir / "ppocr_cls.onnx"}"
-backend = "onnxruntime"
-threads = 1
-shapes = {{ x = [1, 3, 48, 192] }}
-
+{harness.cls_table(models_dir)}
 [frigate]
 enabled = true
 socket = "{folder / "frigate.sock"}"
