@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -25,10 +26,32 @@ MOSQUITTO_PUB = shutil.which("mosquitto_pub") or "mosquitto_pub"
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "mosquitto_passwd"
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range.
+
+    Not port 0's choice: that comes from the ephemeral range, where a client retrying a
+    stopped broker on the same port can be given that port as its own source port and
+    connect to itself (TCP simultaneous open). The orphaned self-connection then holds the
+    port and the restarted broker fails with "Address already in use" (seen once in CI).
+    """
+    low = _ephemeral_low()
+    rng = random.SystemRandom()  # independent per xdist worker
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 20000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port below {low}")
 
 
 def wait_port(port: int, timeout: float = 10.0, *, open_: bool = True) -> None:
