@@ -211,17 +211,18 @@ def encode_infer_response(
         array = np.asarray(outputs[name])
         response.outputs.add(name=name, datatype=datatype_of_dtype(array.dtype), shape=array.shape)
         data.append(little_endian(array).reshape(-1).view(np.uint8))
-    # Outputs written to shared memory after those in raw_output_contents (tritonclient
-    # finds an output's raw entry by its index among the outputs), with no data.
+    # Outputs written to shared memory: name, datatype and shape, and an empty entry in
+    # raw_output_contents, as Triton's gRPC server answers. Triton's C++ client reads
+    # raw_output_contents[i] for the i-th output with no bounds check, so an output with
+    # no entry crashes it; every client finds an output's data by that index.
     for entry in request.shm_results.values():
         out = response.outputs.add(name=entry["name"], datatype=entry["datatype"])
         out.shape.extend(entry["shape"])
-        for key, value in entry["parameters"].items():
-            if isinstance(value, str):
-                out.parameters[key].string_param = value
-            else:
-                out.parameters[key].int64_param = value
+        data.append(_NO_DATA)
     return response.SerializeToString() + _raw_outputs(data)
+
+
+_NO_DATA = np.empty(0, np.uint8)
 
 
 def _raw_outputs(arrays: list[np.ndarray]) -> bytes:
