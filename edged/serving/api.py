@@ -93,7 +93,7 @@ class Api(ControlRoutes, DeepStackRoutes):
             if method == "POST" and path == "/edged/reload":
                 await self._reload_request(scope, send)
                 return
-            if path.startswith("/v2/systemsharedmemory/"):
+            if path.startswith(("/v2/systemsharedmemory/", "/v2/cudasharedmemory/")):
                 await self._shared_memory(scope, receive, send, method, path)
                 return
             if method == "POST" and path.startswith("/v2/repository/"):

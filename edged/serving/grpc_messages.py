@@ -93,6 +93,16 @@ _MESSAGES = {
     "SystemSharedMemoryRegisterResponse": "",
     "SystemSharedMemoryUnregisterRequest": "1 name string",
     "SystemSharedMemoryUnregisterResponse": "",
+    # CUDA shared memory: answered as a Triton without GPUs answers (nothing registers).
+    "CudaSharedMemoryStatusRequest": "1 name string",
+    "CudaSharedMemoryStatusResponse": "1 regions map<CudaSharedMemoryStatusResponse.RegionStatus>",
+    "CudaSharedMemoryStatusResponse.RegionStatus": "1 name string, 2 device_id uint64, "
+    "3 byte_size uint64",
+    "CudaSharedMemoryRegisterRequest": "1 name string, 2 raw_handle bytes, 3 device_id int64, "
+    "4 byte_size uint64",
+    "CudaSharedMemoryRegisterResponse": "",
+    "CudaSharedMemoryUnregisterRequest": "1 name string",
+    "CudaSharedMemoryUnregisterResponse": "",
     # Triton's model configuration (its model_config.proto), the part edged fills in.
     "ModelConfig": "1 name string, 2 platform string, 17 backend string, "
     "4 max_batch_size int32, 5 input *ModelInput, 6 output *ModelOutput, "
@@ -199,3 +209,9 @@ SystemSharedMemoryRegisterRequest = MESSAGES["SystemSharedMemoryRegisterRequest"
 SystemSharedMemoryRegisterResponse = MESSAGES["SystemSharedMemoryRegisterResponse"]
 SystemSharedMemoryUnregisterRequest = MESSAGES["SystemSharedMemoryUnregisterRequest"]
 SystemSharedMemoryUnregisterResponse = MESSAGES["SystemSharedMemoryUnregisterResponse"]
+CudaSharedMemoryStatusRequest = MESSAGES["CudaSharedMemoryStatusRequest"]
+CudaSharedMemoryStatusResponse = MESSAGES["CudaSharedMemoryStatusResponse"]
+CudaSharedMemoryRegisterRequest = MESSAGES["CudaSharedMemoryRegisterRequest"]
+CudaSharedMemoryRegisterResponse = MESSAGES["CudaSharedMemoryRegisterResponse"]
+CudaSharedMemoryUnregisterRequest = MESSAGES["CudaSharedMemoryUnregisterRequest"]
+CudaSharedMemoryUnregisterResponse = MESSAGES["CudaSharedMemoryUnregisterResponse"]

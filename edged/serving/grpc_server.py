@@ -32,6 +32,11 @@ from edged.serving.grpc_codec import (
     typed_value_count,
 )
 from edged.serving.grpc_messages import (
+    CudaSharedMemoryRegisterRequest,
+    CudaSharedMemoryStatusRequest,
+    CudaSharedMemoryStatusResponse,
+    CudaSharedMemoryUnregisterRequest,
+    CudaSharedMemoryUnregisterResponse,
     ModelConfigRequest,
     ModelInferRequest,
     ModelMetadataRequest,
@@ -121,9 +126,6 @@ def status_code(exc: RequestError) -> grpc.StatusCode:
 # (Repository load/unload and system shared memory are served; off by config, they answer
 # PERMISSION_DENIED saying which [server] key turns them on.)
 _NOT_SERVED = {
-    "CudaSharedMemoryStatus": "CUDA shared memory is not served (edged runs no CUDA devices)",
-    "CudaSharedMemoryRegister": "CUDA shared memory is not served (edged runs no CUDA devices)",
-    "CudaSharedMemoryUnregister": "CUDA shared memory is not served (edged runs no CUDA devices)",
     "TraceSetting": "trace settings are not served (no trace extension)",
     "LogSettings": "log settings are not served (no logging extension; [server] log_level)",
 }
@@ -225,6 +227,22 @@ class Service:
         shm, peer = self._shared_memory(context)
         shm.unregister(peer, request.name)
         return SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory as a Triton without GPUs answers it (clients unregister all first).
+    async def CudaSharedMemoryStatus(self, request: Message, context) -> Message:
+        shm, _ = self._shared_memory(context)
+        return CudaSharedMemoryStatusResponse(
+            regions={r["name"]: r for r in shm.cuda_status(request.name)}
+        )
+
+    async def CudaSharedMemoryRegister(self, request: Message, context) -> Message:
+        shm, _ = self._shared_memory(context)
+        shm.cuda_register(request.name)  # always refuses: no GPU
+
+    async def CudaSharedMemoryUnregister(self, request: Message, context) -> Message:
+        shm, _ = self._shared_memory(context)
+        shm.cuda_unregister(request.name)
+        return CudaSharedMemoryUnregisterResponse()
 
     async def ModelInfer(self, request: Message, context) -> bytes:
         answer = await self._infer(request, context.time_remaining(), self.peer(context))
@@ -348,6 +366,9 @@ class Service:
             "SystemSharedMemoryStatus": SystemSharedMemoryStatusRequest,
             "SystemSharedMemoryRegister": SystemSharedMemoryRegisterRequest,
             "SystemSharedMemoryUnregister": SystemSharedMemoryUnregisterRequest,
+            "CudaSharedMemoryStatus": CudaSharedMemoryStatusRequest,
+            "CudaSharedMemoryRegister": CudaSharedMemoryRegisterRequest,
+            "CudaSharedMemoryUnregister": CudaSharedMemoryUnregisterRequest,
             "ModelInfer": ModelInferRequest,
         }
         methods = {

@@ -46,6 +46,9 @@ class ControlRoutes:
         peer = self.inference.control_peer(request_peer(scope), "system shared memory")
         region = region_name(parts, path)
         op = (method, parts[-1])
+        if parts[1] == "cudasharedmemory":
+            await self._cuda_shared_memory(send, op, region, path)
+            return
         if op in (("GET", "status"), ("HEAD", "status")):
             await send_json(send, 200, shm.status(peer, region))
         elif op == ("POST", "unregister"):
@@ -64,6 +67,21 @@ class ControlRoutes:
             await send_body(send, 200, b"", JSON)
         elif parts[-1] in ("status", "register", "unregister"):
             raise HttpError(405, f"{method} {path} is not supported")
+        else:
+            raise HttpError(404, f"no route {path}")
+
+    async def _cuda_shared_memory(self, send, op: tuple[str, str], region: str, path: str) -> None:
+        """/v2/cudasharedmemory[/region/{name}]/<op> as a Triton without GPUs answers."""
+        shm = self.inference.shared_memory
+        if op in (("GET", "status"), ("HEAD", "status")):
+            await send_json(send, 200, shm.cuda_status(region))
+        elif op == ("POST", "unregister"):
+            shm.cuda_unregister(region)
+            await send_body(send, 200, b"", JSON)
+        elif op == ("POST", "register"):
+            shm.cuda_register(region)
+        elif op[1] in ("status", "register", "unregister"):
+            raise HttpError(405, f"{op[0]} {path} is not supported")
         else:
             raise HttpError(404, f"no route {path}")
 
@@ -117,7 +135,7 @@ class ControlRoutes:
 
 
 def region_name(parts: list[str], path: str) -> str:
-    """The region of /v2/systemsharedmemory[/region/{name}]/<op> ("" for all)."""
+    """The region of /v2/{system,cuda}sharedmemory[/region/{name}]/<op> ("" for all)."""
     if len(parts) == 3:
         return ""
     if len(parts) == 5 and parts[2] == "region":

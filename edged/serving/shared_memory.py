@@ -27,7 +27,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -238,6 +238,27 @@ class SharedMemory:
             return
         for k in [k for k in self._regions if k[0] == peer.key]:
             self._regions.pop(k).close()
+
+    # -- CUDA shared memory, as a Triton built without GPUs answers it --------------------
+    # Clients written for Triton (its C++ examples among them) unregister all CUDA regions
+    # before they start; a server with no GPU has none, so that succeeds, a status lists
+    # none, and only a register is refused.
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        self.check_enabled()
+        if name:
+            raise SharedMemoryError(404, f"Unable to find cuda shared memory region: {name!r}")
+        return []
+
+    def cuda_register(self, name: str) -> NoReturn:
+        self.check_enabled()
+        raise SharedMemoryError(
+            400,
+            f"failed to register CUDA shared memory region: {name!r}, GPUs not supported "
+            f"(edged runs no CUDA devices; use system shared memory)",
+        )
+
+    def cuda_unregister(self, name: str = "") -> None:
+        self.check_enabled()  # nothing is ever registered: unregistering succeeds
 
     def close(self) -> list[str]:
         """At shutdown: close every region. Returns nothing left open (kept for callers)."""

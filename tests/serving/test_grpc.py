@@ -370,12 +370,15 @@ def test_repository_index_and_what_is_not_served(client: tg.InferenceServerClien
             "allow_shared_memory",
         ),
         "shm unregister": (lambda: client.unregister_system_shared_memory(), "allow_shared_memory"),
+        "cuda shm status": (lambda: client.get_cuda_shared_memory_status(), "allow_shared_memory"),
+        "cuda shm unregister": (
+            lambda: client.unregister_cuda_shared_memory(),
+            "allow_shared_memory",
+        ),
     }
     for what, (call, text) in off.items():
         code, message = status_of(call)
         assert code == "StatusCode.PERMISSION_DENIED" and text in message, what
-    code, message = status_of(lambda: client.get_cuda_shared_memory_status())
-    assert code == "StatusCode.UNIMPLEMENTED" and "CUDA shared memory" in message
     x = cls_input()
     shm_input = infer_input(x)
     shm_input.set_shared_memory("r", x.nbytes)
@@ -490,6 +493,9 @@ def test_messages_match_tritonclients() -> None:
         "SystemSharedMemoryStatus",
         "SystemSharedMemoryRegister",
         "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus",
+        "CudaSharedMemoryRegister",
+        "CudaSharedMemoryUnregister",
     }
     assert {m.name for m in service.methods} == handled
 

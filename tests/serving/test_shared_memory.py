@@ -238,6 +238,20 @@ def test_infer_in_and_out_of_shared_memory(
 
 
 @pytest.mark.integration
+def test_cuda_shared_memory_is_answered_as_a_triton_without_gpus(client, daemon: Daemon) -> None:
+    """Clients written for Triton (its C++ examples) unregister every CUDA region before they
+    start: that succeeds, a status lists none, and a register says there is no GPU."""
+    client.unregister_cuda_shared_memory()
+    status = client.get_cuda_shared_memory_status()
+    assert (not status.regions) if is_grpc(client) else status == []
+    with pytest.raises(InferenceServerException, match="GPUs not supported") as err:
+        client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 1024)
+    assert "system shared memory" in str(err.value)
+    with pytest.raises(InferenceServerException, match="Unable to find cuda shared memory"):
+        client.get_cuda_shared_memory_status("gpu")
+
+
+@pytest.mark.integration
 def test_bad_input_is_a_clear_error(client, daemon: Daemon, regions: Regions, reference) -> None:
     x = cls_input(1)
     name, key, handle = regions.create(X_BYTES)
@@ -374,6 +388,9 @@ def test_off_refuses_everything() -> None:
         lambda: registry.status(ROOT),
         lambda: registry.register(ROOT, "r", "/r", 0, 16),
         lambda: registry.unregister(ROOT),
+        lambda: registry.cuda_status(),
+        lambda: registry.cuda_unregister(),
+        lambda: registry.cuda_register("gpu"),
         lambda: registry.read_input(ROOT, "x", np.dtype("float32"), (1,), ref),
     ]
     for call in calls:
