@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edged import __version__
+from edged import __version__, logs
 from edged.config import DEFAULT_CONFIG_PATH, Config, ConfigError, ModelConfig, load_config
 from edged.placement import lock_memory, pin_housekeeping, plan_cpus, thread_affinities
 from edged.repository import RepositoryControl
@@ -106,24 +106,6 @@ class Daemon(RepositoryControl, Supervision):
         hardware, systemd notifier and fail-over hooks."""
         return load_models(config, current, self.hw, self.notifier.notify, self._failover_hook)
 
-    def _failover_hook(self, name: str):
-        counter = self.metrics.failovers.labels(name)
-
-        def on_failover(reason: str) -> None:  # called from the worker or supervisor thread
-            counter.inc()
-            served = self.models.get(name)
-            detail: dict[str, Any] = {"reason": reason}
-            if served is not None:
-                worker = served.worker
-                detail |= {
-                    "to": worker.session.candidate.key,
-                    "pick": worker.primary,
-                    "degraded": worker.degraded,
-                }
-            self._event("backend_switch", model=name, **detail)
-
-        return on_failover
-
     def status(self) -> dict[str, Any]:
         return {
             "version": __version__,
@@ -158,6 +140,7 @@ class Daemon(RepositoryControl, Supervision):
             self.memory_locked = lock_memory()
         from edged.serving.inference import Inference, ModelControl
         from edged.serving.shared_memory import SharedMemory
+        from edged.tracing.tracer import Tracer, device_of
 
         srv = self.config.server
         control = None
@@ -174,6 +157,7 @@ class Daemon(RepositoryControl, Supervision):
             ),
             control,
             srv.tcp_control,
+            Tracer(self.config.trace, srv.state_dir, *device_of(self.config.telemetry.mqtt)),
         )
         api = Api(
             inference,
@@ -251,6 +235,7 @@ class Daemon(RepositoryControl, Supervision):
             if frigate is not None:
                 await frigate.stop()
             await asyncio.to_thread(stop_workers, list(self.models.values()), DRAIN_S)
+            await asyncio.to_thread(inference.tracer.close)  # the trace file, the last spans
             left = inference.shared_memory.close()  # no worker holds a view now
             if left:
                 log.warning("shared memory still mapped at exit: %s", ", ".join(left))
@@ -340,7 +325,11 @@ class Daemon(RepositoryControl, Supervision):
         if self.publisher is not None:
             self.publisher.publish_audit(summary)
 
-    def _event(self, kind: str, **detail: Any) -> None:
+    def _event(self, kind: str, message: str | None, **detail: Any) -> None:
+        """A decision: logged as an event with its fields (None: logged where it was
+        made) and published to the fleet."""
+        if message is not None:
+            logs.event(log, kind, "%s", message, **detail)
         if self.publisher is not None:
             self.publisher.publish_event(kind, detail)
 
@@ -432,6 +421,9 @@ class Daemon(RepositoryControl, Supervision):
         self.start_variant_jobs()
         self._event(
             "reload",
+            f"reloaded: {len(models)} model(s) served"
+            + (f", failed: {', '.join(sorted(failed))}" if failed else "")
+            + (f"; restart needed for {', '.join(pending)}" if pending else ""),
             models=sorted(models),
             failed=failed,
             replaced=sorted(m.name for m in retired),
@@ -465,6 +457,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="validate the config and exit (0 valid, 2 invalid)",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default="auto",
+        help="text, json (one object per line), journal (journald fields: MODEL, EVENT, ...);"
+        " auto: journal when stderr is the journal, else text",
+    )
     args = parser.parse_args(argv)
     # Until the event loop takes over, a SIGHUP (systemctl reload during a long first start)
     # must not kill the daemon: remember it and reload once serving.
@@ -480,11 +479,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_config:
         print(f"edged: {config.source}: OK ({len(config.models)} model(s))")
         return EXIT_OK
-    logging.basicConfig(
-        level=config.server.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        logs.setup(config.server.log_level, args.log_format)
+    except OSError as exc:
+        print(f"edged: --log-format {args.log_format}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     if not config.models:
         log.warning("%s: no [[models]]; serving nothing", config.source)
     try:

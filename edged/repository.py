@@ -104,10 +104,14 @@ class RepositoryControl:
                 self.overrides.pop(name, None)
             if old is not None and old is not served:
                 await asyncio.to_thread(self._stop_models, [old])
-        log.info("model %s: loaded (repository load)", name)
         self.notifier.notify(f"STATUS={self._status_line()}")
         self.start_variant_jobs()
-        self._event("model_load", model=name, replaced=old is not None and old is not served)
+        self._event(
+            "model_load",
+            f"model {name}: loaded (repository load)",
+            model=name,
+            replaced=old is not None and old is not served,
+        )
 
     def _model_table(self, name: str, table: dict[str, Any]) -> ModelConfig:
         """A load's config from a client's table, held to what the operator allowed
@@ -153,6 +157,5 @@ class RepositoryControl:
             self.unloaded.add(name)
             if served is not None:
                 await asyncio.to_thread(self._stop_models, [served])
-        log.info("model %s: unloaded (repository unload)", name)
         self.notifier.notify(f"STATUS={self._status_line()}")
-        self._event("model_unload", model=name)
+        self._event("model_unload", f"model {name}: unloaded (repository unload)", model=name)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from edged.config import Config
     from edged.sdnotify import Notifier
+    from edged.serving.metrics import ServingMetrics
     from edged.serving.models import ServedModel
     from sysconf.hardware import HardwareFacts
 
@@ -38,6 +39,28 @@ class Supervision:
     housekeeping: list[int] | None
     _spawn: Callable[[Coroutine[Any, Any, None]], None]
     _event: Callable[..., None]
+    metrics: ServingMetrics
+
+    def _failover_hook(self, name: str) -> Callable[[str], None]:
+        """What a model's worker calls when it fails over: counted, and told to the fleet."""
+        counter = self.metrics.failovers.labels(name)
+
+        def on_failover(reason: str) -> None:  # called from the worker or supervisor thread
+            counter.inc()
+            served = self.models.get(name)
+            detail: dict[str, Any] = {"reason": reason}
+            if served is not None:
+                worker = served.worker
+                detail |= {
+                    "to": worker.session.candidate.key,
+                    "pick": worker.primary,
+                    "degraded": worker.degraded,
+                }
+            # Logged where it happened (edged.serving.failover, event "failover"); here
+            # the fleet hears of it.
+            self._event("backend_switch", None, model=name, **detail)
+
+        return on_failover
 
     def _on_hotplug(self, action: str, path: str) -> None:
         self._spawn(self._hardware_changed(action, path))
@@ -64,9 +87,9 @@ class Supervision:
                     outcome = await asyncio.to_thread(served.adapt, hw)
                 except Exception as exc:  # keep serving what runs; say why it did not adapt
                     outcome = f"could not adapt: {exc}"
-                log.info("model %s: %s", served.name, outcome)
                 self._event(
                     "hardware_change",
+                    f"model {served.name}: {outcome}",
                     model=served.name,
                     outcome=outcome,
                     action=action,
@@ -125,10 +148,15 @@ class Supervision:
             outcome = f"could not switch back: {exc}"
         if outcome is None:
             return
-        log.info("model %s: %s", served.name, outcome)
-        if not served.worker.degraded:
+        if served.worker.degraded:
+            log.info("model %s: %s", served.name, outcome)
+        else:
             self._event(
-                "backend_restored", model=served.name, to=served.worker.primary, outcome=outcome
+                "backend_restored",
+                f"model {served.name}: {outcome}",
+                model=served.name,
+                to=served.worker.primary,
+                outcome=outcome,
             )
             self.notifier.notify(f"STATUS={self._status_line()}")
 
@@ -157,6 +185,11 @@ class Supervision:
             selection, variants = stored_decision(served, report, self.config.server.state_dir)
             done = served.apply(selection, self.hw, variants)
         served.variants_pending = False
-        log.info("model %s: %s; %s", served.name, done, selection.why)
-        self._event("selection", model=served.name, result=done, why=selection.why)
+        self._event(
+            "selection",
+            f"model {served.name}: {done}; {selection.why}",
+            model=served.name,
+            result=done,
+            why=selection.why,
+        )
         return done

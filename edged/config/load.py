@@ -71,4 +71,5 @@ def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = 
     audit = sections.audit(check, check.table(doc, "audit"))
     server = sections.hang_bound(check, check.table(doc, "server"), server, found)
     frigate = sections.frigate(check, check.table(doc, "frigate"), server)
-    return Config(check.absolute, server, selection, found, telemetry, audit, frigate)
+    trace = sections.trace(check, check.table(doc, "trace"))
+    return Config(check.absolute, server, selection, found, telemetry, audit, frigate, trace)

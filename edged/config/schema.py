@@ -18,6 +18,7 @@ from typing import Any
 from edged.quantize.calibration_spec import CalibrationSpec, Preprocess
 from edged.selection.policy import Policy
 from edged.telemetry.settings import MqttSettings
+from edged.tracing.settings import TraceConfig
 from edged.vision.settings import Preprocessing
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -252,6 +253,7 @@ class Config:
     )
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"table": AuditConfig})
     frigate: FrigateConfig = field(default_factory=FrigateConfig, metadata={"table": FrigateConfig})
+    trace: TraceConfig = field(default_factory=TraceConfig, metadata={"table": TraceConfig})
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

@@ -1,4 +1,4 @@
-"""The checks of [server], [selection], [telemetry] with [telemetry.mqtt], and [audit]; the
+"""The checks of [server], [selection], [telemetry] with [telemetry.mqtt], [audit] and [trace]; the
 [[models]] tables have theirs in `edged.config.models`."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from edged.config.schema import (
 )
 from edged.selection.policy import Policy
 from edged.telemetry.topics import is_level
+from edged.tracing.settings import MODES, TraceConfig, TraceSettingError, read_level
 
 MQTT_FILES = ("ca_file", "cert_file", "key_file", "password_file")
 
@@ -391,3 +392,42 @@ def audit(check: Checker, data: Mapping[str, Any]) -> AuditConfig:
                 f"audit.trim[{index}]", f"{unit!r} is a protected unit and is never trimmed"
             )
     return AuditConfig(trim, t.read("keep", check.unit_list))
+
+
+def trace(check: Checker, data: Mapping[str, Any]) -> TraceConfig:
+    """[trace]: the mode, the global trace settings (as the trace extension checks them)
+    and where traces go."""
+    t = Table(check, data, "trace", TraceConfig)
+    mode = t.string("mode")
+    if mode not in MODES:
+        raise check.fail("trace.mode", f"expected one of {', '.join(MODES)}, got {show(mode)}")
+    try:
+        level = read_level(t.get("level"))
+    except TraceSettingError as exc:
+        raise check.fail("trace.level", str(exc)) from None
+    file = None
+    if "file" in t:
+        file = check.path(t.string("file"), "trace.file")
+        if not file.parent.is_dir():
+            raise check.fail("trace.file", f"no such folder: {file.parent}")
+    url = t.string("url")
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise check.fail(
+            "trace.url", f"expected an OTLP/HTTP URL (http://HOST:4318/v1/traces), got {show(url)}"
+        )
+    resource = t.data.get("resource", {})
+    if not isinstance(resource, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in resource.items()
+    ):
+        raise check.fail("trace.resource", "must be a table of strings (resource attributes)")
+    return TraceConfig(
+        mode,
+        level,
+        t.integer("rate", 1, 2**31 - 1),
+        t.integer("count", -1, 2**31 - 1),
+        t.integer("log_frequency", 0, 2**31 - 1),
+        file,
+        url,
+        tuple(sorted(resource.items())),
+    )

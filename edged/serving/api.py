@@ -96,6 +96,9 @@ class Api(ControlRoutes, DeepStackRoutes):
             if path.startswith(("/v2/systemsharedmemory/", "/v2/cudasharedmemory/")):
                 await self._shared_memory(scope, receive, send, method, path)
                 return
+            if path.endswith("/trace/setting"):
+                await self._trace_setting(scope, receive, send, method, path)
+                return
             if method == "POST" and path.startswith("/v2/repository/"):
                 await self._repository(scope, receive, send, path)
                 return
@@ -234,7 +237,16 @@ class Api(ControlRoutes, DeepStackRoutes):
         async def encode(request: InferRequest, outputs) -> tuple[bytes, int | None]:
             return await self._encode(name, request, outputs)
 
-        answer = await self.inference.infer(name, model, read, decode, encode, request_peer(scope))
+        answer = await self.inference.infer(
+            name,
+            model,
+            read,
+            decode,
+            encode,
+            request_peer(scope),
+            "HTTP",
+            headers.get(b"traceparent"),
+        )
         if answer is None:
             return
         payload, json_length = answer.payload

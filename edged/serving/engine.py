@@ -351,6 +351,7 @@ class ModelWorker(SessionSwitching):
                 live.append(item)
         if not live:
             return
+        compute_start = time.perf_counter()
         feeds = (
             live[0].feeds
             if len(live) == 1
@@ -387,6 +388,9 @@ class ModelWorker(SessionSwitching):
                 item.done(None, error, None)
             return
         self.batches_run += 1
+        ran = self._running.candidate if self._running is not None else None
+        first = next(iter(feeds.values()), None)
+        samples = first.shape[0] if first is not None and first.ndim else 1
         offset = 0
         for item in live:
             n = next(iter(item.feeds.values())).shape[0] if len(live) > 1 else 0
@@ -396,7 +400,18 @@ class ModelWorker(SessionSwitching):
                 else {k: v[offset : offset + n] for k, v in outputs.items()}
             )
             offset += n
-            item.done(result, None, Timing(start - item.enqueued, end - start, len(live)))
+            timing = Timing(
+                start - item.enqueued,
+                end - start,
+                len(live),
+                compute_start,
+                start,
+                end,
+                time.perf_counter(),
+                samples,
+                ran,
+            )
+            item.done(result, None, timing)
         if self.recorder is not None:  # after the replies: they do not wait for bookkeeping
             for item in live:
                 self.recorder.record(

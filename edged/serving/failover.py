@@ -18,6 +18,7 @@ import numpy as np
 
 from backends.base import Candidate, Session
 from backends.errors import BackendError, InputError
+from edged.logs import event
 from edged.serving.requests import Fallbacks
 
 log = logging.getLogger("edged.serving.engine")
@@ -101,15 +102,33 @@ class SessionSwitching:
             elif self._next_session is not None:
                 replacement = self._next_session(usable)
             if replacement is None:
-                log.error("%s: %s; no other verified backend to fail over to", self.name, reason)
+                event(
+                    log,
+                    "failover_impossible",
+                    "%s: %s; no other verified backend to fail over to",
+                    self.name,
+                    reason,
+                    level=logging.ERROR,
+                    model=self.name,
+                    backend=failed.candidate.key,
+                    reason=reason,
+                )
                 return False
-            log.warning(
+            event(
+                log,
+                "failover",
                 "%s: %s; failing over from %s to %s%s",
                 self.name,
                 reason,
                 failed.candidate.key,
                 replacement.candidate.key,
                 " (the warm standby)" if warm else "",
+                level=logging.WARNING,
+                model=self.name,
+                backend=replacement.candidate.key,
+                failed_backend=failed.candidate.key,
+                reason=reason,
+                standby=warm,
             )
             self.last_error = reason
             self.failovers += 1

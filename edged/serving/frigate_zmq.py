@@ -271,7 +271,7 @@ class FrigateZmq:
             return frigate_rows(dets).tobytes()
 
         peer = Peer("zmq", None, True, "frigate")
-        answer = await inference.infer(name, model, receive, decode, encode, peer)
+        answer = await inference.infer(name, model, receive, decode, encode, peer, "ZMQ")
         if answer is None:
             return None, None
         return [REPLY_HEADER, answer.payload], answer.sent

@@ -103,6 +103,11 @@ _MESSAGES = {
     "CudaSharedMemoryRegisterResponse": "",
     "CudaSharedMemoryUnregisterRequest": "1 name string",
     "CudaSharedMemoryUnregisterResponse": "",
+    # The trace extension's settings (a map of name -> list of strings; empty: clear).
+    "TraceSettingRequest": "1 settings map<TraceSettingRequest.SettingValue>, 2 model_name string",
+    "TraceSettingRequest.SettingValue": "1 value *string",
+    "TraceSettingResponse": "1 settings map<TraceSettingResponse.SettingValue>",
+    "TraceSettingResponse.SettingValue": "1 value *string",
     # Triton's model configuration (its model_config.proto), the part edged fills in.
     "ModelConfig": "1 name string, 2 platform string, 17 backend string, "
     "4 max_batch_size int32, 5 input *ModelInput, 6 output *ModelOutput, "
@@ -215,3 +220,5 @@ CudaSharedMemoryRegisterRequest = MESSAGES["CudaSharedMemoryRegisterRequest"]
 CudaSharedMemoryRegisterResponse = MESSAGES["CudaSharedMemoryRegisterResponse"]
 CudaSharedMemoryUnregisterRequest = MESSAGES["CudaSharedMemoryUnregisterRequest"]
 CudaSharedMemoryUnregisterResponse = MESSAGES["CudaSharedMemoryUnregisterResponse"]
+TraceSettingRequest = MESSAGES["TraceSettingRequest"]
+TraceSettingResponse = MESSAGES["TraceSettingResponse"]

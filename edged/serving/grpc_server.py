@@ -64,6 +64,8 @@ from edged.serving.grpc_messages import (
     SystemSharedMemoryStatusResponse,
     SystemSharedMemoryUnregisterRequest,
     SystemSharedMemoryUnregisterResponse,
+    TraceSettingRequest,
+    TraceSettingResponse,
 )
 from edged.serving.inference import (
     VERSION,
@@ -79,6 +81,7 @@ from edged.serving.protocol import (
 )
 from edged.serving.responses import tensor_metadata
 from edged.serving.shared_memory import SharedMemory
+from edged.tracing.settings import TraceSettingError
 
 log = logging.getLogger("edged.serving.grpc")
 
@@ -126,7 +129,6 @@ def status_code(exc: RequestError) -> grpc.StatusCode:
 # (Repository load/unload and system shared memory are served; off by config, they answer
 # PERMISSION_DENIED saying which [server] key turns them on.)
 _NOT_SERVED = {
-    "TraceSetting": "trace settings are not served (no trace extension)",
     "LogSettings": "log settings are not served (no logging extension; [server] log_level)",
 }
 
@@ -244,13 +246,41 @@ class Service:
         shm.cuda_unregister(request.name)
         return CudaSharedMemoryUnregisterResponse()
 
+    async def TraceSetting(self, request: Message, context) -> Message:
+        """The trace extension (as HTTP's /v2[/models/{m}]/trace/setting): an empty value
+        list clears a model's own setting; a change only from this machine."""
+        inference = self.inference
+        model = inference.model(request.model_name).name if request.model_name else None
+        if request.settings:
+            inference.control_peer(self.peer(context), "changing trace settings")
+            changes = {
+                key: (
+                    None if not v.value else list(v.value) if key == "trace_level" else v.value[0]
+                )
+                for key, v in request.settings.items()
+            }
+            try:
+                answer = inference.tracer.update(model, changes)
+            except TraceSettingError as exc:
+                raise RequestError(400, str(exc)) from None
+        else:
+            answer = inference.tracer.response(model)
+        return TraceSettingResponse(
+            settings={
+                key: {"value": value if isinstance(value, list) else [value]}
+                for key, value in answer.items()
+            }
+        )
+
     async def ModelInfer(self, request: Message, context) -> bytes:
-        answer = await self._infer(request, context.time_remaining(), self.peer(context))
+        answer = await self._infer(
+            request, context.time_remaining(), self.peer(context), traceparent(context)
+        )
         answer.sent()  # counted as answered here: grpcio sends it when the handler returns
         return answer.payload
 
     async def _infer(
-        self, request: Message, remaining_s: float | None, peer: Peer
+        self, request: Message, remaining_s: float | None, peer: Peer, parent: str | None = None
     ) -> Answer[bytes]:
         inference = self.inference
         name = request.model_name
@@ -273,6 +303,8 @@ class Service:
             decode,
             encode,
             peer,
+            "GRPC",
+            parent,
         )
         assert answer is not None  # receive never gives up
         return answer
@@ -294,11 +326,14 @@ class Service:
         slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         running: set[asyncio.Task] = set()
         peer = self.peer(context)
+        parent = traceparent(context)  # the stream's: each request on it continues it
         idle: list[str] = []
 
         async def one(raw: bytes) -> None:
             try:
-                answer = await self._infer(parse_message(ModelInferRequest, raw), None, peer)
+                answer = await self._infer(
+                    parse_message(ModelInferRequest, raw), None, peer, parent
+                )
             except RequestError as exc:
                 payload = ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
             except Exception as exc:  # never leave the stream waiting for this answer
@@ -369,6 +404,7 @@ class Service:
             "CudaSharedMemoryStatus": CudaSharedMemoryStatusRequest,
             "CudaSharedMemoryRegister": CudaSharedMemoryRegisterRequest,
             "CudaSharedMemoryUnregister": CudaSharedMemoryUnregisterRequest,
+            "TraceSetting": TraceSettingRequest,
             "ModelInfer": ModelInferRequest,
         }
         methods = {
@@ -379,6 +415,14 @@ class Service:
         for rpc, why in _NOT_SERVED.items():
             methods[rpc] = grpc.unary_unary_rpc_method_handler(_not_served(why))
         return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+
+def traceparent(context) -> str | None:
+    """The caller's W3C traceparent from the call's metadata (edged.tracing reads it)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            return value
+    return None
 
 
 def _unary(

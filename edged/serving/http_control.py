@@ -13,6 +13,7 @@ from typing import Any
 from edged.serving.http_io import JSON, read_body, request_peer, send_body, send_json
 from edged.serving.inference import ClientGone, Inference
 from edged.serving.inference import RequestError as HttpError
+from edged.tracing.settings import TraceSettingError
 
 # The largest body of a control route (shared-memory register, repository index, load with
 # a [[models]] table, unload): a JSON object of a few fields, decoded on the event loop.
@@ -69,6 +70,31 @@ class ControlRoutes:
             raise HttpError(405, f"{method} {path} is not supported")
         else:
             raise HttpError(404, f"no route {path}")
+
+    async def _trace_setting(self, scope, receive, send, method: str, path: str) -> None:
+        """The trace extension: GET or POST /v2[/models/{m}]/trace/setting (Triton's JSON:
+        every value a string, trace_level a list; null clears a model's own value). Reading
+        is open to every client; a change only from this machine, as the other control
+        routes (it decides what the daemon writes to disk)."""
+        parts = [p for p in path.split("/") if p]
+        model = None
+        if len(parts) == 5 and parts[:2] == ["v2", "models"] and parts[3:] == ["trace", "setting"]:
+            model = self.inference.model(parts[2]).name
+        elif parts != ["v2", "trace", "setting"]:
+            raise HttpError(404, f"no route {path}")
+        tracer = self.inference.tracer
+        if method in ("GET", "HEAD"):
+            await send_json(send, 200, tracer.response(model))
+        elif method == "POST":
+            self.inference.control_peer(request_peer(scope), "changing trace settings")
+            doc = await self._json_body(scope, receive)
+            try:
+                answer = tracer.update(model, doc)
+            except TraceSettingError as exc:
+                raise HttpError(400, str(exc)) from None
+            await send_json(send, 200, answer)
+        else:
+            raise HttpError(405, f"{method} {path} is not supported")
 
     async def _cuda_shared_memory(self, send, op: tuple[str, str], region: str, path: str) -> None:
         """/v2/cudasharedmemory[/region/{name}]/<op> as a Triton without GPUs answers."""

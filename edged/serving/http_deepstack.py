@@ -192,7 +192,10 @@ class DeepStackRoutes:
                 "predictions": deepstack_predictions(dets, labels, width, height),
             }
 
-        answer = await inference.infer(name, model, read, decode, encode, request_peer(scope))
+        traceparent = dict(scope["headers"]).get(b"traceparent")
+        answer = await inference.infer(
+            name, model, read, decode, encode, request_peer(scope), "HTTP", traceparent
+        )
         if answer is None:
             return None
         return answer.payload, answer

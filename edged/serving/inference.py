@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 from backends.errors import BackendError, InputError
+from edged.logs import Throttle, event
 from edged.serving.errors import RequestError
 from edged.serving.metrics import ServingMetrics
 from edged.serving.models import ServedModel
 from edged.serving.peers import Peer
 from edged.serving.pictures import detections_output, tensors_of
-from edged.serving.protocol import InferRequest, ProtocolError
+from edged.serving.protocol import NAMES, VERSION, InferRequest, ProtocolError
 from edged.serving.requests import EngineError, Timing
+from edged.serving.statistics import Statistics
+from edged.tracing.record import Trace
+from edged.tracing.settings import TraceConfig
+from edged.tracing.tracer import Tracer
 
 if TYPE_CHECKING:
     from edged.serving.shared_memory import SharedMemory
@@ -31,12 +38,15 @@ if TYPE_CHECKING:
 # binary tensor extension (gRPC: raw_input_contents/raw_output_contents), the repository's
 # read side (metadata, config, index; load and unload only with [server] model_control =
 # "explicit", then listed as "model_repository") and the statistics extension (HTTP
-# /v2/models[/{m}]/stats, gRPC ModelStatistics). `Inference.extensions()` is the list
+# /v2/models[/{m}]/stats, gRPC ModelStatistics) and the trace extension (settings on HTTP
+# /v2[/models/{m}]/trace/setting and gRPC TraceSetting). `Inference.extensions()` is the list
 # served, with "system_shared_memory" when [server] allow_shared_memory is on.
-EXTENSIONS = ["binary_tensor_data", "model_repository(metadata only)", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "model_repository(metadata only)", "statistics", "trace"]
+# Answers that refuse a request for want of room or time (logged, rate-limited).
+REFUSALS = {429: "rate limited", 503: "queue full or not serving", 504: "deadline passed"}
 UNKNOWN_MODEL = "_unknown"  # the model label of requests for names that are not configured
-VERSION = "1"  # each model serves one version; its name in the protocol
 
+log = logging.getLogger("edged.serving")
 T = TypeVar("T")
 
 
@@ -83,6 +93,7 @@ class Inference:
         shared_memory: SharedMemory | None = None,
         control: ModelControl | None = None,
         tcp_control: bool = False,
+        tracer: Tracer | None = None,
     ) -> None:
         self.models = models  # a callable: reload swaps the mapping atomically
         self.failed = failed or dict
@@ -95,10 +106,12 @@ class Inference:
         self.shared_memory = shared_memory
         self.control = control  # None: [server] model_control = "none"
         self.tcp_control = tcp_control  # [server] tcp_control
+        self.tracer = tracer or Tracer(TraceConfig(), Path("."))  # [trace]; off by default
         # Large decodes (JSON tensor data, long typed value lists) run in a thread, one at a
         # time: they are bound by the GIL, not by cores, so more at once only take it from
         # the event loop more often (and hold more memory).
         self._decoding = asyncio.Lock()
+        self._refusals = Throttle(10.0)
 
     def extensions(self) -> list[str]:
         """The extensions really served (server metadata, HTTP and gRPC)."""
@@ -144,6 +157,8 @@ class Inference:
         decode: Callable[[Any, ServedModel], Awaitable[InferRequest]],
         encode: Callable[[InferRequest, Mapping[str, np.ndarray]], Awaitable[T]],
         peer: Peer,
+        transport: str = "HTTP",
+        traceparent: str | bytes | None = None,
     ) -> Answer[T] | None:
         """One request: `model()` finds the served model (raising RequestError), admission
         (a full queue or a model that is not serving is refused before `receive` reads the
@@ -151,8 +166,10 @@ class Inference:
         deadline), `encode`. Every failure leaves as a RequestError with its status, counted;
         the answer is counted when the front end has sent it (`Answer.sent`). None when
         `receive` raised ClientGone: there is nothing to send. `peer`: the client, whose own
-        regions tensors in shared memory must name (`control`)."""
+        regions tensors in shared memory must name (`control`). `transport` and the caller's
+        `traceparent` are for the trace (edged.tracing), when this request is traced."""
         start = time.perf_counter()
+        trace = self.tracer.start(name, transport, traceparent)
         code = 200
         served = None
         request: InferRequest | None = None
@@ -166,6 +183,8 @@ class Inference:
                 received = await receive(served)
                 decoding = time.perf_counter()
                 request = await decode(received, served)
+                if trace is not None:
+                    trace.received(start, decoding, request.id)
                 if request.frames or any(a.dtype == object for a in request.inputs.values()):
                     # Pictures (BYTES inputs, raw frames) decoded and fitted off the event
                     # loop, on the housekeeping CPUs its threads run on, never the inference
@@ -185,7 +204,11 @@ class Inference:
             # With inputs in shared memory the engine gets its own dict of them, so this
             # request's can be emptied when it ends (see `finally`).
             feeds = dict(request.inputs) if request.shm_inputs else request.inputs
+            if trace is not None:
+                trace.queued(time.perf_counter(), feeds, NAMES)
             outputs, timing = await worker.infer(feeds, request.timeout_ms)
+            if trace is not None:
+                trace.ran(timing, served.selection.model.path.name, outputs, NAMES)
             samples = _samples(request) if worker.batchable else 1
             if request.postprocess:  # decoded off the event loop, as pictures are
                 outputs = await self.offload(
@@ -197,6 +220,8 @@ class Inference:
                 request.shm_results = shm.write_outputs(peer, request.shm_outputs, outputs)
             payload = await encode(request, outputs)
             output_s = time.perf_counter() - encoding
+            if trace is not None:
+                trace.sending(encoding + output_s)
         except ClientGone as exc:
             code = exc.code
             return None
@@ -226,7 +251,34 @@ class Inference:
                 self.metrics.count(label, str(code))
                 if served is not None:
                     self.stats.failed(name, time.perf_counter() - start)
-        return Answer(self, name, payload, start, timing, input_s, output_s, samples)
+                if code in REFUSALS:
+                    self._refused(label, code, trace)
+                if trace is not None:
+                    trace.status = code
+                    trace.sent(time.perf_counter())
+                    self.tracer.finish(trace)
+        return Answer(self, name, payload, start, timing, input_s, output_s, samples, trace)
+
+    def _refused(self, model: str, code: int, trace: Trace | None) -> None:
+        """A request refused or timed out: one event per model and code every 10 s, with
+        how many there were (a flood must not flood the log)."""
+        count = self._refusals.due((model, code))
+        if count is not None:
+            parent = trace.parent if trace is not None else None
+            event(
+                log,
+                "refused",
+                "model %s: %d request(s) answered %d (%s) since the last such line",
+                model,
+                count,
+                code,
+                REFUSALS[code],
+                level=logging.WARNING,
+                model=model,
+                status=code,
+                count=count,
+                trace_id=parent.trace_id if parent is not None else None,
+            )
 
     def _read_shared_memory(self, peer: Peer, request: InferRequest) -> None:
         """The request's shared-memory inputs, read from the caller's regions, beside the
@@ -337,138 +389,16 @@ class Answer(Generic[T]):
     input_s: float
     output_s: float
     samples: int
+    trace: Trace | None = None
 
     def sent(self) -> None:
-        total = time.perf_counter() - self.start
+        now = time.perf_counter()
+        total = now - self.start
+        if self.trace is not None:
+            self.trace.sent(now)
+            self.inference.tracer.finish(self.trace)
         timing = self.timing
         metrics = self.inference.metrics
         metrics.count(self.name, "200")
         metrics.observe(self.name, timing.queue_s, timing.compute_s, total, timing.batch_size)
         self.inference.stats.succeeded(self.name, self, total)
-
-
-# -- the statistics extension -----------------------------------------------------------------
-
-
-@dataclass
-class Duration:
-    """Triton's StatisticDuration: how many, and their nanoseconds together."""
-
-    count: int = 0
-    ns: int = 0
-
-    def add(self, seconds: float, count: int = 1) -> None:
-        self.count += count
-        self.ns += int(seconds * 1e9)
-
-    def to_dict(self) -> dict[str, int]:
-        return {"count": self.count, "ns": self.ns}
-
-
-@dataclass
-class _Batches:
-    """Executions of one batch size (in requests), built from the requests that ran in them:
-    each of a batch of b reports the batch's compute time, and counts 1/b of the execution."""
-
-    executions: float = 0.0
-    input_ns: int = 0
-    infer_ns: float = 0.0
-    output_ns: int = 0
-
-
-@dataclass
-class ModelStatistics:
-    """What Triton's statistics extension reports per model version, from what edged
-    measures (all on the event loop: no lock). The phases:
-
-    - queue: from the request's submission to its batch starting (the engine's queue time);
-    - compute_input: decoding the request's tensors and checking them against the model
-      (edged's equivalent of preparing a backend's inputs; the runtime's own input copy is
-      inside its run and so in compute_infer);
-    - compute_infer: the batch's run on the backend (the engine's compute time), inputs
-      concatenated and outputs split included;
-    - compute_output: encoding the outputs into the response;
-    - success / fail: whole requests, from arrival to their answer (failures: of a model
-      that exists, as Triton counts them);
-    - cache_hit / cache_miss: always zero (edged has no response cache).
-
-    execution_count and batch_stats are derived from the requests (see _Batches); their
-    batch size is the number of requests run together. Counts start when the daemon does
-    (a reload that replaces the model keeps them: they are the model's, not the version's)."""
-
-    success: Duration = field(default_factory=Duration)
-    fail: Duration = field(default_factory=Duration)
-    queue: Duration = field(default_factory=Duration)
-    compute_input: Duration = field(default_factory=Duration)
-    compute_infer: Duration = field(default_factory=Duration)
-    compute_output: Duration = field(default_factory=Duration)
-    inference_count: int = 0
-    last_inference_ms: int = 0
-    batches: dict[int, _Batches] = field(default_factory=dict)
-
-    def to_dict(self, name: str) -> dict[str, Any]:
-        zero = Duration().to_dict()
-        batches = sorted(self.batches.items())
-        return {
-            "name": name,
-            "version": VERSION,
-            "last_inference": self.last_inference_ms,
-            "inference_count": self.inference_count,
-            "execution_count": sum(round(b.executions) for _, b in batches),
-            "inference_stats": {
-                "success": self.success.to_dict(),
-                "fail": self.fail.to_dict(),
-                "queue": self.queue.to_dict(),
-                "compute_input": self.compute_input.to_dict(),
-                "compute_infer": self.compute_infer.to_dict(),
-                "compute_output": self.compute_output.to_dict(),
-                "cache_hit": zero,
-                "cache_miss": zero,
-            },
-            "batch_stats": [
-                {
-                    "batch_size": size,
-                    "compute_input": {"count": round(b.executions), "ns": b.input_ns},
-                    "compute_infer": {"count": round(b.executions), "ns": int(b.infer_ns)},
-                    "compute_output": {"count": round(b.executions), "ns": b.output_ns},
-                }
-                for size, b in batches
-            ],
-            "memory_usage": [],
-        }
-
-
-class Statistics:
-    def __init__(self) -> None:
-        self._models: dict[str, ModelStatistics] = {}
-
-    def model(self, name: str) -> ModelStatistics:
-        stats = self._models.get(name)
-        if stats is None:
-            stats = self._models[name] = ModelStatistics()
-        return stats
-
-    def succeeded(self, name: str, answer: Answer, total_s: float) -> None:
-        stats = self.model(name)
-        timing = answer.timing
-        input_ns, output_ns = int(answer.input_s * 1e9), int(answer.output_s * 1e9)
-        stats.success.add(total_s)
-        stats.queue.add(timing.queue_s)
-        stats.compute_input.ns += input_ns
-        stats.compute_input.count += 1
-        stats.compute_infer.add(timing.compute_s)
-        stats.compute_output.ns += output_ns
-        stats.compute_output.count += 1
-        stats.inference_count += answer.samples
-        stats.last_inference_ms = int(time.time() * 1000)
-        size = max(1, timing.batch_size)
-        batch = stats.batches.get(size)
-        if batch is None:
-            batch = stats.batches[size] = _Batches()
-        batch.executions += 1 / size
-        batch.input_ns += input_ns
-        batch.infer_ns += timing.compute_s * 1e9 / size
-        batch.output_ns += output_ns
-
-    def failed(self, name: str, total_s: float) -> None:
-        self.model(name).fail.add(total_s)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.config import Config, ModelConfig
+from edged.logs import event
 from edged.serving.models import ServedModel, load_model
 from edged.serving.pictures import pictures_of
 from sysconf.hardware import HardwareFacts
@@ -94,14 +95,25 @@ def load_models(
             served.serves_as = mc.serves_as
         except Exception as exc:  # any failure: this model is not served, others are
             reason = str(exc) or exc.__class__.__name__
-            log.error("model %s: not loaded: %s", mc.name, reason)
+            event(
+                log,
+                "load_failed",
+                "model %s: not loaded: %s",
+                mc.name,
+                reason,
+                level=logging.ERROR,
+                model=mc.name,
+                reason=reason,
+            )
             failed[mc.name] = reason
             if old is not None:
                 models[mc.name] = old
             continue
         sel = served.selection.selected
         assert sel is not None  # a loaded model has its pick
-        log.info(
+        event(
+            log,
+            "selection",
             "model %s: %s on %s:%s (%s) p99 %.3f ms, %s in %.2f s",
             mc.name,
             served.selection.model.name,
@@ -111,6 +123,14 @@ def load_models(
             sel.latency.p99_ms if sel.latency else float("nan"),
             "cached selection" if served.selection.from_cache else "measured",
             time.perf_counter() - start,
+            model=mc.name,
+            variant=served.selection.model.name,
+            backend=sel.candidate.key,
+            precision=sel.precision,
+            quantized=served.selection.model.precision not in ("fp32", "fp16", "bf16"),
+            p99_ms=round(sel.latency.p99_ms, 3) if sel.latency else None,
+            from_cache=served.selection.from_cache,
+            why=served.selection.why or None,
         )
         if served.selection.why:
             log.info("model %s: %s", mc.name, served.selection.why)

@@ -21,6 +21,8 @@ import orjson
 from backends.tensors import TensorSpec
 from edged.serving import bytes_tensors
 
+VERSION = "1"  # each model serves one version; its name in the protocol
+
 # OIP datatype <-> numpy dtype (little-endian, as the extension specifies).
 DATATYPES = {
     "BOOL": np.dtype("bool"),

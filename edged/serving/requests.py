@@ -33,7 +33,15 @@ class NotServing(EngineError):
 class Timing:
     queue_s: float
     compute_s: float
-    batch_size: int
+    batch_size: int  # requests in the batch
+    # For traces (perf_counter values): the batch's compute began (before its inputs were
+    # stacked), its inputs were ready, the backend returned, this request's outputs were cut.
+    compute_start: float = 0.0
+    input_end: float = 0.0
+    output_start: float = 0.0
+    compute_end: float = 0.0
+    samples: int = 0  # samples in the batch (its batch dim)
+    ran: Candidate | None = None  # the backend that ran it (the standby after a fail-over)
 
 
 # Picks the next verified backend's session; the argument, when given, says which candidates

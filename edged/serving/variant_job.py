@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from edged.logs import event
+
 if TYPE_CHECKING:
     from edged.config import Config
     from edged.selection.decision import Selection
@@ -148,15 +150,30 @@ class VariantJob:
         self.duration_s = round(time.perf_counter() - start, 2)
         self.state, self.error = state, error
         if error:
-            log.error("model %s: making variants failed: %s", self.model, error)
+            event(
+                log,
+                "variants_failed",
+                "model %s: making variants failed: %s",
+                self.model,
+                error,
+                level=logging.ERROR,
+                model=self.model,
+                reason=error,
+            )
         elif state == "done":
             peak = self.report.get("peak_rss_bytes") or 0
-            log.info(
+            event(
+                log,
+                "variants_done",
                 "model %s: variants done in %.1f s (peak %.0f MiB): %s",
                 self.model,
                 self.duration_s,
                 peak / 2**20,
                 self.result,
+                model=self.model,
+                duration_s=self.duration_s,
+                peak_rss_bytes=peak,
+                result=self.result,
             )
 
 

@@ -28,19 +28,23 @@ PACKAGES = ("sysconf", "backends", "edged")
 # package -> the packages it must never import
 FORBIDDEN = {"sysconf": ("backends", "edged"), "backends": ("edged",)}
 # Inside edged/, bottom to top: each part imports only parts below it (and sysconf, backends).
+# logs formats the daemon's log records (text, JSON, journal) and its decision events;
 # vision decodes pictures and detections (numpy only);
 # selection measures; quantize makes variants and gates them with selection's accuracy;
-# telemetry records latency and publishes (its settings are its own); config composes every
+# telemetry records latency and publishes (its settings are its own); tracing records and
+# writes request traces; config composes every
 # part's settings from the TOML file and checks them; serving runs models on the front ends;
 # fleet reads what devices publish; then the small single-job modules (repository: the
 # daemon's load/unload of one model, supervision: its watch over what it serves, both parts
 # of the daemon); the daemon wires it all;
 # the CLI may use anything (the daemon never imports the CLI).
 EDGED_ORDER = (
+    "logs",
     "vision",
     "selection",
     "quantize",
     "telemetry",
+    "tracing",
     "config",
     "serving",
     "fleet",

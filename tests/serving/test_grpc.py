@@ -496,6 +496,7 @@ def test_messages_match_tritonclients() -> None:
         "CudaSharedMemoryStatus",
         "CudaSharedMemoryRegister",
         "CudaSharedMemoryUnregister",
+        "TraceSetting",
     }
     assert {m.name for m in service.methods} == handled
 

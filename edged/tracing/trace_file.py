@@ -1,0 +1,87 @@
+"""Triton's JSON trace file: a list with, per trace, an entry naming its model, one entry
+per timestamp and one per tensor (level TENSORS), as `docs/user_guide/trace.md` of Triton
+shows and its trace_summary.py reads.
+
+When it is written, as Triton does: with log_frequency 0, all traces at shutdown to the
+file itself; with log_frequency N, every N traces to `<file>.0`, `<file>.1`, ...; and when
+trace_count runs out, what is collected goes to the next indexed file. The writes happen on
+one background thread: never on the event loop that finished the request."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from edged.tracing.record import Trace
+
+log = logging.getLogger("edged.tracing")
+
+
+def entries(trace: Trace) -> list[dict[str, Any]]:
+    """One trace's entries in Triton's format."""
+    head: dict[str, Any] = {
+        "id": trace.id,
+        "model_name": trace.model,
+        "model_version": int(trace.model_version) if trace.model_version.isdigit() else 1,
+    }
+    if trace.request_id:
+        head["request_id"] = trace.request_id
+    if trace.parent is not None:
+        head["traceparent"] = trace.parent.header  # edged's addition: the caller's trace
+    out = [head]
+    out += [
+        {"id": trace.id, "timestamps": [{"name": n, "ns": Trace.ns(t)}]}
+        for n, t in trace.timestamps
+    ]
+    out += [{"id": trace.id, **tensor} for tensor in trace.tensors]
+    return out
+
+
+class TraceFile:
+    def __init__(self, path: Path):
+        self.path = path
+        self._pending: list[Trace] = []
+        self._index = 0
+        self._lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-trace-file")
+
+    def add(self, trace: Trace, log_frequency: int, last: bool) -> None:
+        """A finished trace; `last`: trace_count ran out with it (write what is collected)."""
+        with self._lock:
+            self._pending.append(trace)
+            if not (last or (log_frequency and len(self._pending) >= log_frequency)):
+                return
+            batch, self._pending = self._pending, []
+            target = self.path.with_name(f"{self.path.name}.{self._index}")
+            self._index += 1
+        self._writer.submit(self._write, target, batch)
+
+    def close(self) -> None:
+        """At shutdown: what is left goes to the file itself (or the next indexed one when
+        indexed files were written), and the writer thread ends."""
+        with self._lock:
+            batch, self._pending = self._pending, []
+            target = (
+                self.path
+                if self._index == 0
+                else self.path.with_name(f"{self.path.name}.{self._index}")
+            )
+        if batch:
+            self._writer.submit(self._write, target, batch)
+        self._writer.shutdown(wait=True)
+
+    @staticmethod
+    def _write(target: Path, traces: list[Trace]) -> None:
+        doc = [entry for trace in traces for entry in entries(trace)]
+        tmp = target.with_name(target.name + ".tmp")
+        try:
+            with open(tmp, "w") as f:
+                json.dump(doc, f, separators=(",", ":"))
+            os.replace(tmp, target)
+        except OSError as exc:
+            log.error("trace file %s not written (%d traces lost): %s", target, len(traces), exc)
