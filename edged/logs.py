@@ -144,7 +144,6 @@ class JournalHandler(logging.Handler):
         super().__init__()
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * 1024 * 1024)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

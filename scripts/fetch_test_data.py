@@ -47,6 +47,7 @@ import io
 import json
 import lzma
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -176,6 +177,46 @@ KERNEL_DEB_ARMHF = {
     "dtb_prefix": "./usr/lib/linux-image-6.1.0-50-armmp/",
     "dest": "linux-6.1.176-armhf",
 }
+
+# Programs the tests run that Debian packages but that must not be installed as services
+# (apt-get install would enable a Prometheus server and a journal-remote socket on the
+# machine): downloaded under the private apt state, sha256-pinned, and their files unpacked
+# into <cache>/tools/<dest>/. amd64 only (on other hosts the tests that need them skip and
+# say so). Prometheus and promtool: the dashboards' queries against a real server;
+# systemd-journal-remote (with its libmicrohttpd): the journal test writes a real journal
+# file, which journalctl then filters.
+TOOL_DEBS = [
+    {
+        "package": "prometheus",
+        "version": "2.42.0+ds-5+deb12u1",
+        "arch": "amd64",
+        "suite": "bookworm",
+        "filename": "prometheus_2.42.0+ds-5+deb12u1_amd64.deb",
+        "sha256": "81d59a24fce84f7fbe97a45a4f2914b6a5881b5cd1db2a6a0e129e515e1a5f55",
+        "files": "./usr/bin/prometheus ./usr/bin/promtool",
+        "dest": "prometheus",
+    },
+    {
+        "package": "systemd-journal-remote",
+        "version": "252.39-1~deb12u2",
+        "arch": "amd64",
+        "suite": "bookworm",
+        "filename": "systemd-journal-remote_252.39-1~deb12u2_amd64.deb",
+        "sha256": "803ed931f664d6985eec286699ff415c6b867fe27b7ed7de15097d1358155baa",
+        "files": "./lib/systemd/systemd-journal-remote",
+        "dest": "journal-remote",
+    },
+    {
+        "package": "libmicrohttpd12",
+        "version": "0.9.75-6",
+        "arch": "amd64",
+        "suite": "bookworm",
+        "filename": "libmicrohttpd12_0.9.75-6_amd64.deb",
+        "sha256": "bc48c3d32cfb9b188e3bdd080554143ec6253ea68dc2d7f239aa32d27a6aa792",
+        "files": "./usr/lib/x86_64-linux-gnu/libmicrohttpd.so.12.60.0=libmicrohttpd.so.12",
+        "dest": "journal-remote",
+    },
+]
 
 # INT8 QDQ variants: (source model, output, calibration input shape, preprocessing,
 # reduce_range). The stamp beside each holds the source's sha256 and its recipe name: a
@@ -582,6 +623,41 @@ def fetch_dtbs(root: Path, kernel: dict[str, str] = KERNEL_DEB) -> None:
     log(f"extracted {count} .dtb files into {dest}")
 
 
+def tools_dir() -> Path:
+    return cache_dir() / "tools"
+
+
+def fetch_tools(root: Path, debs: list[dict[str, str]] = TOOL_DEBS) -> None:
+    """TOOL_DEBS' files unpacked into <root>/tools/<dest>/ (each deb once: a stamp holds
+    its sha256)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        log(f"tools: pinned for amd64; skipped on {platform.machine()} (their tests skip)")
+        return
+    for deb in debs:
+        dest = root / "tools" / deb["dest"]
+        stamp = dest / f".{deb['package']}.sha256"
+        if stamp.exists() and stamp.read_text().strip() == deb["sha256"]:
+            continue
+        path = fetch_kernel_deb(root, deb)
+        dest.mkdir(parents=True, exist_ok=True)
+        wanted = {}  # member -> file name ("member=name" renames it)
+        for item in deb["files"].split():
+            member, _, name = item.partition("=")
+            wanted[member] = name or Path(member).name
+        with _deb_data_tar(path) as tar:
+            for info in tar.getmembers():
+                if info.name in wanted and info.isfile():
+                    out = dest / wanted.pop(info.name)
+                    extracted = tar.extractfile(info)
+                    assert extracted is not None
+                    out.write_bytes(extracted.read())
+                    out.chmod(0o755)
+        if wanted:
+            raise FetchError(f"{path}: missing {', '.join(sorted(wanted))}")
+        stamp.write_text(deb["sha256"] + "\n")
+        log(f"tools: {deb['package']} {deb['version']} unpacked into {dest}")
+
+
 def _calibration_images(shape: tuple[int, ...], count: int, seed: int):
     """Text-like calibration images (the OCR models were trained on text; noise would
     calibrate ranges they never see), as float32 NCHW batches of one in [0, 1]."""
@@ -860,7 +936,9 @@ def write_manifest(root: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["models", "images", "dtb"], help="fetch just one kind")
+    parser.add_argument(
+        "--only", choices=["models", "images", "dtb", "tools"], help="fetch just one kind"
+    )
     parser.add_argument("--print-dir", action="store_true", help="print the cache folder")
     parser.add_argument(
         "--with-armhf",
@@ -885,6 +963,8 @@ def main(argv: list[str] | None = None) -> int:
             fetch_dtbs(root)
             if args.with_armhf:
                 fetch_dtbs(root, KERNEL_DEB_ARMHF)
+        if args.only in (None, "tools"):
+            fetch_tools(root)
         write_manifest(root)
     except (FetchError, OSError) as exc:
         log(f"error: {exc}")

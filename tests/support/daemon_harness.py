@@ -91,7 +91,11 @@ raise SystemExit(main())
 
 class Daemon:
     def __init__(
-        self, config: Path, env: dict[str, str] | None = None, hang_s: float | None = None
+        self,
+        config: Path,
+        env: dict[str, str] | None = None,
+        hang_s: float | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         """`hang_s`: run the daemon with HANG_PRELUDE, onnxruntime hanging that long on a
         request whose first value is HANG_MARK."""
@@ -105,7 +109,7 @@ class Daemon:
             start = ["-c", HANG_PRELUDE]
         self.log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [*python_argv(), *start, "--config", str(config)],
+            [*python_argv(), *start, "--config", str(config), *args],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=full_env,
@@ -114,10 +118,14 @@ class Daemon:
         self.port: int | None = None
 
     def wait_ready(self, timeout: float = 180.0) -> Daemon:
-        try:
-            self.notify.wait_for("READY=1", timeout)
-        except TimeoutError:
-            raise AssertionError(f"daemon not ready; log:\n{self.log_text()}") from None
+        deadline = time.monotonic() + timeout
+        while True:  # in short waits: a daemon that exits is not waited for
+            try:
+                self.notify.wait_for("READY=1", min(1.0, max(0.0, deadline - time.monotonic())))
+                break
+            except TimeoutError:
+                if self.proc.poll() is not None or time.monotonic() >= deadline:
+                    raise AssertionError(f"daemon not ready; log:\n{self.log_text()}") from None
         match = re.search(r"on http://127\.0\.0\.1:(\d+)", self.log_text())
         self.port = int(match.group(1)) if match else None
         return self
