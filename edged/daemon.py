@@ -188,14 +188,9 @@ class Daemon(RepositoryControl, Supervision):
             self.notifier.notify(f"STATUS=cannot listen: {exc}")
             stop_workers(self.models.values(), DRAIN_S)
             return EXIT_FAILED
-        from edged.serving.metrics import IntrusionCollector
+        from edged.serving.device_metrics import register_collectors
 
-        self.metrics.registry.register(
-            IntrusionCollector(
-                lambda: {cpu for m in self.models.values() for cpu in (m.worker.cpus or ())},
-                lambda: {name: m.worker.native_id for name, m in self.models.items()},
-            )
-        )
+        register_collectors(self.metrics.registry, lambda: self.models, lambda: self)
         self.start_telemetry()
         self._server = server = http_server(api, self.config.server, DRAIN_S)
         loop = asyncio.get_running_loop()

@@ -207,6 +207,10 @@ class TelemetryLoop:
         self._summary: dict[str, list[float]] = {}
         self._batches_seen: dict[str, int] = {}
         self._summary_every = max(1, round(SUMMARY_S / interval_s))
+        # For /metrics (edged.serving.device_metrics): the last window's thermal reading and
+        # the latency outliers counted so far, by model and cause.
+        self.last_thermal: dict[str, Any] | None = None
+        self.outliers_total: dict[tuple[str, str], int] = {}
 
     def start(self) -> None:
         if self._sampler is not None:
@@ -252,6 +256,11 @@ class TelemetryLoop:
         self._sink.publish_telemetry(payload)
         self.payloads += 1
         self._summarize(payload["models"])
+        self.last_thermal = payload["thermal"]
+        for name, stats in payload["models"].items():
+            for cause, count in (stats.get("outliers") or {}).items():
+                key = (name, cause)
+                self.outliers_total[key] = self.outliers_total.get(key, 0) + count
         throttling = bool(payload["thermal"].get("throttling"))
         if throttling != self._throttling:
             self._throttling = throttling

@@ -1,0 +1,104 @@
+"""The device's own families on /metrics, beside the request metrics: temperatures and
+throttling, latency outliers by cause, each model's standby, and the telemetry spool's
+backlog, so one Prometheus scrape of a device feeds its dashboard (docs/dashboards/).
+
+Read at scrape time from what the daemon already holds (the telemetry loop's last thermal
+reading and its outlier counts, the publisher's spool figures): a scrape never reads a slow
+sensor on the event loop. Without telemetry, temperatures are read here (sysfs only)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+
+class DeviceCollector:
+    def __init__(
+        self,
+        models: Callable[[], Mapping[str, Any]],
+        telemetry: Callable[[], Any],
+        publisher: Callable[[], Any],
+    ) -> None:
+        self._models = models
+        self._telemetry = telemetry  # the TelemetryLoop, or None
+        self._publisher = publisher  # the MQTT publisher, or None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        loop = self._telemetry()
+        thermal = loop.last_thermal if loop is not None else None
+        if thermal is None:  # telemetry off: read now
+            from sysconf import SysRoot
+            from sysconf.thermal import read_thermal
+
+            thermal = read_thermal(SysRoot()).to_dict()
+        temps = GaugeMetricFamily(
+            "edged_temperature_celsius", "Thermal zone temperature", labels=["zone", "type"]
+        )
+        for zone in thermal.get("zones") or ():
+            if zone.get("temp_c") is not None:
+                temps.add_metric([zone["name"], zone.get("type") or ""], zone["temp_c"])
+        yield temps
+        yield GaugeMetricFamily(
+            "edged_thermal_throttling",
+            "1 while the CPU is held below its maximum by heat",
+            value=1.0 if thermal.get("throttling") else 0.0,
+        )
+        outliers = CounterMetricFamily(
+            "edged_latency_outliers",
+            "Latency outliers on the inference cores, by the cause telemetry attributed",
+            labels=["model", "cause"],
+        )
+        for (model, cause), count in sorted((loop.outliers_total if loop else {}).items()):
+            outliers.add_metric([model, cause], count)
+        yield outliers
+        standby = GaugeMetricFamily(
+            "edged_model_standby", "1 while a warm standby backend is loaded", labels=["model"]
+        )
+        for name, served in sorted(self._models().items()):
+            standby.add_metric([name], 1.0 if served.worker.standby is not None else 0.0)
+        yield standby
+        publisher = self._publisher()
+        if publisher is not None and hasattr(publisher, "spool"):
+            stats = publisher.stats()
+            spool = stats.get("spool") or {}
+            yield GaugeMetricFamily(
+                "edged_telemetry_connected",
+                "1 while the MQTT broker is connected",
+                value=1.0 if stats.get("connected") else 0.0,
+            )
+            yield GaugeMetricFamily(
+                "edged_telemetry_spool_messages",
+                "Telemetry messages spooled, not yet acknowledged by the broker",
+                value=float(spool.get("count") or 0),
+            )
+            yield GaugeMetricFamily(
+                "edged_telemetry_spool_bytes",
+                "Bytes of spooled telemetry",
+                value=float(spool.get("bytes") or 0),
+            )
+            yield CounterMetricFamily(
+                "edged_telemetry_spool_dropped",
+                "Spooled messages dropped to keep the spool in its size or age",
+                value=float(spool.get("dropped_total") or 0),
+            )
+
+
+def register_collectors(
+    registry: Any, models: Callable[[], Mapping[str, Any]], daemon: Any
+) -> None:
+    """The scrape-time families of a running daemon: the inference cores' intrusions
+    (edged.serving.metrics.IntrusionCollector) and the device's (DeviceCollector).
+    `daemon()` gives the object holding `telemetry` and `publisher` (either may be None)."""
+    from edged.serving.metrics import IntrusionCollector
+
+    registry.register(
+        IntrusionCollector(
+            lambda: {cpu for m in models().values() for cpu in (m.worker.cpus or ())},
+            lambda: {name: m.worker.native_id for name, m in models().items()},
+        )
+    )
+    registry.register(
+        DeviceCollector(models, lambda: daemon().telemetry, lambda: daemon().publisher)
+    )
