@@ -23,7 +23,32 @@ def register(sub) -> None:
         help="unix:/run/edged/edged.sock (default, then http://127.0.0.1:8000) or HOST:PORT",
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        type=_positive,
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="live view, redrawn every SECONDS (default 2): per model rate, p50/p99, queue, "
+        "outliers by cause, temperature and a latency histogram (Ctrl-C stops)",
+    )
+    status.add_argument(
+        "--count", type=int, default=None, metavar="N", help="with --watch: stop after N views"
+    )
     status.set_defaults(func=cmd_status)
+
+
+def _positive(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be from 0.1 to 3600 seconds, got {text}")
+    return value
 
 
 def cmd_status(args) -> int:
@@ -34,6 +59,18 @@ def cmd_status(args) -> int:
     addresses = [args.address] if args.address else ["unix:/run/edged/edged.sock", "127.0.0.1:8000"]
     errors = []
     for address in addresses:
+        if args.watch is not None:
+            try:
+                with Client(address, timeout=10) as client:
+                    from edged.cli.status_watch import watch
+
+                    watch(client, address, args.watch, args.count, args.json)
+                return EXIT_OK
+            except KeyboardInterrupt:
+                return EXIT_OK
+            except (OSError, EdgedError) as exc:
+                errors.append(f"{address}: {exc}")
+                continue
         try:
             with Client(address, timeout=10) as client:
                 status = client.status()
