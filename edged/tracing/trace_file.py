@@ -21,6 +21,9 @@ from edged.tracing.record import Trace
 
 log = logging.getLogger("edged.tracing")
 
+MAX_PENDING = 10_000  # traces held in memory before they are written whatever the settings
+MAX_PENDING_BYTES = 64 * 2**20
+
 
 def entries(trace: Trace) -> list[dict[str, Any]]:
     """One trace's entries in Triton's format."""
@@ -46,17 +49,35 @@ class TraceFile:
     def __init__(self, path: Path):
         self.path = path
         self._pending: list[Trace] = []
+        self._bytes = 0  # an estimate of what the pending traces hold
+        self._said_full = False
         self._index = 0
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-trace-file")
 
     def add(self, trace: Trace, log_frequency: int, last: bool) -> None:
-        """A finished trace; `last`: trace_count ran out with it (write what is collected)."""
+        """A finished trace; `last`: trace_count ran out with it (write what is collected).
+        Past MAX_PENDING traces or MAX_PENDING_BYTES of them in memory (log_frequency 0 and
+        no count: Triton would hold them all until shutdown) they go to the next indexed
+        file all the same: a daemon left tracing for weeks must not grow without bound."""
         with self._lock:
             self._pending.append(trace)
-            if not (last or (log_frequency and len(self._pending) >= log_frequency)):
+            self._bytes += 64 * len(trace.timestamps) + sum(
+                len(t["tensor"]["data"]) for t in trace.tensors
+            )
+            full = len(self._pending) >= MAX_PENDING or self._bytes >= MAX_PENDING_BYTES
+            if not (last or full or (log_frequency and len(self._pending) >= log_frequency)):
                 return
-            batch, self._pending = self._pending, []
+            if full and not self._said_full:
+                self._said_full = True
+                log.warning(
+                    "%d traces (%d MiB) held for %s: written to indexed files from now on "
+                    "(set [trace] log_frequency or count to choose when)",
+                    len(self._pending),
+                    self._bytes // 2**20,
+                    self.path,
+                )
+            batch, self._pending, self._bytes = self._pending, [], 0
             target = self.path.with_name(f"{self.path.name}.{self._index}")
             self._index += 1
         self._writer.submit(self._write, target, batch)

@@ -196,3 +196,16 @@ def test_trace_table_read(tmp_path: Path) -> None:
     ).trace
     assert config.level == ("TIMESTAMPS", "TENSORS") and config.rate == 2
     assert config.resource == (("a", "1"), ("b", "2"))
+
+
+def test_traces_held_for_the_file_are_bounded(tmp_path: Path, monkeypatch, caplog) -> None:
+    from edged.tracing import trace_file
+
+    monkeypatch.setattr(trace_file, "MAX_PENDING", 3)
+    t = tracer(tmp_path, level=("TIMESTAMPS",), rate=1)  # log_frequency 0: only at shutdown
+    for _ in range(7):
+        finished(t)
+    t.close()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["trace.json.0", "trace.json.1", "trace.json.2"]  # 3, 3, and 1 at close
+    assert caplog.text.count("written to indexed files from now on") == 1
