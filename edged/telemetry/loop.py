@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from edged.logs import event
 from edged.telemetry.sampler import CoreSampler, name_thread
+from edged.telemetry.summary import BatchingSummary
 from sysconf import SysRoot
 from sysconf.intrusions import (
     CounterTable,
@@ -33,7 +33,6 @@ from sysconf.intrusions import (
 )
 from sysconf.thermal import CpuUseSampler, read_system, read_thermal
 
-SUMMARY_S = 60.0  # how often the batching summary is logged
 log = logging.getLogger("edged.telemetry.loop")
 
 INTRUDER_PROBE_S = 0.25  # first preempted window: two task scans this far apart
@@ -202,11 +201,7 @@ class TelemetryLoop:
         self._worker_counts: dict[str, tuple[float, int, int]] = {}
         self._tables: tuple[CounterTable, CounterTable] | None = None
         self.payloads = 0
-        # The batching summary logged every SUMMARY_S: per model, since the last one,
-        # (requests, batches, worst window p99 ms, worst window queue p99 ms).
-        self._summary: dict[str, list[float]] = {}
-        self._batches_seen: dict[str, int] = {}
-        self._summary_every = max(1, round(SUMMARY_S / interval_s))
+        self._summary = BatchingSummary(interval_s)
         # For /metrics (edged.serving.device_metrics): the last window's thermal reading and
         # the latency outliers counted so far, by model and cause.
         self.last_thermal: dict[str, Any] | None = None
@@ -255,7 +250,7 @@ class TelemetryLoop:
             return
         self._sink.publish_telemetry(payload)
         self.payloads += 1
-        self._summarize(payload["models"])
+        self._summary.add(payload["models"], self._models())
         self.last_thermal = payload["thermal"]
         for name, stats in payload["models"].items():
             for cause, count in (stats.get("outliers") or {}).items():
@@ -268,45 +263,6 @@ class TelemetryLoop:
                 "throttling",
                 {"throttling": throttling, "hottest": payload["thermal"].get("hottest")},
             )
-
-    def _summarize(self, models: Mapping[str, Any]) -> None:
-        """Every SUMMARY_S, one event per model that served: its requests, how many ran in a
-        batch on average, and its worst window's p99 and queue-wait p99 (the batching
-        decisions' effect, for the log; the full figures are in telemetry)."""
-        for name, stats in models.items():
-            served = self._models().get(name)
-            batches = getattr(served.worker, "batches_run", 0) if served is not None else 0
-            ran = batches - self._batches_seen.get(name, batches)
-            self._batches_seen[name] = batches
-            acc = self._summary.setdefault(name, [0, 0, 0.0, 0.0])
-            acc[0] += stats.get("count") or 0
-            acc[1] += max(0, ran)
-            acc[2] = max(acc[2], stats.get("p99_ms") or 0.0)
-            acc[3] = max(acc[3], (stats.get("queue") or {}).get("p99_ms") or 0.0)
-        if self.payloads % self._summary_every:
-            return
-        for name, (requests, batches, p99, queue_p99) in sorted(self._summary.items()):
-            if requests:
-                per_batch = requests / batches if batches else 0.0
-                event(
-                    log,
-                    "batching",
-                    "model %s: %d requests in %d batches (%.2f a batch), p99 %.3f ms, "
-                    "queue wait p99 %.3f ms",
-                    name,
-                    requests,
-                    batches,
-                    per_batch,
-                    p99,
-                    queue_p99,
-                    model=name,
-                    requests=int(requests),
-                    batches=int(batches),
-                    requests_per_batch=round(per_batch, 3),
-                    p99_ms=p99,
-                    queue_p99_ms=queue_p99,
-                )
-        self._summary.clear()
 
     def collect(self) -> dict[str, Any]:
         models: dict[str, Any] = {}

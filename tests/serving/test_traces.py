@@ -169,7 +169,12 @@ def test_trace_count_stops_tracing(models_dir: Path, tmp_path: Path) -> None:
             and tensors[0]["tensor"]["dtype"] == "FP32"
         )
         assert len(tensors[1]["tensor"]["data"].split(",")) == 2
-        assert th.InferenceServerClient(daemon.address).get_trace_settings()["trace_count"] == "0"
+        client = th.InferenceServerClient(daemon.address)
+        assert client.get_trace_settings()["trace_count"] == "0"
+        # No tcp_control: reading is open, a change is for the Unix sockets.
+        with pytest.raises(InferenceServerException, match="tcp_control"):
+            client.update_trace_settings(settings={"trace_count": "5"})
+        assert client.get_trace_settings()["trace_count"] == "0"
     finally:
         assert daemon.stop() == 0, daemon.log_text()
     assert not (tmp_path / "state" / "trace.json").exists()  # nothing was left to write
