@@ -15,9 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from edged.serving.statistics import Statistics
 from edged.serving.metrics import TRITON_COUNTERS, triton_metrics_text
 from edged.serving.requests import Timing
+from edged.serving.statistics import Statistics
 from tests.support import REPO
 from tests.support.daemon_harness import (
     OUT,
