@@ -209,3 +209,18 @@ def setup(level: str, fmt: str = "auto") -> str:
     root.addHandler(handler)
     root.setLevel(level.upper())
     return fmt
+
+
+def journal_logger(name: str) -> logging.Logger | None:
+    """For a one-shot command (edgectl apply/revert) run by systemd: a logger straight to the
+    journal, so its changes are events with fields beside its plain stdout; None when
+    stderr is not the journal (a person at a terminal reads the printed report)."""
+    path = os.environ.get("EDGED_JOURNAL_SOCKET", JOURNAL_SOCKET)
+    if not (stderr_is_journal() and os.path.exists(path)):
+        return None
+    logger = logging.getLogger(name)
+    if not any(isinstance(h, JournalHandler) for h in logger.handlers):
+        logger.addHandler(JournalHandler(path))
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    return logger

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from dataclasses import replace
@@ -277,6 +278,8 @@ def cmd_plan_apply(args) -> int:
             )
             code = EXIT_FAILED
     report["notes"] = notes
+    if applying:
+        _tuning_events("tuning_apply", report)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -284,6 +287,53 @@ def cmd_plan_apply(args) -> int:
         for note in notes:
             print(f"note: {note}")
     return code
+
+
+def _tuning_events(kind: str, report: dict[str, Any]) -> None:
+    """Under systemd (edged-tune.service), each change is also a journal event with its
+    fields: `journalctl EVENT=tuning_apply PATH=/proc/irq/24/smp_affinity_list`."""
+    from edged import logs
+
+    logger = logs.journal_logger("edgectl.tuning")
+    if logger is None:
+        return
+    for change in report.get("applied", []):
+        logs.event(
+            logger,
+            kind,
+            "%s: %s -> %s (%s)",
+            change["path"],
+            change["old"],
+            change["new"],
+            change["reason"],
+            path=change["path"],
+            change_kind=change["kind"],
+            old=change["old"],
+            new=change["new"],
+            reason=change["reason"],
+        )
+    for change in report.get("skipped", []):
+        logs.event(
+            logger,
+            kind + "_skipped",
+            "%s not changed: %s",
+            change["path"],
+            change["why"],
+            level=logging.WARNING,
+            path=change["path"],
+            change_kind=change["kind"],
+            reason=change["why"],
+        )
+    for item in report.get("reverted", []):
+        logs.event(
+            logger,
+            kind,
+            "%s %s",
+            item["action"],
+            item["path"],
+            path=item["path"],
+            action=item["action"],
+        )
 
 
 def format_plan(report: dict[str, Any], applied: bool) -> str:
@@ -336,6 +386,7 @@ def cmd_revert(args) -> int:
     except ValueError as exc:  # corrupt or untrusted journal: say where, change nothing
         raise UsageError(str(exc)) from None
     failed = [(path, what) for path, what in restored if what.startswith("failed")]
+    _tuning_events("tuning_revert", {"reverted": [{"path": p, "action": a} for p, a in restored]})
     if args.json:
         print(
             json.dumps(

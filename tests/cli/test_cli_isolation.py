@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -396,3 +397,59 @@ def test_a_reboot_keeps_the_boot_line_and_masks_of_an_older_boot(tmp_path: Path)
             before["proc/sys/kernel/random/boot_id"][1],
         ),
     }
+
+
+@pytest.mark.integration
+def test_under_systemd_each_change_is_a_journal_event(tmp_path: Path) -> None:
+    """With stderr the journal (as edged-tune.service runs it: $JOURNAL_STREAM names it),
+    apply and revert send one event per change to journald, with its fields."""
+    from tests.support.journal import JournalSocket
+
+    root = board_root(tmp_path / "root", cpus=8, managed=(0, 1))
+    journal = JournalSocket(tmp_path / "journal.sock")
+    stderr = (tmp_path / "stderr").open("w")
+    st = os.fstat(stderr.fileno())
+    env = {
+        **os.environ,
+        "EDGED_STATE_DIR": "/nonexistent-edged-state",
+        "EDGED_JOURNAL_SOCKET": str(journal.path),
+        "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}",
+    }
+    try:
+        for command in (["apply", "--inference-cpus", "6-7", "--json"], ["revert"]):
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "edged.cli.main",
+                    command[0],
+                    "--root",
+                    str(root),
+                    *command[1:],
+                ],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                cwd=REPO,
+                timeout=120,
+                env=env,
+            )
+            assert run.returncode == 0, (tmp_path / "stderr").read_text()
+            if command[0] == "apply":
+                applied = json.loads(run.stdout)["applied"]
+        deadline = time.monotonic() + 10
+        while len(journal.records) < 2 * len(applied) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stderr.close()
+        journal.close()
+    events = [r for r in journal.records if r["EVENT"] == b"tuning_apply"]
+    assert len(events) == len(applied) > 0
+    first = applied[0]
+    assert events[0]["PATH"].decode() == first["path"] and events[0]["NEW"].decode() == first["new"]
+    assert (
+        events[0]["CHANGE_KIND"].decode() == first["kind"]
+        and events[0]["SYSLOG_IDENTIFIER"] == b"edged"
+    )
+    reverted = [r for r in journal.records if r["EVENT"] == b"tuning_revert"]
+    assert {r["PATH"] for r in reverted} >= {e["PATH"] for e in events}
