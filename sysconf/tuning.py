@@ -145,7 +145,7 @@ def plan_kernel_noise(root: SysRoot, plan: CpuPlan, realtime: bool = False) -> l
         return []  # nothing to protect
     return [
         *_workqueues(root, housekeeping),
-        *_governors(root, inference),
+        *governor_changes(root, inference),
         *_sysctls(root),
         *(plan_rt_throttling(root) if realtime else []),
         *_thp(root),
@@ -219,7 +219,7 @@ def _workqueues(root: SysRoot, housekeeping: list[int]) -> list[Change]:
     return changes
 
 
-def _governors(root: SysRoot, inference: list[int]) -> list[Change]:
+def governor_changes(root: SysRoot, inference: list[int]) -> list[Change]:
     changes = []
     seen: set[str] = set()
     for cpu in inference:

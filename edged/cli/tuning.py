@@ -26,8 +26,9 @@ LIVE_TUNE_STATE_DIR = Path("/var/lib/edged-tune")
 _DENIED = ("EPERM:", "EACCES:", "EROFS:")
 
 
-def placement_options() -> argparse.ArgumentParser:
-    """The parent parser of plan, apply and provision: where inference runs."""
+def placement_options(isolation: bool = True) -> argparse.ArgumentParser:
+    """The parent parser of plan, apply and provision: where inference runs; `isolation`:
+    with their --boot and --trim (tune takes only where inference runs)."""
     placement = argparse.ArgumentParser(add_help=False)
     placement.add_argument(
         "--config",
@@ -48,6 +49,8 @@ def placement_options() -> argparse.ArgumentParser:
         default=None,
         help="the board's device tree: its CPUs, for an image root that has no /sys",
     )
+    if not isolation:
+        return placement
     placement.add_argument(
         "--boot",
         action="store_true",

@@ -26,6 +26,7 @@ COMMANDS = (
     "plan",
     "apply",
     "revert",
+    "tune",
     "provision",
     "audit",
     "fleet",
