@@ -190,9 +190,14 @@ def stderr_is_journal() -> bool:
     return (st.st_dev, st.st_ino) == (dev, ino)
 
 
+def journal_socket() -> str:
+    """journald's socket ($EDGED_JOURNAL_SOCKET: the tests' own)."""
+    return os.environ.get("EDGED_JOURNAL_SOCKET", JOURNAL_SOCKET)
+
+
 def setup(level: str, fmt: str = "auto") -> str:
     """Configure the root logger; returns the format used ("auto" resolved)."""
-    path = os.environ.get("EDGED_JOURNAL_SOCKET", JOURNAL_SOCKET)  # tests: their own socket
+    path = journal_socket()
     if fmt == "auto":
         fmt = "journal" if stderr_is_journal() and os.path.exists(path) else "text"
     handler: logging.Handler
@@ -215,7 +220,7 @@ def journal_logger(name: str) -> logging.Logger | None:
     """For a one-shot command (edgectl apply/revert) run by systemd: a logger straight to the
     journal, so its changes are events with fields beside its plain stdout; None when
     stderr is not the journal (a person at a terminal reads the printed report)."""
-    path = os.environ.get("EDGED_JOURNAL_SOCKET", JOURNAL_SOCKET)
+    path = journal_socket()
     if not (stderr_is_journal() and os.path.exists(path)):
         return None
     logger = logging.getLogger(name)

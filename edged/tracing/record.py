@@ -115,9 +115,6 @@ class Trace:
             }
         )
 
-    def at(self, name: str) -> float | None:
-        return next((t for n, t in self.timestamps if n == name), None)
-
     @staticmethod
     def ns(at: float) -> int:
         return int(at * 1e9)

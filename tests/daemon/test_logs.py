@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from edged import logs
+from scripts.fetch_test_data import tools_dir
 from tests.support.daemon_harness import Daemon, cls_input, cls_table, write_config
 from tests.support.journal import JournalSocket
 
-TOOLS = Path(os.environ.get("EDGED_TEST_DATA") or Path.home() / ".cache/edged/test-data") / "tools"
+TOOLS = tools_dir()
 JOURNAL_REMOTE = TOOLS / "journal-remote" / "systemd-journal-remote"
 
 

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from scripts.fetch_test_data import tools_dir
 from tests.support.broker import Broker, free_port, wait_port
 from tests.support.daemon_harness import REPO, Daemon, cls_input, cls_table, write_config
 
-TOOLS = Path(os.environ.get("EDGED_TEST_DATA") or Path.home() / ".cache/edged/test-data") / "tools"
+TOOLS = tools_dir()
 PROMETHEUS = TOOLS / "prometheus" / "prometheus"
 PROMTOOL = TOOLS / "prometheus" / "promtool"
 DASHBOARDS = REPO / "docs" / "dashboards"
