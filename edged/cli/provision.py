@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+# Through the module, not names bound at import: what tuning's functions are when provision
+# runs is what runs (a test that stubs them out for a refused live apply covers provision too).
+from edged.cli import tuning
 from edged.cli.common import EXIT_OK, UsageError
-from edged.cli.tuning import format_plan, journals, placement, placement_options, uses_rt_priority
 
 ORDER = 70  # place in `edgectl --help`
 
@@ -16,7 +18,7 @@ ORDER = 70  # place in `edgectl --help`
 def register(sub) -> None:
     provision = sub.add_parser(
         "provision",
-        parents=[placement_options()],
+        parents=[tuning.placement_options()],
         help="write the whole tuned configuration into an image root "
         "(plan --trim, sysctl.d, CPUAffinity, edged enabled)",
     )
@@ -36,12 +38,14 @@ def cmd_provision(args) -> int:
             "provision needs --root DIR (an image root; it never writes the live "
             "system: use edgectl apply there)"
         )
-    root, cpus, keep, extra = placement(args)
+    root, cpus, keep, extra = tuning.placement(args)
     try:
-        provisioned = provision_plan(root, cpus, keep, extra, realtime=uses_rt_priority(args))
+        provisioned = provision_plan(
+            root, cpus, keep, extra, realtime=tuning.uses_rt_priority(args)
+        )
     except ValueError as exc:  # the root is the live system
         raise UsageError(str(exc)) from None
-    journal = journals(root)
+    journal = tuning.journals(root)
     report: dict[str, Any] = provisioned.to_dict()
     try:
         applied = journal.apply(provisioned.changes)
@@ -53,5 +57,5 @@ def cmd_provision(args) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(format_plan(report, applied=True))
+        print(tuning.format_plan(report, applied=True))
     return EXIT_OK
