@@ -85,6 +85,7 @@ class Daemon(RepositoryControl, Supervision):
         self.memory_locked: bool | None = None
         self.publisher: Publisher | LogPublisher | None = None
         self.telemetry: TelemetryLoop | None = None
+        self.tuning: Any = None  # edged.autotune.loop.TuningLoop, with [tuning] auto on
         self._server: uvicorn.Server | None = None
         self._reload_lock: asyncio.Lock | None = None
         self._reload_queued = False  # a reload waits for the model set (_on_hup)
@@ -124,6 +125,7 @@ class Daemon(RepositoryControl, Supervision):
             "cpu_plan": self.cpu_plan.to_dict() if self.cpu_plan is not None else None,
             "memory_locked": self.memory_locked,
             "threads": thread_affinities(),
+            "tuning": self.tuning.status() if self.tuning is not None else None,
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -268,6 +270,12 @@ class Daemon(RepositoryControl, Supervision):
             self.config.telemetry.interval_s, lambda: self.models, sink, sampler=self.core_sampler()
         )
         self.telemetry = telemetry
+        if self.config.tuning.auto != "off":
+            from edged.autotune.loop import tuning_for
+
+            self.tuning = tuning_for(self.config, self.cpu_plan, sink)
+            if self.tuning is not None:
+                telemetry.observers.append(self.tuning.observe)
         telemetry.start()
 
     def core_sampler(self):

@@ -68,6 +68,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 
+from sysconf import task_affinity
 from sysconf.change_records import (  # noqa: F401  (also this module's API)
     LINK_KINDS,
     PERSISTENT_KINDS,
@@ -160,6 +161,8 @@ class Journal(UnitLinks):
         is written. Other errors (a link loop) are left to the operation, which records them
         as refused like any failed write."""
         for path, follow in paths:
+            if task_affinity.is_task(path):
+                continue  # a live thread, not a file of the root
             with contextlib.suppress(OSError):
                 self._resolve(path, follow)
             self.files.check_file(path, follow)
@@ -362,6 +365,9 @@ class Journal(UnitLinks):
             if change.kind in LINK_KINDS:
                 self._apply_link(change, result)
                 continue
+            if change.kind == task_affinity.KIND:
+                self._apply_affinity(change, result)
+                continue
             kernel = is_kernel_file(change.path)
             try:
                 target = self._resolve(change.path)
@@ -408,6 +414,28 @@ class Journal(UnitLinks):
             result.applied.append(change)
         self._append({"op": "done", "ts": time.time()})
         return result
+
+    def _apply_affinity(self, change: Change, result: ApplyResult) -> None:
+        """A thread's CPU affinity (sysconf.task_affinity): recorded with its start time."""
+        try:
+            pid, tid = task_affinity.parse_task_path(change.path)
+            old, started = task_affinity.current(pid, tid)
+        except (ValueError, task_affinity.TaskGone) as exc:
+            result.skipped.append((change, str(exc)))
+            return
+        if task_affinity.same_cpus(old, change.new):
+            result.unchanged.append(change)
+            return
+        record = {"op": "set", "path": change.path, "old": old, "new": change.new}
+        self._append({**record, "kind": change.kind, "started": started, "ts": time.time()})
+        try:
+            task_affinity.move(pid, tid, change.new, started)
+        except (OSError, task_affinity.TaskGone) as exc:
+            why = str(exc) if isinstance(exc, task_affinity.TaskGone) else _error_name(exc)
+            self._append({"op": "skipped", "path": change.path, "reason": why})
+            result.skipped.append((change, why))
+            return
+        result.applied.append(change)
 
     def _make_parents(self, device_path: str, kernel: bool) -> str:
         """Create the missing folders above `device_path` (resolved: no links on the way),
@@ -460,7 +488,37 @@ class Journal(UnitLinks):
         boot = self._stale_boot(records)
         return self._revert_records(records, stale=boot)
 
+    def undo_last(self) -> list[tuple[str, str]]:
+        """Revert only the last apply (the records since the "done" before it), newest first,
+        and append {"op": "undone"} so a later `revert` skips them: the tuning loop's way to
+        take back one change it could not verify while keeping the ones it did. Returns
+        (path, action) pairs, [] when there is no finished apply left to undo. A crash
+        half-way leaves no "undone" record: a full revert then restores those values again,
+        which writes what is already there."""
+        records = self.checked_records()
+        active = without_undone(records)
+        if not active or active[-1].get("op") != "done":
+            return []
+        start = max((i for i, r in enumerate(active[:-1]) if r.get("op") == "done"), default=-1)
+        done = self._restore(active[start + 1 :], None)
+        self._append({"op": "undone", "ts": time.time()})
+        return done
+
     def _revert_records(self, records: list[dict], stale: str | None) -> list[tuple[str, str]]:
+        done = self._restore(without_undone(records), stale)
+        if records:
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            label = "stale" if stale and not self.persistent else "reverted"
+            aside = f"{self._file}.{label}-{stamp}"
+            number = 1
+            while self.files.lexists(aside):  # two reverts in one second keep both journals
+                aside = f"{self._file}.{label}-{stamp}.{number}"
+                number += 1
+            self.files.rename(self._file, aside)
+        return done
+
+    def _restore(self, records: list[dict], stale: str | None) -> list[tuple[str, str]]:
+        """Every recorded old value of `records` back, newest first."""
         done: list[tuple[str, str]] = []
         live_masks: list[tuple[int, dict]] = []  # (index in done, record): runtime to undo
         for index in range(len(records) - 1, -1, -1):
@@ -481,6 +539,9 @@ class Journal(UnitLinks):
                         f"the kernel reset it at reboot",
                     )
                 )
+                continue
+            if record.get("kind") == task_affinity.KIND:
+                done.append((record["path"], task_affinity.revert_record(record)))
                 continue
             if "new_link" in record:
                 if stale and record.get("was_active"):
@@ -510,17 +571,26 @@ class Journal(UnitLinks):
                 done.append((record["path"], f"failed: {exc.strerror or exc}"))
         if live_masks:
             self._unmask_now(live_masks, done)
-        if records:
-            stamp = time.strftime("%Y%m%dT%H%M%S")
-            label = "stale" if stale and not self.persistent else "reverted"
-            aside = f"{self._file}.{label}-{stamp}"
-            number = 1
-            while self.files.lexists(aside):  # two reverts in one second keep both journals
-                aside = f"{self._file}.{label}-{stamp}.{number}"
-                number += 1
-            self.files.rename(self._file, aside)
         return done
 
     def pending(self) -> bool:
         """True while an apply is recorded and not reverted."""
         return any(r.get("op") == "set" for r in self.records())
+
+
+def without_undone(records: Sequence[dict]) -> list[dict]:
+    """`records` without the applies an {"op": "undone"} took back (`Journal.undo_last`):
+    each "undone" drops the last finished apply (its records up to its "done") not dropped
+    yet."""
+    groups: list[list[dict]] = []
+    current: list[dict] = []
+    for record in records:
+        if record.get("op") == "undone":
+            if groups:
+                groups.pop()
+            continue
+        current.append(record)
+        if record.get("op") == "done":
+            groups.append(current)
+            current = []
+    return [record for group in groups for record in group] + current

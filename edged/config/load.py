@@ -72,4 +72,7 @@ def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = 
     server = sections.hang_bound(check, check.table(doc, "server"), server, found)
     frigate = sections.frigate(check, check.table(doc, "frigate"), server)
     trace = sections.trace(check, check.table(doc, "trace"))
-    return Config(check.absolute, server, selection, found, telemetry, audit, frigate, trace)
+    tuning = sections.tuning(check, check.table(doc, "tuning"))
+    return Config(
+        check.absolute, server, selection, found, telemetry, audit, frigate, trace, tuning
+    )

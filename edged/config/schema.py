@@ -15,6 +15,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from edged.autotune.settings import TuningConfig
 from edged.quantize.calibration_spec import CalibrationSpec, Preprocess
 from edged.selection.policy import Policy
 from edged.telemetry.settings import MqttSettings
@@ -254,6 +255,7 @@ class Config:
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"table": AuditConfig})
     frigate: FrigateConfig = field(default_factory=FrigateConfig, metadata={"table": FrigateConfig})
     trace: TraceConfig = field(default_factory=TraceConfig, metadata={"table": TraceConfig})
+    tuning: TuningConfig = field(default_factory=TuningConfig, metadata={"table": TuningConfig})
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

@@ -180,8 +180,12 @@ class TelemetryLoop:
         root: SysRoot | None = None,
         sampler: CoreSampler | None = None,
         intruder_watch: IntruderWatch | None = None,
+        observers: list[Callable[[dict[str, Any]], None]] | None = None,
     ) -> None:
+        """`observers`: called with every payload once published, on this loop's thread (the
+        daemon's tuning loop, edged.autotune); they must not raise nor take long."""
         self.interval_s = interval_s
+        self.observers = list(observers or ())
         self._models = models
         self._sink = sink
         self._root = root or SysRoot()
@@ -250,6 +254,8 @@ class TelemetryLoop:
             return
         self._sink.publish_telemetry(payload)
         self.payloads += 1
+        for observer in self.observers:
+            observer(payload)
         self._summary.add(payload["models"], self._models())
         self.last_thermal = payload["thermal"]
         for name, stats in payload["models"].items():

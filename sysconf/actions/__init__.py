@@ -9,9 +9,9 @@ applied and reverted by the existing journal) or, when nothing can be done, why 
 reads. `propose_for` ranks the evidence (most outliers first) and asks every action that
 answers each cause; a cause no action answers is said so.
 
-This is the catalogue of the tuning loop (edgectl tune; the daemon's loop comes next): the
-same units serve a proposal from a recorded telemetry window on an image and, later, the
-loop that applies, verifies and reverts on a live device."""
+This is the catalogue of the tuning loop: the same units serve `edgectl tune` (a proposal
+from recorded telemetry, for this system or an image) and the daemon's loop
+(edged.autotune), which applies one proposal at a time, verifies it and reverts it."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ class Evidence:
     cause: str  # "irq", "softirq:BLOCK", "preempted", "freq_drop", "throttle", ...
     outliers: int
     windows: int = 1
+    # For "preempted": the threads telemetry saw on the inference cores ({"comm", "pid",
+    # "tid", "cpu", "cpu_ms"}, most CPU first, over all windows).
+    intruders: tuple[Mapping[str, Any], ...] = ()
+    # The windows come from this boot's running system (the daemon's loop): its threads may
+    # be moved even when the files are a test's root.
+    live: bool = False
 
 
 @dataclass
@@ -66,11 +72,14 @@ def catalogue() -> list[ModuleType]:
     return found
 
 
-def evidence_from_telemetry(payloads: Iterable[Mapping[str, Any]]) -> list[Evidence]:
+def evidence_from_telemetry(
+    payloads: Iterable[Mapping[str, Any]], live: bool = False
+) -> list[Evidence]:
     """Causes summed over telemetry payloads (docs/schema/telemetry.schema.json: each
-    model's `outliers`), most outliers first."""
+    model's `outliers`, and the `intruders` named for preempted ones), most outliers first."""
     counts: dict[str, int] = {}
     windows: dict[str, int] = {}
+    threads: dict[int, dict[str, Any]] = {}  # tid -> the thread, its CPU time summed
     for payload in payloads:
         seen: set[str] = set()
         for model in (payload.get("models") or {}).values():
@@ -78,10 +87,19 @@ def evidence_from_telemetry(payloads: Iterable[Mapping[str, Any]]) -> list[Evide
                 if isinstance(count, int) and count > 0:
                     counts[cause] = counts.get(cause, 0) + count
                     seen.add(cause)
+            for thread in (model.get("intruders") or {}).get("threads") or ():
+                if not isinstance(thread, Mapping) or not isinstance(thread.get("tid"), int):
+                    continue
+                known = threads.setdefault(thread["tid"], {**thread, "cpu_ms": 0.0})
+                known["cpu_ms"] = round(known["cpu_ms"] + float(thread.get("cpu_ms") or 0), 1)
         for cause in seen:
             windows[cause] = windows.get(cause, 0) + 1
+    named = tuple(sorted(threads.values(), key=lambda t: (-t["cpu_ms"], t["tid"])))
     return sorted(
-        (Evidence(cause, n, windows[cause]) for cause, n in counts.items()),
+        (
+            Evidence(cause, n, windows[cause], named if cause == "preempted" else (), live)
+            for cause, n in counts.items()
+        ),
         key=lambda e: (-e.outliers, e.cause),
     )
 

@@ -515,7 +515,8 @@ def test_causes_ranked_answered_applied_and_reverted(root: Path, tmp_path: Path)
     (irq,) = causes["irq"]["proposals"]
     assert irq["changes"] and all("3" not in c["new"] for c in irq["changes"] if c["kind"] == "irq")
     assert "no interrupt" in causes["unexplained"]["why_none"]
-    assert causes["preempted"]["why_none"] == "no action in the catalogue answers 'preempted' yet"
+    (move,) = causes["preempted"]["proposals"]  # threads of a running system: not an image's
+    assert move["action"] == "move-intruder" and "this is an image" in move["blocked"]
 
     text = edgectl(*args, "--apply").stdout
     assert "edgectl revert restores" in text

@@ -32,7 +32,8 @@ FORBIDDEN = {"sysconf": ("backends", "edged"), "backends": ("edged",)}
 # vision decodes pictures and detections (numpy only);
 # selection measures; quantize makes variants and gates them with selection's accuracy;
 # telemetry records latency and publishes (its settings are its own); tracing records and
-# writes request traces; config composes every
+# writes request traces; autotune turns telemetry windows into verified tuning changes;
+# config composes every
 # part's settings from the TOML file and checks them; serving runs models on the front ends;
 # fleet reads what devices publish; then the small single-job modules (repository: the
 # daemon's load/unload of one model, supervision: its watch over what it serves, both parts
@@ -45,6 +46,7 @@ EDGED_ORDER = (
     "quantize",
     "telemetry",
     "tracing",
+    "autotune",
     "config",
     "serving",
     "fleet",

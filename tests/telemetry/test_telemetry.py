@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +19,7 @@ from edged.selection.policy import Policy
 from edged.serving.models import load_model
 from edged.telemetry.loop import IntruderWatch, TelemetryLoop
 from edged.telemetry.sampler import SAMPLER_HZ, CoreSampler
+from tests.support.cpu_hog import start_hog, steady_client
 
 CLS = {"x": (1, 3, 48, 192)}
 
@@ -185,39 +184,6 @@ def test_the_sampler_sleeps_while_no_request_is_in_flight(served) -> None:
         loop.stop()
 
 
-def _hog(cpu: int) -> subprocess.Popen:
-    """A CPU hog pinned to `cpu`, named edged-test-hog (prctl, so ps and the scan say so)."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"""
-import ctypes, os, time
-ctypes.CDLL(None).prctl(15, b"edged-test-hog", 0, 0, 0)
-os.sched_setaffinity(0, {{{cpu}}})
-end = time.monotonic() + 60
-while time.monotonic() < end:
-    pass
-""",
-        ]
-    )
-
-
-def _client(model, seconds: float, hz: float = 50.0) -> int:
-    feeds = {"x": np.zeros((1, 3, 48, 192), np.float32)}
-    next_at = time.monotonic()
-    deadline = next_at + seconds
-    sent = 0
-    while time.monotonic() < deadline:
-        done = threading.Event()
-        model.worker.submit(feeds, lambda *a, done=done: done.set())
-        done.wait(5)
-        sent += 1
-        next_at += 1 / hz
-        time.sleep(max(0.0, next_at - time.monotonic()))
-    return sent
-
-
 @pytest.mark.needs_cpus(2, reason="one for the model and its hog, one for the client")
 @pytest.mark.timing
 def test_a_hog_on_the_inference_core_is_named_as_preemption_and_intruder(
@@ -246,13 +212,13 @@ def test_a_hog_on_the_inference_core_is_named_as_preemption_and_intruder(
     hog = None
     try:
         loop.start()
-        _client(model, 2.4, hz=100)  # a window without the hog, for comparison
+        steady_client(model, 2.4, hz=100)  # a window without the hog, for comparison
         while not sink.telemetry:
             time.sleep(0.01)
         quiet = len(sink.telemetry)
-        hog = _hog(cpu)
+        hog = start_hog(cpu)
         time.sleep(0.2)
-        _client(model, 5.2, hz=100)
+        steady_client(model, 5.2, hz=100)
     finally:
         if hog is not None:
             hog.kill()
