@@ -1,4 +1,12 @@
-"""`edgectl tune`: from recorded telemetry to the changes that answer its latency outliers.
+"""`edgectl tune`: the daemon's tuning loop's record, or, from recorded telemetry, the
+changes that answer its latency outliers.
+
+Without --telemetry it lists what the daemon's loop ([tuning] auto, edged.autotune) did:
+its proposals, the changes it applied with their before/after figures and verdict, the ones
+it reverted and why, and the causes no action answers (read from the daemon's state dir,
+`tuning-loop.json`; no daemon call, no root needed).
+
+With --telemetry it works offline:
 
 Reads telemetry payloads (a JSON document, or JSON lines as `[telemetry] payload_file`
 writes them), ranks the causes of the outliers on the inference cores (most outliers
@@ -8,12 +16,14 @@ same journal as `edgectl apply` (so `edgectl revert` restores the exact previous
 on an image (`--root`) or, as root, the live system. What a board learned can so be
 provisioned into the next board's image.
 
-Exit codes: 0 proposals listed (or applied), 1 nothing could be applied (every change
-refused), 2 bad flags or an unreadable telemetry file."""
+Exit codes: 0 proposals or the record listed (or applied), 1 nothing could be applied (every
+change refused) or no record of the loop, 2 bad flags or an unreadable telemetry file."""
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +38,22 @@ def register(sub) -> None:
     tune = sub.add_parser(
         "tune",
         parents=[placement_options(isolation=False)],
-        help="from recorded telemetry, the changes that answer its latency outliers",
+        help="what the tuning loop did; or, from recorded telemetry, the changes that "
+        "answer its latency outliers",
     )
     tune.add_argument(
         "--telemetry",
         type=Path,
-        required=True,
-        help="telemetry payloads: a JSON document or JSON lines ([telemetry] payload_file)",
+        default=None,
+        help="telemetry payloads: a JSON document or JSON lines ([telemetry] payload_file); "
+        "without it, the daemon's loop's record is listed",
+    )
+    tune.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="the daemon's state dir with the loop's record (default: [server] state_dir of "
+        "--config, else /var/lib/edged)",
     )
     tune.add_argument("--root", type=Path, default=None, help="an image or fixture root")
     tune.add_argument(
@@ -76,6 +95,8 @@ def cmd_tune(args) -> int:
     from edged.cli.tuning import _refuse_live_without_root, journals, placement
     from sysconf.actions import evidence_from_telemetry, propose_for
 
+    if args.telemetry is None:
+        return show_record(args)
     payloads = read_payloads(args.telemetry)
     root, plan, _, _ = placement(args)
     if args.apply and _refuse_live_without_root(root, "tune --apply"):
@@ -139,4 +160,62 @@ def format_report(report: dict[str, Any], applied: bool) -> str:
             f"{len(report.get('unchanged', []))}, refused {len(report.get('skipped', []))}; "
             f"journal {report.get('journal')} (edgectl revert restores)"
         )
+    return "\n".join(lines)
+
+
+# -- the daemon's loop's record ----------------------------------------------------------------
+
+
+def show_record(args) -> int:
+    from edged.autotune.ledger import LEDGER_NAME
+
+    state_dir = args.state_dir
+    if state_dir is None and args.config is not None:
+        from edged.config import ConfigError, load_config
+
+        try:
+            state_dir = load_config(args.config, online_cpus=None).server.state_dir
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+    path = (state_dir or Path("/var/lib/edged")) / LEDGER_NAME
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        print(
+            f"edgectl: no record of the tuning loop at {path}: is [tuning] auto on "
+            "(docs/TUNING.md)? Give --telemetry FILE for a proposal from recorded telemetry",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: cannot be read: {exc}") from None
+    print(json.dumps(record, indent=2) if args.json else format_record(record, path))
+    return EXIT_OK
+
+
+def format_record(record: dict[str, Any], path: Path) -> str:
+    lines = [f"tuning loop: auto = {record.get('mode')}, {record.get('phase')} ({path})"]
+    steps = record.get("steps") or []
+    if not steps:
+        lines.append("no change proposed yet")
+    for step in steps:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(step.get("at", 0)))
+        lines.append(
+            f"#{step.get('id')} {when} {str(step.get('state')).upper()} {step.get('action')} "
+            f"for {step.get('cause')} ({step.get('outliers')} outliers, {step.get('risk')} risk)"
+        )
+        for change in step.get("changes") or []:
+            lines.append(f"    {change['path']}: {change['old']!r} -> {change['new']!r}")
+        verdict = step.get("verdict")
+        if verdict:
+            was, now = verdict["before"], verdict["after"]
+            lines.append(
+                "    before -> after (medians of "
+                f"{len(step.get('before_windows') or [])} windows): p50 {was['p50_ms']:g} -> "
+                f"{now['p50_ms']:g}, p99 {was['p99_ms']:g} -> {now['p99_ms']:g}, p99.9 "
+                f"{was['p999_ms']:g} -> {now['p999_ms']:g} ms; p = {verdict['p_value']:g}"
+            )
+        lines.append(f"    {step.get('reason')}")
+    for cause in record.get("remaining") or []:
+        lines.append(f"unanswered: {cause['cause']} ({cause['outliers']} outliers): {cause['why']}")
     return "\n".join(lines)

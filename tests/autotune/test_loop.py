@@ -20,6 +20,7 @@ from sysconf.cpusets import CpuPlan
 from sysconf.journals import Journals
 from sysconf.sysroot import SysRoot
 from tests.support.roots import board_root, tree_state
+from tests.support.schema import check
 
 PLAN = CpuPlan(inference=(3,), housekeeping=(0, 1, 2), source="override")
 RQ = "sys/block/vda/queue/rq_affinity"
@@ -33,6 +34,8 @@ class Sink:
         self.events.append((kind, detail))
 
     def states(self) -> list[str]:
+        for seq, (kind, detail) in enumerate(self.events, 1):  # as the publisher sends them
+            check("event", {"ts": 1.0, "seq": seq, "bdSeq": 0, "kind": kind, **detail})
         return [d["state"] for k, d in self.events if k == "tuning"]
 
 
@@ -205,3 +208,20 @@ def test_the_rank_test() -> None:
     assert not noisy.keep and noisy.reason.startswith("did not help")
     with pytest.raises(ValueError):
         judge([], [w(2, 3)])
+
+
+def test_edgectl_tune_lists_the_record(root: Path, tmp_path: Path, capsys) -> None:
+    from edged.cli.main import main
+
+    kernel = Kernel(root, fixable=False)
+    feed(make_loop(root, tmp_path, Sink()), kernel, 7)
+    assert main(["tune", "--state-dir", str(tmp_path), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["mode"] == "apply" and record["steps"][0]["state"] == "reverted"
+    assert main(["tune", "--state-dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "#1 " in text and "REVERTED block-rq-affinity for softirq:BLOCK" in text
+    assert "/sys/block/vda/queue/rq_affinity: '1' -> '2'" in text
+    assert "before -> after (medians of 3 windows): p50" in text and "did not help" in text
+    assert main(["tune", "--state-dir", str(tmp_path / "none")]) == 1
+    assert "no record of the tuning loop" in capsys.readouterr().err

@@ -562,6 +562,14 @@ def test_isolation_keys(folder: Path) -> None:
     assert "server.mlockall: must be true or false" in str(
         error(folder, '[server]\nmlockall = "yes"\n')
     )
+    assert "tuning.auto: expected one of off, propose, apply, got 'yes'" in str(
+        error(folder, '[tuning]\nauto = "yes"\n')
+    )
+    assert "tuning.windows: must be an integer" in str(error(folder, "[tuning]\nwindows = 2\n"))
+    assert "tuning.root: no such folder" in str(error(folder, '[tuning]\nroot = "nowhere"\n'))
+    assert "tuning.state_dir: must be an absolute path" in str(
+        error(folder, '[tuning]\nstate_dir = "rel"\n')
+    )
 
 
 def test_example_documents_every_key() -> None:

@@ -652,6 +652,9 @@ shapes = {{ x = {CLS} }}
 name = "face"
 path = "{models_dir / "face_detection_short_range.tflite"}"
 backend = "litert"
+
+[tuning]
+auto = "propose"
 """
     d = Daemon(write_config(tmp_path, models)).wait_ready()
     try:
@@ -662,6 +665,10 @@ backend = "litert"
                 client.infer("face", {"input": np.zeros((1, 128, 128, 3), np.float32)})
             status = client.status()
         assert status["cpu_plan"] == plan
+        # The tuning loop watches the same cores (proposing only: it writes nothing).
+        assert status["tuning"]["auto"] == "propose"
+        assert status["tuning"]["phase"] == "observing"
+        assert f"tuning: auto = propose on CPUs {plan['inference_list']}" in d.log_text()
         assert status["housekeeping_cpus"] == plan["housekeeping"]
         for model in status["models"]:
             assert model["cpus"] == plan["inference"]
