@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import fnmatch
 import logging
 import math
 import threading
@@ -59,8 +60,8 @@ class TuningLoop:
         may_move: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> None:
         """`may_move`: which of the threads telemetry names (comm, pid, tid) an action may
-        move (default: any; the actions never move edged's own nor kernel threads). Tests
-        limit it to the processes they started."""
+        move (default: those whose name matches [tuning] movable; the actions never move
+        edged's own nor kernel threads). Tests limit it to the processes they started."""
         from sysconf.journals import Journals
 
         self.config = config
@@ -71,6 +72,11 @@ class TuningLoop:
         self.journals = Journals(self.root, state_dir)
         self.sink = sink
         self.may_move = may_move
+        if may_move is None and config.movable != ("*",):
+            patterns = config.movable
+            self.may_move = lambda t: any(
+                fnmatch.fnmatchcase(str(t.get("comm")), p) for p in patterns
+            )
         self.ledger = Ledger(ledger_dir / LEDGER_NAME if ledger_dir else None, config.auto)
         if self.ledger.write_error:
             log.warning("tuning: %s", self.ledger.write_error)

@@ -27,6 +27,9 @@ class TuningConfig:
     # "Got worse": the after windows' median p50 or p99 above the before ones' by more than
     # this fraction.
     worse_tolerance: float = 0.10
+    # The processes (by name, shell-style patterns: "ffmpeg*") whose threads the loop may move
+    # off the inference cores. Default: any (never edged's own, never a kernel thread).
+    movable: tuple[str, ...] = ("*",)
     # The system the loop changes: "/" (the device), or a test's / an image's root.
     root: Path = Path("/")
     # The journal's folder on that system: edged-tune's own (root-only), so `edgectl revert`

@@ -453,6 +453,9 @@ def tuning(check: Checker, data: Mapping[str, Any]) -> TuningConfig:
         if not state_dir.is_absolute():
             raise check.fail("tuning.state_dir", "must be an absolute path on the tuned system")
     share = t.number("min_window_share", lambda v: 0 < v <= 1, "a fraction in (0, 1]")
+    movable = t.get("movable")
+    if not isinstance(movable, list | tuple) or not all(isinstance(m, str) and m for m in movable):
+        raise check.fail("tuning.movable", "must be a list of process-name patterns")
     return TuningConfig(
         auto,
         t.integer("windows", 3, 10),
@@ -460,6 +463,7 @@ def tuning(check: Checker, data: Mapping[str, Any]) -> TuningConfig:
         t.integer("max_changes_per_hour", 1, 60),
         share,
         t.number("worse_tolerance", lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
+        tuple(movable),
         root,
         state_dir,
     )

@@ -567,6 +567,9 @@ def test_isolation_keys(folder: Path) -> None:
     )
     assert "tuning.windows: must be an integer" in str(error(folder, "[tuning]\nwindows = 2\n"))
     assert "tuning.root: no such folder" in str(error(folder, '[tuning]\nroot = "nowhere"\n'))
+    assert "tuning.movable: must be a list of process-name patterns" in str(
+        error(folder, '[tuning]\nmovable = "ffmpeg"\n')
+    )
     assert "tuning.state_dir: must be an absolute path" in str(
         error(folder, '[tuning]\nstate_dir = "rel"\n')
     )
