@@ -144,7 +144,7 @@ def plan_kernel_noise(root: SysRoot, plan: CpuPlan, realtime: bool = False) -> l
     if not inference:
         return []  # nothing to protect
     return [
-        *_workqueues(root, housekeeping),
+        *workqueue_changes(root, housekeeping),
         *governor_changes(root, inference),
         *_sysctls(root),
         *(plan_rt_throttling(root) if realtime else []),
@@ -198,7 +198,7 @@ def _read(root: SysRoot, path: str) -> str | None:
         return None
 
 
-def _workqueues(root: SysRoot, housekeeping: list[int]) -> list[Change]:
+def workqueue_changes(root: SysRoot, housekeeping: list[int]) -> list[Change]:
     changes = []
     where = format_cpulist(housekeeping)
     for path, why in WORKQUEUE_MASKS:

@@ -1,5 +1,5 @@
 """The daemon's tuning loop end to end: a real daemon (auto = "apply", its journal in a
-temporary root), a real Mosquitto, and two CPU hogs the test pins on the model's core. The
+temporary root), a real Mosquitto, and four CPU hogs the test pins on the model's core. The
 loop names them, moves them (only them: [tuning] movable), verifies and keeps the move; the
 steps are MQTT events (checked against the schema), log events, the loop's record that
 `edgectl tune` lists, and the status; `edgectl revert --root` puts the hogs back."""
@@ -16,7 +16,7 @@ import pytest
 
 from edged.client import Client
 from tests.support.broker import Broker, SubProcess
-from tests.support.cpu_hog import HOG_NAME, start_hog
+from tests.support.cpu_hog import HOG_NAME, HOGS, start_hog
 from tests.support.daemon_harness import Daemon, cls_input, write_config
 from tests.support.schema import check
 
@@ -55,7 +55,7 @@ def test_the_daemons_loop_moves_a_pinned_hog_and_says_so(tmp_path: Path, models_
 
     with Broker(tmp_path / "broker") as broker:
         sub = SubProcess(broker.port, f"{BASE}/event", tmp_path / "sub.txt").ready()
-        hogs = [start_hog(cpu, seconds=150) for _ in range(2)]
+        hogs = [start_hog(cpu, seconds=150) for _ in range(HOGS)]
         d = None
         try:
             d = Daemon(
@@ -71,7 +71,7 @@ device_id = "cam-7"
 
 [tuning]
 auto = "apply"
-windows = 4
+windows = 5
 settle_windows = 1
 worse_tolerance = 0.3
 movable = ["{HOG_NAME}"]
@@ -120,14 +120,14 @@ shapes = {{ x = [1, 3, 48, 192] }}
     assert [(s["state"], s["action"]) for s in steps][:2] == [
         ("applied", "move-intruder"),
         ("kept", "move-intruder"),
-    ], steps
+    ], [(s["state"], s["action"], s["reason"]) for s in steps]
     kept = steps[1]
     assert kept["cause"] == "preempted" and kept["reason"].startswith("helped")
     assert kept["after"]["p999_ms"] < kept["before"]["p999_ms"]
     paths = {c["path"] for c in kept["changes"]}
     assert {f"/proc/{hog.pid}/task/{hog.pid}" for hog in hogs} <= paths
     assert all(HOG_NAME in c["reason"] for c in kept["changes"])  # nothing else moved
-    assert moved == [{other}, {other}] and back == [{cpu}, {cpu}]
+    assert moved == [{other}] * HOGS and back == [{cpu}] * HOGS
     assert status["tuning"]["auto"] == "apply"
     assert status["tuning"]["steps"][0]["state"] == "kept"
     assert "KEPT move-intruder for preempted" in listed

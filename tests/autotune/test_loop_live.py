@@ -22,7 +22,7 @@ from edged.telemetry.sampler import SAMPLER_HZ, CoreSampler
 from sysconf.cpusets import CpuPlan
 from sysconf.journals import Journals
 from sysconf.sysroot import SysRoot
-from tests.support.cpu_hog import HOG_NAME, start_hog, steady_client
+from tests.support.cpu_hog import HOG_NAME, HOGS, start_hog, steady_client
 
 
 class Collect:
@@ -61,7 +61,7 @@ def test_a_pinned_hog_is_named_moved_verified_and_kept(models_dir: Path, tmp_pat
     )
     sink = Collect()
     # Five windows each side: up to four swapped pairs still pass the rank test (p = 0.048),
-    # and two hogs leave the worker a third of its core: on a CI machine whose other test
+    # and four hogs leave the worker a fifth of its core: on a CI machine whose other test
     # workers land on the inference core too, the hogs' effect still stands out. The moved
     # hogs share the client's core, which slows its submits a little: the "worse" tolerance
     # is wider here than the default, this test is about the loop's steps.
@@ -69,7 +69,7 @@ def test_a_pinned_hog_is_named_moved_verified_and_kept(models_dir: Path, tmp_pat
         auto="apply", windows=5, settle_windows=1, worse_tolerance=0.3, root=root
     )
     plan = CpuPlan(inference=(cpu,), housekeeping=(other,), source="override")
-    hogs = [start_hog(cpu, seconds=120) for _ in range(2)]
+    hogs = [start_hog(cpu, seconds=120) for _ in range(HOGS)]
     # Only the test's own hogs may move (the other test workers' threads that land on the
     # inference core are named too, and are not this test's to move).
     ours = {hog.pid for hog in hogs}
@@ -114,10 +114,10 @@ def test_a_pinned_hog_is_named_moved_verified_and_kept(models_dir: Path, tmp_pat
     for hog in hogs:
         change = moved[f"/proc/{hog.pid}/task/{hog.pid}"]
         assert change["new"] == str(other) and HOG_NAME in change["reason"]
-    assert hog_cpus == [{other}, {other}]  # moved and kept
-    assert hog_cpus_reverted == [{cpu}, {cpu}]  # and the journal's revert put them back
+    assert hog_cpus == [{other}] * HOGS  # moved and kept
+    assert hog_cpus_reverted == [{cpu}] * HOGS  # and the journal's revert put them back
     affinity = [r for r in records if r.get("kind") == "affinity"]
-    assert len(affinity) == 2
+    assert len(affinity) == HOGS
     assert all(r["old"] == str(cpu) and r["started"] > 0 for r in affinity)
     kinds = [d["state"] for k, d in sink.events if k == "tuning"]
     assert kinds[:2] == ["applied", "kept"]

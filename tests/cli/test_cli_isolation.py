@@ -529,6 +529,30 @@ def test_causes_ranked_answered_applied_and_reverted(root: Path, tmp_path: Path)
     assert tree_state(root) == before
 
 
+def test_kernel_workers_are_answered_by_the_workqueue_mask(root: Path, tmp_path: Path) -> None:
+    """Unbound kworkers named as intruders: not movable threads (kernel), but the workqueue
+    mask keeps their work off the inference core; per-CPU ones: said why nothing can."""
+    (root / "sys/devices/virtual/workqueue").mkdir(parents=True, exist_ok=True)
+    (root / "sys/devices/virtual/workqueue/cpumask").write_text("f\n")
+    telemetry = tmp_path / "telemetry.json"
+    threads = [{"comm": "kworker/u8:2", "pid": 2**22 + 1, "tid": 2**22 + 1, "cpu": 3, "cpu_ms": 40}]
+    payload = window({"preempted": 6})
+    payload["models"]["det"]["intruders"] = {"span_s": 1.0, "threads": threads}
+    telemetry.write_text(json.dumps(payload))
+    args = ["tune", "--telemetry", str(telemetry), "--root", str(root), "--inference-cpus", "3"]
+    (cause,) = json.loads(edgectl(*args, "--json").stdout)["causes"]
+    proposals = {p["action"]: p for p in cause["proposals"]}
+    assert "this is an image" in proposals["move-intruder"]["blocked"]
+    assert [(c["path"], c["old"], c["new"]) for c in proposals["workqueue-mask"]["changes"]] == [
+        ("/sys/devices/virtual/workqueue/cpumask", "f\n", "7")
+    ]
+    threads[0]["comm"] = "kworker/3:1"
+    telemetry.write_text(json.dumps(payload))
+    (cause,) = json.loads(edgectl(*args, "--json").stdout)["causes"]
+    bound = {p["action"]: p for p in cause["proposals"]}["workqueue-mask"]
+    assert not bound["changes"] and "per-CPU kernel workers" in bound["blocked"]
+
+
 def test_bad_telemetry_is_a_clear_error(root: Path, tmp_path: Path) -> None:
     for name, text, words in [
         ("missing.json", None, "No such file"),
