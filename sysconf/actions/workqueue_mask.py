@@ -37,7 +37,6 @@ def propose(root: SysRoot, plan: CpuPlan, evidence: Evidence) -> Proposal | None
         )
     else:
         proposal.blocked = (
-            "the workqueue masks already hold only the housekeeping cores (or this kernel "
-            "has none)"
+            "the workqueue masks already hold only the housekeeping cores (or this kernel has none)"
         )
     return proposal
