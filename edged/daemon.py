@@ -85,7 +85,7 @@ class Daemon(RepositoryControl, Supervision):
         self.memory_locked: bool | None = None
         self.publisher: Publisher | LogPublisher | None = None
         self.telemetry: TelemetryLoop | None = None
-        self.tuning: Any = None  # edged.autotune.loop.TuningLoop, with [tuning] auto on
+        self.tuning: Any = None  # edged.autotune.loop.TuningLoop ([tuning] auto on)
         self._server: uvicorn.Server | None = None
         self._reload_lock: asyncio.Lock | None = None
         self._reload_queued = False  # a reload waits for the model set (_on_hup)
@@ -103,8 +103,8 @@ class Daemon(RepositoryControl, Supervision):
     def load_models(
         self, config: Config, current: dict[str, ServedModel]
     ) -> tuple[dict[str, ServedModel], dict[str, str]]:
-        """Models for `config` (see edged.serving.model_set.load_models), with this daemon's
-        hardware, systemd notifier and fail-over hooks."""
+        """Models for `config` (edged.serving.model_set.load_models) under its [security]
+        models, with this daemon's hardware, systemd notifier and fail-over hooks."""
         return load_models(config, current, self.hw, self.notifier.notify, self._failover_hook)
 
     def status(self) -> dict[str, Any]:

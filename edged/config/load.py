@@ -7,7 +7,7 @@ import tomllib
 from collections.abc import Collection
 from pathlib import Path
 
-from edged.config import sections
+from edged.config import sections, security_table, tuning_table
 from edged.config.checks import Checker, ConfigError
 from edged.config.models import models
 from edged.config.schema import Config, toml_keys
@@ -72,7 +72,17 @@ def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = 
     server = sections.hang_bound(check, check.table(doc, "server"), server, found)
     frigate = sections.frigate(check, check.table(doc, "frigate"), server)
     trace = sections.trace(check, check.table(doc, "trace"))
-    tuning = sections.tuning(check, check.table(doc, "tuning"))
+    tuning = tuning_table.tuning(check, check.table(doc, "tuning"))
+    security = security_table.security(check, check.table(doc, "security"), found)
     return Config(
-        check.absolute, server, selection, found, telemetry, audit, frigate, trace, tuning
+        check.absolute,
+        server,
+        selection,
+        found,
+        telemetry,
+        audit,
+        frigate,
+        trace,
+        tuning,
+        security,
     )

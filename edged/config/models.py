@@ -125,7 +125,18 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
             t.read("detector", vision.detector, check, path, shapes) if "detector" in t else None
         ),
         serves_as=t.read("serves_as", vision.serves_as, check),
+        sha256=_sha256(check, t) if "sha256" in t else None,
+        signature=check.path(t.string("signature"), t.key("signature"))
+        if "signature" in t
+        else None,
     )
+
+
+def _sha256(check: Checker, t: Table) -> str:
+    value = t.string("sha256").strip().lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise check.fail(t.key("sha256"), f"must be 64 hexadecimal digits, got {show(value)}")
+    return value
 
 
 def _backend_options(check: Checker, t: Table) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,7 @@ from edged.quantize.calibration_spec import CalibrationSpec, Preprocess
 from edged.selection.policy import Policy
 from edged.telemetry.settings import MqttSettings
 from edged.tracing.settings import TraceConfig
+from edged.trust.settings import SecurityConfig
 from edged.vision.settings import Preprocessing
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -203,6 +204,10 @@ class ModelConfig:
     # The names Frigate's ZMQ peers may ask for this model by (their model file's name):
     # a peer's name maps to a served model only through these, never to a path.
     serves_as: tuple[str, ...] = ()
+    # [security] models: the original's pinned sha256 (64 hex digits), and its signature file
+    # (None: <path>.sig beside it; a variant's is always beside it).
+    sha256: str | None = None
+    signature: Path | None = None
 
     @property
     def period_s(self) -> float | None:
@@ -256,6 +261,9 @@ class Config:
     frigate: FrigateConfig = field(default_factory=FrigateConfig, metadata={"table": FrigateConfig})
     trace: TraceConfig = field(default_factory=TraceConfig, metadata={"table": TraceConfig})
     tuning: TuningConfig = field(default_factory=TuningConfig, metadata={"table": TuningConfig})
+    security: SecurityConfig = field(
+        default_factory=SecurityConfig, metadata={"table": SecurityConfig}
+    )
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

@@ -16,6 +16,7 @@ from edged.config import Config, ModelConfig
 from edged.logs import event
 from edged.serving.models import ServedModel, load_model
 from edged.serving.pictures import pictures_of
+from edged.trust.verify import activate
 from sysconf.hardware import HardwareFacts
 
 log = logging.getLogger("edged")  # the daemon's log: its lines keep their logger name
@@ -60,6 +61,7 @@ def load_models(
     models: dict[str, ServedModel] = {}
     failed: dict[str, str] = {}
     state_dir = config.server.state_dir
+    trust = activate(config.security)  # the policy of every load from now on
     for mc in config.models:
         key = model_key(mc)
         old = current.get(mc.name)
@@ -72,6 +74,9 @@ def load_models(
         )
         start = time.perf_counter()
         try:
+            # Every file of the family checked before any is read by a runtime (edged.trust).
+            verdicts = [trust.require(mc.path, mc.sha256, mc.signature, f"model {mc.name}")]
+            verdicts += [trust.require(v, what=f"model {mc.name} variant") for v in mc.variants]
             served = load_model(
                 mc.name,
                 mc.path,
@@ -93,6 +98,7 @@ def load_models(
                 stop_workers([served], 1.0)  # it was never served: nothing to drain
                 raise
             served.serves_as = mc.serves_as
+            served.trust = [v.to_dict() for v in verdicts if v.state != "off"]
         except Exception as exc:  # any failure: this model is not served, others are
             reason = str(exc) or exc.__class__.__name__
             event(

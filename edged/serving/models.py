@@ -25,6 +25,7 @@ from edged.selection.select import reverify, select
 from edged.serving.engine import ModelWorker
 from edged.serving.pictures import Pictures
 from edged.telemetry.latency import LatencyRecorder
+from edged.trust.verify import active
 from sysconf.hardware import HardwareFacts
 
 log = logging.getLogger("edged.serving.models")
@@ -53,6 +54,7 @@ class ServedModel:
     # model takes no picture. `serves_as`: the names Frigate's peers may ask for it by.
     pictures: Pictures | None = None
     serves_as: tuple[str, ...] = ()
+    trust: list[dict] = field(default_factory=list)  # edged.trust verdicts of its files
     recovering: bool = False  # a re-verification of the pick is running
     last_recovery: float = 0.0  # time.monotonic() of the last attempt
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -117,7 +119,7 @@ class ServedModel:
         try:
             with pinned_thread(self.policy.cpus):
                 candidate = find_candidate(hw, model, wanted_candidate)
-                session = get_backend(candidate.backend).load(model, candidate, options)
+                session = load_session(model, candidate, options)
                 try:
                     _warm_up(session, self.selection)
                 except BaseException:
@@ -251,7 +253,7 @@ class ServedModel:
                 running is not None and running.path != selection.model.path
             ):
                 with pinned_thread(self.policy.cpus):
-                    session = get_backend(pick.backend).load(selection.model, pick, options)
+                    session = load_session(selection.model, pick, options)
                 self.worker.swap_session(session, keep_as_standby=True)
                 done = f"switched to {selection.model.name} on {pick.key}"
             self.worker.set_fallbacks(_fallback_provider(self.name, selection, hw, options))
@@ -337,6 +339,7 @@ class ServedModel:
             "scheduling": self.worker.scheduling,
             "last_error": self.worker.last_error,
             "variants_job": self.job.status() if self.job is not None else None,
+            "trust": self.trust,
         }
 
 
@@ -412,12 +415,20 @@ def _fallback_provider(name: str, selection: Selection, hw: HardwareFacts, optio
                 continue  # no longer offered here (a device went away)
             try:
                 with pinned_thread(options.cpus):
-                    return get_backend(candidate.backend).load(model, candidate, options)
+                    return load_session(model, candidate, options)
             except (ModelError, BackendError) as exc:
                 log.warning("%s: fallback %s failed to load: %s", name, candidate.key, exc)
         return None
 
     return next_session
+
+
+def load_session(model, candidate: Candidate, options: LoadOptions) -> Session:
+    """A session of `model` on `candidate`, once the file is checked again against
+    [security] models (edged.trust: a stat when unchanged; refused under enforce when it
+    changed to something untrusted, as at its first load)."""
+    active().recheck(model.path)
+    return get_backend(candidate.backend).load(model, candidate, options)
 
 
 def _reference_loader(selection: Selection, options: LoadOptions) -> Callable[[], Session]:
@@ -438,9 +449,7 @@ def _reference_loader(selection: Selection, options: LoadOptions) -> Callable[[]
         for candidate in reference_candidates(model):
             try:
                 with pinned_thread(options.cpus):
-                    return get_backend(candidate.backend).load(
-                        model, candidate, _replace(one, shapes=None)
-                    )
+                    return load_session(model, candidate, _replace(one, shapes=None))
             except (ModelError, BackendError, ImportError) as exc:
                 errors.append(f"{candidate.key}: {exc}")
         raise BackendError("; ".join(errors) or "no reference runtime")
@@ -481,7 +490,7 @@ def load_model(
     # Loaded on the model's CPUs: runtimes that create their pools at load time (OpenVINO's
     # streams, onnxruntime's threads without explicit affinities) inherit this thread's set.
     with pinned_thread(policy.cpus):
-        session = get_backend(chosen.backend).load(selection.model, chosen, options)
+        session = load_session(selection.model, chosen, options)
     worker = ModelWorker(
         name,
         session,

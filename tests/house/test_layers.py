@@ -33,7 +33,7 @@ FORBIDDEN = {"sysconf": ("backends", "edged"), "backends": ("edged",)}
 # selection measures; quantize makes variants and gates them with selection's accuracy;
 # telemetry records latency and publishes (its settings are its own); tracing records and
 # writes request traces; autotune turns telemetry windows into verified tuning changes;
-# config composes every
+# trust checks model files' digests and signatures; config composes every
 # part's settings from the TOML file and checks them; serving runs models on the front ends;
 # fleet reads what devices publish; then the small single-job modules (repository: the
 # daemon's load/unload of one model, supervision: its watch over what it serves, both parts
@@ -47,6 +47,7 @@ EDGED_ORDER = (
     "telemetry",
     "tracing",
     "autotune",
+    "trust",
     "config",
     "serving",
     "fleet",

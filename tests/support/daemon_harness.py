@@ -96,9 +96,11 @@ class Daemon:
         env: dict[str, str] | None = None,
         hang_s: float | None = None,
         args: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),
     ) -> None:
         """`hang_s`: run the daemon with HANG_PRELUDE, onnxruntime hanging that long on a
-        request whose first value is HANG_MARK."""
+        request whose first value is HANG_MARK. `prefix`: a command the daemon runs under
+        (`unshare --net`: no network)."""
         self.config = config
         self.log_path = config.with_suffix(".log")
         self.notify = NotifySocket(config.parent / "notify.sock")
@@ -109,7 +111,7 @@ class Daemon:
             start = ["-c", HANG_PRELUDE]
         self.log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [*python_argv(), *start, "--config", str(config), *args],
+            [*prefix, *python_argv(), *start, "--config", str(config), *args],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=full_env,

@@ -1,0 +1,176 @@
+"""The verdict on one model file, and the policy that acts on it.
+
+A file is **verified** when its signature (by default `<file>.sig` beside it) verifies with a
+trusted key or certificate chain, **pinned** when it has no signature but its sha256 is the
+one the config pins for it, **unsigned** when it has neither, and **failed** when the pin or
+the signature says it is not the file that was signed (or it cannot be read). Under
+"enforce" only verified and pinned files load; under "warn" every file loads and the others
+are said (log, status); "off" checks nothing.
+
+`ModelTrust` keeps each file's verdict with the file's identity (sysconf-free: dev, inode,
+size, times) and the signature's, so a verdict is computed once per change of either file:
+every load asks again (start, reload, repository load, fail-over, switch-back, standby),
+which costs a stat when nothing changed. The daemon sets the active policy (`activate`) at
+start and on each reload; the loading code calls `active().require(...)`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.errors import ModelError
+from edged.trust.digests import Digests, identity
+from edged.trust.settings import SIGNATURE_SUFFIX, SecurityConfig
+from edged.trust.signatures import SignatureError, verify
+
+log = logging.getLogger("edged.trust")
+TRUSTED = ("verified", "pinned")
+
+
+class UntrustedModel(ModelError):
+    """Under enforce: this file is not to be loaded (the message names it and why). A
+    ModelError, so every load path treats it as the model file's fault."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    path: str
+    state: str  # "verified", "pinned", "unsigned", "failed" ("off": not checked)
+    sha256: str | None = None
+    signer: str | None = None
+    signature: str | None = None
+    reason: str = ""
+
+    @property
+    def trusted(self) -> bool:
+        return self.state in TRUSTED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "state": self.state,
+            "sha256": self.sha256,
+            "signer": self.signer,
+            "signature": self.signature,
+            "reason": self.reason or None,
+        }
+
+
+def signature_of(model: Path, configured: Path | None = None) -> Path:
+    return configured or model.with_name(model.name + SIGNATURE_SUFFIX)
+
+
+def _id(path: Path) -> tuple | None:
+    try:
+        return identity(path)
+    except OSError:
+        return None
+
+
+class ModelTrust:
+    def __init__(self, config: SecurityConfig | None = None) -> None:
+        self.config = config or SecurityConfig()
+        self.digests = Digests()
+        self._verdicts: dict[tuple, Verdict] = {}
+        self._said: set[Verdict] = set()  # warned about already (warn mode)
+        # The configured files and what they are checked with (pin, signature), so a later
+        # load of the same file (fail-over, switch-back, standby) is checked alike.
+        self._files: dict[str, tuple[str | None, Path | None, str]] = {}
+        self._lock = threading.Lock()
+
+    def check(
+        self, path: Path, sha256: str | None = None, signature: Path | None = None
+    ) -> Verdict:
+        """The verdict on `path` (module docstring); computed again only when the file, its
+        signature, the pin or the trusted keys changed."""
+        if not self.config.checking:
+            return Verdict(str(path), "off")
+        sig = signature_of(path, signature)
+        key = (str(path), _id(path), str(sig), _id(sig), sha256)
+        with self._lock:
+            known = self._verdicts.get(key)
+        if known is not None:
+            return known
+        verdict = self._compute(path, sha256, sig)
+        with self._lock:
+            self._verdicts[key] = verdict
+        return verdict
+
+    def _compute(self, path: Path, pin: str | None, sig: Path) -> Verdict:
+        try:
+            digest = self.digests.sha256(path)
+        except OSError as exc:
+            return Verdict(str(path), "failed", reason=f"cannot be read: {exc.strerror or exc}")
+        if pin is not None and digest != pin.lower():
+            return Verdict(
+                str(path),
+                "failed",
+                digest,
+                reason=f"sha256 mismatch: the config pins {pin.lower()}, the file has {digest}",
+            )
+        if _id(sig) is not None:
+            try:
+                signer = verify(
+                    path, sig, self.config.trusted_keys, self.config.trusted_certificates
+                )
+            except SignatureError as exc:
+                return Verdict(str(path), "failed", digest, None, str(sig), f"signature: {exc}")
+            return Verdict(str(path), "verified", digest, signer, str(sig))
+        if pin is not None:
+            return Verdict(str(path), "pinned", digest, reason="no signature; sha256 as pinned")
+        return Verdict(
+            str(path), "unsigned", digest, reason=f"no signature ({sig}) and no sha256 pin"
+        )
+
+    def require(
+        self, path: Path, sha256: str | None = None, signature: Path | None = None, what: str = ""
+    ) -> Verdict:
+        """The verdict, acted on: UntrustedModel under enforce when the file is not trusted;
+        a warning under warn (once per verdict)."""
+        with self._lock:
+            self._files[str(path)] = (sha256, signature, what)
+        verdict = self.check(path, sha256, signature)
+        if verdict.state == "off" or verdict.trusted:
+            return verdict
+        message = f"{what + ': ' if what else ''}{path}: {verdict.state}: {verdict.reason}"
+        if self.config.models == "enforce":
+            raise UntrustedModel(f"refused by [security] models = enforce: {message}")
+        with self._lock:
+            fresh = verdict not in self._said
+            self._said.add(verdict)
+        if fresh:
+            log.warning("[security] models = warn: loading anyway: %s", message)
+        return verdict
+
+    def recheck(self, path: Path) -> Verdict | None:
+        """Before a session of `path` is loaded again: the configured file checked as at its
+        first load (a stat when unchanged). None for a file the config does not name (a
+        variant made on the device, in the state dir)."""
+        with self._lock:
+            known = self._files.get(str(path))
+        if known is None:
+            return None
+        return self.require(path, known[0], known[1], known[2])
+
+
+_active = ModelTrust()
+
+
+def active() -> ModelTrust:
+    """The daemon's policy (off until `activate`)."""
+    return _active
+
+
+def activate(config: SecurityConfig) -> ModelTrust:
+    """Make `config` the policy every load asks (at start and on each reload); verdicts and
+    digests already computed are kept when the keys did not change."""
+    global _active
+    if config != _active.config:
+        fresh = ModelTrust(config)
+        fresh.digests = _active.digests  # a file's digest does not depend on the policy
+        fresh._files = dict(_active._files)
+        _active = fresh
+    return _active
