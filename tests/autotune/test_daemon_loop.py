@@ -40,6 +40,7 @@ def edgectl(*args: str) -> str:
 @pytest.mark.needs_broker
 @pytest.mark.needs_cpus(2, reason="one for the model and the hogs, one for the client")
 @pytest.mark.timing
+@pytest.mark.alone
 def test_the_daemons_loop_moves_a_pinned_hog_and_says_so(tmp_path: Path, models_dir: Path) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     cpu, other = cpus[-1], cpus[0]

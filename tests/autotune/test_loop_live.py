@@ -39,6 +39,7 @@ class Collect:
 
 @pytest.mark.needs_cpus(2, reason="one for the model and its hog, one for the client")
 @pytest.mark.timing
+@pytest.mark.alone
 def test_a_pinned_hog_is_named_moved_verified_and_kept(models_dir: Path, tmp_path: Path) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     cpu, other = cpus[-1], cpus[0]
