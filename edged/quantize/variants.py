@@ -214,6 +214,7 @@ def make_variants(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     files: dict[str, Path] = {}
+    recipes: dict[str, str] = {}
     try:
         with measure(original, calibration, evaluation, settings, progress) as m:
             for target in settings.targets:
@@ -229,6 +230,7 @@ def make_variants(
                 if name not in files:
                     shutil.copyfile(best.path, partial / name)
                     files[name] = folder / name
+                    recipes[name] = best.recipe.label
             attempts = [a.to_dict() for a in m.attempts]
             made = Made(
                 key,
@@ -244,6 +246,7 @@ def make_variants(
             **made.to_dict(),
             "files": list(files),
             "sha256": {n: hashlib.sha256((partial / n).read_bytes()).hexdigest() for n in files},
+            "provenance": provenance(original, recipes, calibration, evaluation, hw),
         }
         (partial / "manifest.json").write_text(json.dumps(manifest, indent=2))
         shutil.rmtree(folder, ignore_errors=True)
@@ -251,6 +254,31 @@ def make_variants(
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return made
+
+
+def provenance(
+    original: Path, recipes: dict[str, str], calibration: Samples, evaluation: Samples, hw
+) -> dict[str, Any]:
+    """What the variants were made from and with, kept in their manifest: the original's
+    sha256 (edged.trust serves them only while that original is the trusted one), each
+    file's recipe, the data's digests, the tools' versions and the device."""
+    from edged import __version__
+    from edged.selection.candidates import runtime_versions
+
+    digest = hashlib.sha256()
+    with open(original, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return {
+        "original": str(original),
+        "original_sha256": digest.hexdigest(),
+        "recipes": dict(recipes),
+        "calibration_sha256": feeds_digest(calibration.feeds),
+        "evaluation_sha256": feeds_digest(evaluation.feeds),
+        "tools": {"edged": __version__, **runtime_versions()},
+        "device": hw.fingerprint(),
+        "made_at": round(time.time(), 3),
+    }
 
 
 def present_targets(hw) -> tuple[str, ...]:

@@ -98,6 +98,8 @@ def load_models(
                 stop_workers([served], 1.0)  # it was never served: nothing to drain
                 raise
             served.serves_as = mc.serves_as
+            made = [trust.made_verdicts.get(str(v)) for v in served.variants]
+            verdicts += [v for v in made if v is not None]
             served.trust = [v.to_dict() for v in verdicts if v.state != "off"]
         except Exception as exc:  # any failure: this model is not served, others are
             reason = str(exc) or exc.__class__.__name__

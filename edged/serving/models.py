@@ -542,6 +542,8 @@ def made_variants(
         raise InputError(str(exc)) from None
     settings = settings_for(policy, hw)
     made = cached_variants(state_dir, variants_key(path, calib, evaluation, hw, settings))
+    for variant in made.variants if made else ():  # served only while their origin is trusted
+        active().require_made(variant, path, f"variant made from {path.name}")
     return (made.variants if made else None), evaluation_of(evaluation, calibration)
 
 

@@ -235,8 +235,15 @@ def stored_decision(
     it made."""
     from edged.selection.decision import load_cached
     from edged.selection.select import family_of
+    from edged.trust.verify import active
 
     variants = tuple(Path(v) for v in report["variants"])
+    trust = active()
+    for variant in variants:  # served only while their origin is trusted (edged.trust)
+        verdict = trust.require_made(variant, served.original.path, f"model {served.name}")
+        if verdict.state != "off":
+            served.trust = [t for t in served.trust if t["path"] != str(variant)]
+            served.trust.append(verdict.to_dict())
     family = family_of(served.original.path, variants)
     selection = load_cached(state_dir, family, report["selection_key"])
     if selection is None:

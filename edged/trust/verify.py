@@ -27,7 +27,7 @@ from edged.trust.settings import SIGNATURE_SUFFIX, SecurityConfig
 from edged.trust.signatures import SignatureError, verify
 
 log = logging.getLogger("edged.trust")
-TRUSTED = ("verified", "pinned")
+TRUSTED = ("verified", "pinned", "derived")
 
 
 class UntrustedModel(ModelError):
@@ -38,7 +38,7 @@ class UntrustedModel(ModelError):
 @dataclass(frozen=True)
 class Verdict:
     path: str
-    state: str  # "verified", "pinned", "unsigned", "failed" ("off": not checked)
+    state: str  # "verified", "pinned", "derived", "unsigned", "failed" ("off": not checked)
     sha256: str | None = None
     signer: str | None = None
     signature: str | None = None
@@ -79,6 +79,9 @@ class ModelTrust:
         # The configured files and what they are checked with (pin, signature), so a later
         # load of the same file (fail-over, switch-back, standby) is checked alike.
         self._files: dict[str, tuple[str | None, Path | None, str]] = {}
+        # Variants made on the device: their original, and their last verdict (status).
+        self._made: dict[str, tuple[Path, str]] = {}
+        self.made_verdicts: dict[str, Verdict] = {}
         self._lock = threading.Lock()
 
     def check(
@@ -132,9 +135,55 @@ class ModelTrust:
         a warning under warn (once per verdict)."""
         with self._lock:
             self._files[str(path)] = (sha256, signature, what)
-        verdict = self.check(path, sha256, signature)
+        return self._act(self.check(path, sha256, signature), what)
+
+    def require_made(self, path: Path, original: Path, what: str = "") -> Verdict:
+        """A variant made on the device (edged.quantize.variants): "derived" while its
+        manifest's provenance names the original as it is now, that original is trusted,
+        and the file is the one the manifest recorded; acted on as `require`."""
+        with self._lock:
+            self._made[str(path)] = (original, what)
+        verdict = self._made_verdict(path, original) if self.config.checking else None
+        if verdict is None:
+            return Verdict(str(path), "off")
+        with self._lock:
+            self.made_verdicts[str(path)] = verdict
+        return self._act(verdict, what)
+
+    def _made_verdict(self, path: Path, original: Path) -> Verdict:
+        import json
+
+        manifest = path.parent / "manifest.json"
+        try:
+            doc = json.loads(manifest.read_text())
+            recorded = doc["sha256"][path.name]
+            made_from = doc["provenance"]["original_sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            why = f"no provenance in {manifest} (remove {path.parent} to make it again)"
+            return Verdict(str(path), "failed", reason=why)
+        try:
+            digest = self.digests.sha256(path)
+            now = self.digests.sha256(original)
+        except OSError as exc:
+            return Verdict(str(path), "failed", reason=f"cannot be read: {exc.strerror or exc}")
+        if digest != recorded:
+            return Verdict(str(path), "failed", digest, reason="changed since it was made")
+        if made_from != now:
+            why = f"made from another original (sha256 {made_from}), not {original} as it is now"
+            return Verdict(str(path), "failed", digest, reason=why)
+        with self._lock:
+            pin, signature, _ = self._files.get(str(original), (None, None, ""))
+        source = self.check(original, pin, signature)
+        if not source.trusted:
+            why = f"its original {original} is not trusted: {source.state}: {source.reason}"
+            return Verdict(str(path), "failed", digest, reason=why)
+        by = f"made on this device from {original.name} ({source.state})"
+        return Verdict(str(path), "derived", digest, by, str(manifest), "provenance checked")
+
+    def _act(self, verdict: Verdict, what: str) -> Verdict:
         if verdict.state == "off" or verdict.trusted:
             return verdict
+        path = verdict.path
         message = f"{what + ': ' if what else ''}{path}: {verdict.state}: {verdict.reason}"
         if self.config.models == "enforce":
             raise UntrustedModel(f"refused by [security] models = enforce: {message}")
@@ -147,10 +196,13 @@ class ModelTrust:
 
     def recheck(self, path: Path) -> Verdict | None:
         """Before a session of `path` is loaded again: the configured file checked as at its
-        first load (a stat when unchanged). None for a file the config does not name (a
-        variant made on the device, in the state dir)."""
+        first load (a stat when unchanged), a variant made on the device by its provenance.
+        None for a file neither names (a compiled cache the runtime keeps)."""
         with self._lock:
             known = self._files.get(str(path))
+            made = self._made.get(str(path))
+        if made is not None:
+            return self.require_made(path, made[0], made[1])
         if known is None:
             return None
         return self.require(path, known[0], known[1], known[2])
@@ -172,5 +224,6 @@ def activate(config: SecurityConfig) -> ModelTrust:
         fresh = ModelTrust(config)
         fresh.digests = _active.digests  # a file's digest does not depend on the policy
         fresh._files = dict(_active._files)
+        fresh._made = dict(_active._made)
         _active = fresh
     return _active

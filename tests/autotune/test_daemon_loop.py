@@ -72,7 +72,7 @@ device_id = "cam-7"
 
 [tuning]
 auto = "apply"
-windows = 5
+windows = 7
 settle_windows = 1
 worse_tolerance = 0.3
 movable = ["{HOG_NAME}"]

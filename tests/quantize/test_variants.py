@@ -82,9 +82,41 @@ def test_variants_are_made_once_per_cpu_backend_and_cached(
     assert schemes == ({"u8s8"} if hw.int8_dot_product else {"u8s8-rr", "u8u8"})
     again = make_variants(original, calibration, evaluation, tmp_path, hw, settings)
     assert again.cached and again.variants == made.variants
+    _provenance_is_recorded_and_checked(made, original, hw, tmp_path)
     made.variants[0].write_bytes(b"damaged")
     assert cached_variants(tmp_path, made.key) is None  # a damaged file is made again
     assert not list((tmp_path / "variants").glob("*.part*"))
+
+
+def _provenance_is_recorded_and_checked(made, original: Path, hw, tmp_path: Path) -> None:
+    """The manifest says what the variants came from; edged.trust serves them only while
+    that original is the trusted one."""
+    import hashlib
+    import json
+    import shutil
+
+    from edged.trust.settings import SecurityConfig
+    from edged.trust.verify import ModelTrust, UntrustedModel
+
+    provenance = json.loads((made.folder / "manifest.json").read_text())["provenance"]
+    assert provenance["original_sha256"] == hashlib.sha256(original.read_bytes()).hexdigest()
+    assert set(provenance["recipes"]) == {p.name for p in made.variants}
+    assert provenance["device"] == hw.fingerprint() and provenance["tools"]["edged"]
+    assert provenance["calibration_sha256"] and provenance["evaluation_sha256"]
+    trust = ModelTrust(SecurityConfig("enforce"))
+    trust.require(original, sha256=provenance["original_sha256"])  # the original, pinned
+    verdict = trust.require_made(made.variants[0], original)
+    assert verdict.state == "derived" and original.name in str(verdict.signer)
+    other = tmp_path / "other.onnx"  # another original: one byte differs
+    shutil.copyfile(original, other)
+    data = bytearray(other.read_bytes())
+    data[200] ^= 1
+    other.write_bytes(bytes(data))
+    with pytest.raises(UntrustedModel, match="made from another original"):
+        trust.require_made(made.variants[0], other)
+    untrusted = ModelTrust(SecurityConfig("enforce"))  # the original neither signed nor pinned
+    with pytest.raises(UntrustedModel, match=r"its original .* is not trusted: unsigned"):
+        untrusted.require_made(made.variants[0], original)
 
 
 @pytest.mark.slow

@@ -36,6 +36,8 @@ CHANGED = {  # a value other than the default, for each field
     "image": Preprocessing(color="bgr"),
     "detector": DetectorConfig("yologeneric"),
     "serves_as": ("yolo.onnx",),
+    "sha256": "0" * 64,
+    "signature": Path("/elsewhere/m.sig"),
 }
 
 
