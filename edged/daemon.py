@@ -214,7 +214,7 @@ class Daemon(RepositoryControl, Supervision):
             tasks.append(asyncio.ensure_future(self._watchdog(interval)))
         if grpc_server is not None:  # serving before HTTP, so READY=1 means both; drains with it
             await grpc_server.start()
-            stop = grpc_server.stop_when(lambda: server.should_exit, DRAIN_S)
+            stop = grpc_server.stop_when(lambda: server.should_exit, DRAIN_S, server.exit_requested)
             tasks.append(asyncio.ensure_future(stop))
         if frigate is not None:
             frigate.start()
@@ -355,7 +355,7 @@ class Daemon(RepositoryControl, Supervision):
         log.info("signal %s: draining and stopping", signal.Signals(sig).name)
         self.notifier.notify("STOPPING=1", "STATUS=draining")
         if self._server is not None:
-            self._server.should_exit = True
+            self._server.request_exit()
 
     async def _announce_ready(self, server, sockets: list[socket.socket]) -> None:
         while not server.started:

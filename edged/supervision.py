@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edged")
 
-SUPERVISE_S = 0.1  # how often stalled backends are looked for
+SUPERVISE_S = 0.1  # how often stalled backends are looked for, at the most
+SUPERVISE_MAX_S = 1.0  # and at the least
 RECOVER_S = 30.0  # how often a model on a fall-back tries its pick again
 
 
@@ -137,7 +138,13 @@ class Supervision:
                 ):
                     served.last_recovery = time.monotonic()
                     self._spawn(self._recover(served))
-            await asyncio.sleep(SUPERVISE_S)
+            await asyncio.sleep(self._supervise_interval())
+
+    def _supervise_interval(self) -> float:
+        """A tenth of the shortest watchdog_ms (a stall is seen at most 10 % late), within
+        SUPERVISE_S and SUPERVISE_MAX_S: 2 wake-ups a second at the default 5 s, not 10."""
+        bounds = [m.worker.batching.watchdog_ms / 1000.0 for m in self.models.values()]
+        return min(SUPERVISE_MAX_S, max(SUPERVISE_S, min(bounds, default=10.0) / 10))
 
     async def _recover(self, served: ServedModel) -> None:
         """Re-verify a degraded model's pick on a thread (a recompile may take minutes;

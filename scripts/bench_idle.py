@@ -33,18 +33,20 @@ from bench_serving import Edged
 from benchlib import log
 from fetch_test_data import models_dir
 
-CONFIGS = {"telemetry on": True, "telemetry off": False}
+# name -> (telemetry, gRPC)
+CONFIGS = {"telemetry on": (True, True), "telemetry off": (False, True), "gRPC off": (True, False)}
 TICK = os.sysconf("SC_CLK_TCK")
 GOAL_WAKEUPS = 5.0
 GOAL_CPU_PERCENT = 0.1
 
 
-def write_config(folder: Path, model: Path, telemetry: bool) -> Path:
+def write_config(folder: Path, model: Path, telemetry: bool, grpc: bool) -> Path:
     config = folder / "edged.toml"
     config.write_text(
         f"""[server]
 listen = "127.0.0.1:0"
-grpc_listen = "127.0.0.1:0"
+grpc_listen = "{"127.0.0.1:0" if grpc else ""}"
+{"" if grpc else 'grpc_socket = ""'}
 socket = "{folder / "edged.sock"}"
 state_dir = "{folder / "state"}"
 
@@ -124,10 +126,11 @@ def main() -> int:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="edged-bench-idle-") as tmp:
         for r in range(args.rounds):
-            for name, telemetry in CONFIGS.items():
+            for name, (telemetry, grpc) in CONFIGS.items():
                 folder = Path(tmp) / f"{name.replace(' ', '-')}-{r}"
                 folder.mkdir()
-                daemon = Edged(folder, write_config(folder, model, telemetry)).wait_ready()
+                config = write_config(folder, model, telemetry, grpc)
+                daemon = Edged(folder, config).wait_ready()
                 try:
                     time.sleep(args.settle)
                     result = measure(daemon.proc.pid, args.seconds)
