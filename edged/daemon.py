@@ -45,8 +45,6 @@ from sysconf.cpusets import CpuPlan
 from sysconf.sysroot import SysRoot
 
 if TYPE_CHECKING:
-    import uvicorn
-
     from edged.telemetry.loop import TelemetryLoop
     from edged.telemetry.mqtt.log_publisher import LogPublisher
     from edged.telemetry.mqtt.publisher import Publisher
@@ -86,7 +84,7 @@ class Daemon(RepositoryControl, Supervision):
         self.publisher: Publisher | LogPublisher | None = None
         self.telemetry: TelemetryLoop | None = None
         self.tuning: Any = None  # edged.autotune.loop.TuningLoop ([tuning] auto on)
-        self._server: uvicorn.Server | None = None
+        self._server: Any = None  # edged.serving.listeners._Server (uvicorn's, ticking 1 Hz)
         self._reload_lock: asyncio.Lock | None = None
         self._reload_queued = False  # a reload waits for the model set (_on_hup)
         # Held by a variants job's swap and by stopping retired models (both in threads):
