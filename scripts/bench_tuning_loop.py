@@ -155,7 +155,7 @@ def family(procs: list[subprocess.Popen]) -> set[int]:
 
 def kept_changes(loop: TuningLoop) -> list[Change]:
     return [
-        Change(c["kind"], c["path"], c["old"], c["new"], c["reason"])
+        Change.from_dict(c)
         for step in loop.ledger.steps
         if step.get("state") == "kept"
         for c in step.get("applied") or []

@@ -40,6 +40,11 @@ class Change:
     # what it reads at apply time, not from the plan, so a stale plan cannot misrecord it.
     selector: bool = False
 
+    @classmethod
+    def from_dict(cls, data: dict) -> Change:
+        """A change from `to_dict`'s fields (a proposal's, a record's)."""
+        return cls(data["kind"], data["path"], data["old"], data["new"], data["reason"])
+
     def to_dict(self) -> dict:
         """The plan JSON's fields (scripts rely on exactly these)."""
         return {

@@ -66,7 +66,7 @@ class TuningLoop:
 
         self.config = config
         self.plan = plan
-        self.root = root or SysRoot.at(None if str(config.root) == "/" else config.root)
+        self.root = root or SysRoot.at(config.root)
         # Under another root the journal lives inside it, where `edgectl revert --root` looks.
         state_dir = str(config.state_dir) if self.root.is_live else "/var/lib/edged"
         self.journals = Journals(self.root, state_dir)
@@ -194,9 +194,7 @@ class TuningLoop:
     def _apply(self, step: dict[str, Any]) -> None:
         from sysconf.change_records import Change
 
-        changes = [
-            Change(c["kind"], c["path"], c["old"], c["new"], c["reason"]) for c in step["changes"]
-        ]
+        changes = [Change.from_dict(c) for c in step["changes"]]
         try:
             result = self.journals.apply(changes)
         except (OSError, ValueError) as exc:

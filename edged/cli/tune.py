@@ -113,7 +113,7 @@ def cmd_tune(args) -> int:
         from sysconf.change_records import Change
 
         changes = [
-            Change(c["kind"], c["path"], c["old"], c["new"], c["reason"])
+            Change.from_dict(c)
             for cause in causes
             for p in cause["proposals"]
             for c in p["changes"]
