@@ -39,7 +39,9 @@ def parse_task_path(path: str) -> tuple[int, int]:
 
 
 def start_time(pid: int, tid: int) -> int | None:
-    """The thread's start time (field 22 of its stat, clock ticks after boot), None if gone."""
+    """The thread's start time (field 22 of its stat, clock ticks after boot), None if gone.
+    Read here, not through sysconf.intrusions' stat reader: that module reaches the journal
+    (through sysconf.irq), which imports this one."""
     try:
         with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
             stat = f.read()

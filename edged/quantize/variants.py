@@ -265,13 +265,9 @@ def provenance(
     from edged import __version__
     from edged.selection.candidates import runtime_versions
 
-    digest = hashlib.sha256()
-    with open(original, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
     return {
         "original": str(original),
-        "original_sha256": digest.hexdigest(),
+        "original_sha256": inspect_model(original).sha256,  # as variants_key read it (cached)
         "recipes": dict(recipes),
         "calibration_sha256": feeds_digest(calibration.feeds),
         "evaluation_sha256": feeds_digest(evaluation.feeds),
