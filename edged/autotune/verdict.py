@@ -22,6 +22,7 @@ Windows with no requests carry no evidence and are not counted."""
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -83,9 +84,9 @@ def mann_whitney_less(after: Sequence[float], before: Sequence[float]) -> float:
         ranks[value] = sum(positions) / len(positions)
     all_ranks = [ranks[v] for v in pooled]
     seen = sum(ranks[v] for v in after)
-    splits = list(itertools.combinations(all_ranks, len(after)))
+    splits = itertools.combinations(all_ranks, len(after))
     at_most = sum(1 for split in splits if sum(split) <= seen + 1e-9)
-    return at_most / len(splits)
+    return at_most / math.comb(len(all_ranks), len(after))
 
 
 @dataclass(frozen=True)

@@ -84,16 +84,13 @@ class GrpcServer:
                 self._unix.remove()
 
     async def stop_when(
-        self, should_exit: Callable[[], bool], grace_s: float, woken: asyncio.Event | None = None
+        self, should_exit: Callable[[], bool], grace_s: float, woken: asyncio.Event
     ) -> None:
         """Stop as soon as `should_exit()` (uvicorn's flag, set at SIGTERM): gRPC drains
         while HTTP does, not after it. `woken` (set with the flag) ends the wait at once;
-        the flag is still looked at every second (without it: every 50 ms), so an idle
-        daemon is not woken 20 times a second for it."""
+        the flag is still looked at every second, so an idle daemon is not woken 20 times
+        a second for it (a 50 ms poll did)."""
         while not should_exit():
-            if woken is None:
-                await asyncio.sleep(0.05)
-                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), 1.0)
         await self.stop(grace_s)

@@ -67,7 +67,9 @@ class _Server:
         import uvicorn
 
         class Server(uvicorn.Server):
-            exit_requested: asyncio.Event | None = None
+            def __init__(self, config) -> None:
+                super().__init__(config)
+                self.exit_requested = asyncio.Event()
 
             @contextlib.contextmanager
             def capture_signals(self) -> Iterator[None]:
@@ -75,12 +77,9 @@ class _Server:
 
             def request_exit(self) -> None:
                 self.should_exit = True
-                if self.exit_requested is not None:
-                    self.exit_requested.set()
+                self.exit_requested.set()
 
             async def main_loop(self) -> None:
-                if self.exit_requested is None:
-                    self.exit_requested = asyncio.Event()
                 counter = 0
                 should_exit = await self.on_tick(counter)
                 while not should_exit:
@@ -90,9 +89,7 @@ class _Server:
                         await asyncio.wait_for(self.exit_requested.wait(), 1.0)
                     should_exit = await self.on_tick(counter)
 
-        server = Server(config)
-        server.exit_requested = asyncio.Event()
-        return server
+        return Server(config)
 
 
 def bind_sockets(config: Config) -> list[socket.socket]:
