@@ -80,6 +80,7 @@ class Ledger:
             "at": round(time.time(), 3),
             "reason": step.get("reason"),
         }
+        self.save()
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -220,7 +220,6 @@ class TuningLoop:
     def _refused(self, step: dict[str, Any], why: str) -> None:
         self._record("refused", step, why, level=logging.WARNING)
         self.ledger.fail(step)
-        self.ledger.save()
         self._evidence.clear()
 
     # -- verifying ---------------------------------------------------------------------------
@@ -240,7 +239,6 @@ class TuningLoop:
             step["undo"] = [list(pair) for pair in self.journals.tuning.undo_last()]
             self._record("reverted", step, verdict.reason, level=logging.WARNING)
             self.ledger.fail(step)
-            self.ledger.save()
         self._current = None
         self._before, self._after = [], []
         self._evidence.clear()

@@ -15,6 +15,7 @@ start and on each reload; the loading code calls `active().require(...)`."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -151,8 +152,6 @@ class ModelTrust:
         return self._act(verdict, what)
 
     def _made_verdict(self, path: Path, original: Path) -> Verdict:
-        import json
-
         manifest = path.parent / "manifest.json"
         try:
             doc = json.loads(manifest.read_text())
