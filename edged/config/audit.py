@@ -17,13 +17,34 @@ if TYPE_CHECKING:
 
 
 def audit_options(config: Config) -> dict[str, Any]:
-    """What the checks read from edged's config: [audit] trim/keep, and whether a model runs
-    SCHED_FIFO (KRN-SCHED-RT-RUNTIME)."""
+    """What the checks read from edged's config: [audit] trim/keep, whether a model runs
+    SCHED_FIFO (KRN-SCHED-RT-RUNTIME), and each model file's trust verdict (MDL-TRUST)."""
     return {
         "trim": list(config.audit.trim),
         "keep": list(config.audit.keep),
         "realtime": any(mc.rt_priority for mc in config.models),
+        "model_trust": model_trust(config),
     }
+
+
+def model_trust(config: Config) -> dict[str, Any]:
+    """[security] models and the verdict on every configured model file (edged.trust), as the
+    MDL check reads them. In the daemon the active policy's cached verdicts answer (a stat per
+    file); `edgectl audit --config` hashes each file once."""
+    from edged.trust.verify import ModelTrust, active
+
+    security = config.security
+    if not security.checking:
+        return {"mode": security.models, "verdicts": []}
+    trust = active() if active().config == security else ModelTrust(security)
+    verdicts = []
+    for mc in config.models:
+        files = [(mc.path, mc.sha256, mc.signature), *((v, None, None) for v in mc.variants)]
+        for path, pin, signature in files:
+            verdict = trust.check(path, pin, signature)
+            verdicts.append({"model": mc.name, **verdict.to_dict()})
+        verdicts += [{"model": mc.name, **v.to_dict()} for v in trust.made_from(mc.path)]
+    return {"mode": security.models, "verdicts": verdicts}
 
 
 def model_cpus(config: Config) -> list[int]:

@@ -1,6 +1,7 @@
 """The device's own families on /metrics, beside the request metrics: temperatures and
-throttling, latency outliers by cause, each model's standby, and the telemetry spool's
-backlog, so one Prometheus scrape of a device feeds its dashboard (docs/dashboards/).
+throttling, latency outliers by cause, each model's standby and its files' trust verdicts,
+and the telemetry spool's backlog, so one Prometheus scrape of a device feeds its dashboard
+(docs/dashboards/).
 
 Read at scrape time from what the daemon already holds (the telemetry loop's last thermal
 reading and its outlier counts, the publisher's spool figures): a scrape never reads a slow
@@ -59,6 +60,15 @@ class DeviceCollector:
         for name, served in sorted(self._models().items()):
             standby.add_metric([name], 1.0 if served.worker.standby is not None else 0.0)
         yield standby
+        trust = GaugeMetricFamily(
+            "edged_model_file_trust",
+            "1 for each served model file, labelled with its [security] verdict",
+            labels=["model", "file", "state"],
+        )
+        for name, served in sorted(self._models().items()):
+            for verdict in served.trust:
+                trust.add_metric([name, verdict["path"], verdict["state"]], 1.0)
+        yield trust
         publisher = self._publisher()
         if publisher is not None and hasattr(publisher, "spool"):
             stats = publisher.stats()

@@ -151,6 +151,15 @@ class ModelTrust:
             self.made_verdicts[str(path)] = verdict
         return self._act(verdict, what)
 
+    def made_from(self, original: Path) -> list[Verdict]:
+        """The last verdicts on the variants made on the device from `original`."""
+        with self._lock:
+            return [
+                self.made_verdicts[path]
+                for path, (source, _) in sorted(self._made.items())
+                if source == original and path in self.made_verdicts
+            ]
+
     def _made_verdict(self, path: Path, original: Path) -> Verdict:
         manifest = path.parent / "manifest.json"
         try:

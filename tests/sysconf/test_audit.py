@@ -192,6 +192,7 @@ def test_stats_per_check_only_when_asked(capsys, board: Path) -> None:
         "services",
         "isolation",
         "thermal",
+        "models",
     ]
     assert all(c["ok"] and c["seconds"] >= 0 for c in report["checks"])
     assert sum(c["findings"] for c in report["checks"]) == len(report["findings"])

@@ -63,6 +63,9 @@ PINNED = [
     ("KRN-SYSCTL", "warn"),
     ("KRN-THP", "warn"),
     ("KRN-WORKQUEUE-MASK", "warn"),
+    ("MDL-CHECK-ERROR", "warn"),
+    ("MDL-TRUST", "fail"),  # a file that is not the one signed, or refused under enforce
+    ("MDL-TRUST", "warn"),
     ("SVC-CHECK-ERROR", "warn"),
     ("SVC-CPUAFFINITY", "warn"),
     ("SVC-DOUBLE-LOGGING", "warn"),
@@ -104,12 +107,14 @@ def test_one_registered_check_per_module() -> None:
     assert sorted(check.run.__module__ for check in found) == modules
     assert len({check.prefix for check in found}) == len(found)
     # the run order, which is the order of the JSON/JUnit/SARIF findings
-    assert [check.name for check in found] == ["devicetree", "services", "isolation", "thermal"]
+    names = [check.name for check in found]
+    assert names == ["devicetree", "services", "isolation", "thermal", "models"]
 
 
 def test_text_sections_come_from_the_catalogues() -> None:
     places = runner.sections()
-    assert sorted(places, key=places.__getitem__) == ["ISO", "IRQ", "SVC", "KRN", "DT", "THM"]
+    in_order = sorted(places, key=places.__getitem__)
+    assert in_order == ["ISO", "IRQ", "SVC", "KRN", "DT", "THM", "MDL"]
 
 
 def _contexts(tmp_path: Path, dtb_corpus: Path) -> list[AuditContext]:
@@ -120,6 +125,7 @@ def _contexts(tmp_path: Path, dtb_corpus: Path) -> list[AuditContext]:
         trees = [(name, load_fdt(dtb_corpus / name)) for name in dtbs]
         return AuditContext(root=SysRoot.at(root), dtbs=trees, options=options)
 
+    unsigned = {"model": "cls", "path": "/m/cls.onnx", "state": "unsigned", "reason": "no pin"}
     single = tmp_path / "single/sys/devices/system/cpu"
     single.mkdir(parents=True)
     (single / "online").write_text("0\n")
@@ -144,6 +150,7 @@ def _contexts(tmp_path: Path, dtb_corpus: Path) -> list[AuditContext]:
             )
         ),
         ctx(tmp_path / "single", ("qcom/qrb5165-rb5.dtb", "freescale/imx8mm-beacon-kit.dtb")),
+        ctx(tmp_path / "single", model_trust={"mode": "warn", "verdicts": [unsigned]}),
     ]
 
 

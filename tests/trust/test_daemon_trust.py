@@ -78,6 +78,10 @@ def test_enforce_loads_signed_refuses_changed_and_keeps_serving(
         (verdict,) = served["trust"]
         assert verdict["state"] == "verified" and verdict["signer"] == "ci.pub"
         assert verdict["path"] == str(model) and len(verdict["sha256"]) == 64
+        with Client(address) as client:
+            _, _, metrics = client._request("GET", "/metrics")
+        line = f'edged_model_file_trust{{file="{model}",model="cls",state="verified"}} 1.0'
+        assert line in metrics.decode().splitlines()
         # The fleet's view: the state (birth) the publisher sends, logged here (no broker).
         births = [
             json.loads(line[line.index("{") :])

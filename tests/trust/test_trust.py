@@ -113,3 +113,39 @@ def test_the_security_table(signed, tmp_path: Path) -> None:
     assert config.security.trusted_keys == (public,)
     assert config.models[0].sha256 == "a" * 64
     assert config.models[0].signature == tmp_path / "elsewhere.sig"
+
+
+def test_the_audit_says_which_model_files_are_not_trusted(signed, tmp_path: Path, capsys) -> None:
+    """`edgectl audit --config` under warn: the signed file passes MDL-TRUST, an unsigned one
+    warns and a changed one fails (the audit's exit 1); with models = off the check skips."""
+    model, _, public = signed
+    unsigned = tmp_path / "other.onnx"
+    shutil.copyfile(model, unsigned)
+    changed = tmp_path / "changed.onnx"
+    shutil.copyfile(model, changed)
+    shutil.copyfile(tmp_path / "cls.onnx.sig", tmp_path / "changed.onnx.sig")
+    flip_one_byte(changed)
+    models = "".join(
+        f'[[models]]\nname = "{name}"\npath = "{path}"\n'
+        for name, path in (("cls", model), ("other", unsigned), ("changed", changed))
+    )
+    config = tmp_path / "edged.toml"
+
+    def audit(mode: str) -> tuple[int, dict]:
+        config.write_text(f'[security]\nmodels = "{mode}"\ntrusted_keys = ["{public}"]\n{models}')
+        capsys.readouterr()
+        flags = ["--root", str(tmp_path), "--config", str(config), "--format", "json"]
+        code = main(["audit", *flags, "--only", "MDL"])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, report = audit("warn")
+    found = {f["subject"]: f for f in report["findings"]}
+    assert code == 1, report
+    assert found[str(model)]["status"] == "pass" and "is verified" in found[str(model)]["title"]
+    assert found[str(unsigned)]["status"] == "warn" and found[str(unsigned)]["severity"] == "warn"
+    assert "loads unchecked (warn): unsigned" in found[str(unsigned)]["title"]
+    assert "edgectl sign" in found[str(unsigned)]["remedy"]
+    assert (found[str(changed)]["status"], found[str(changed)]["severity"]) == ("fail", "fail")
+    assert "not the one that was signed" in found[str(changed)]["title"]
+    code, report = audit("off")
+    assert code == 0 and [f["status"] for f in report["findings"]] == ["skip"]
