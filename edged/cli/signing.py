@@ -3,13 +3,16 @@ key and checked on a device with the same tool and the public key, as the daemon
 before every load ([security] models, edged.trust).
 
     edgectl sign MODEL [MODEL ...] --key PRIVATE.pem [--signature OUT] [--json]
-    edgectl verify MODEL [MODEL ...] (--key PUBLIC.pem ... | --certificate CHAIN.pem ...)
+    edgectl verify MODEL [MODEL ...] (--key PUBLIC.pem ... | --certificate CHAIN.pem ...
+        | --sigstore-trust-root ROOT.json --identity ID --issuer URL)
         [--sha256 HEX] [--signature SIG] [--json]
 
 A signature goes beside its model as `<model>.sig` (where the daemon looks by default);
 `--signature` names another file (one model only). Keys are elliptic-curve PEM files
 (`openssl ecparam -name prime256v1 -genkey -noout -out key.pem`, `openssl ec -in key.pem
--pubout -out key.pub`). Needs the optional library: pip install 'edged[signing]'.
+-pubout -out key.pub`). A Sigstore bundle (signed in CI with `model_signing sign sigstore`)
+is verified against a local trust root, offline, for the signer's identity and OIDC issuer.
+Needs the optional library: pip install 'edged[signing]'.
 
 Exit codes: 0 signed / every model verified (or pinned), 1 a model did not verify (each is
 listed with why), 2 bad flags, a missing file, or the library is not installed."""
@@ -40,6 +43,14 @@ def register(sub) -> None:
     verify.add_argument(
         "--certificate", type=Path, action="append", default=[], help="certificate chain"
     )
+    verify.add_argument(
+        "--sigstore-trust-root",
+        type=Path,
+        metavar="ROOT.json",
+        help="a Sigstore trusted_root.json (or client trust config), read locally",
+    )
+    verify.add_argument("--identity", help="Sigstore: the signer's identity (e-mail, URI)")
+    verify.add_argument("--issuer", help="Sigstore: the identity's OIDC issuer")
     verify.add_argument("--sha256", help="the digest pinned for the model (one model)")
     verify.add_argument("--signature", type=Path, help="its signature file (one model)")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
@@ -82,10 +93,16 @@ def cmd_verify(args) -> int:
     from edged.trust.signatures import INSTALL_HINT
     from edged.trust.verify import ModelTrust
 
-    _check_files(args, [*args.models, *args.key, *args.certificate])
+    root = args.sigstore_trust_root
+    _check_files(args, [*args.models, *args.key, *args.certificate, *([root] if root else [])])
     if args.sha256 is not None and len(args.models) > 1:
         raise UsageError("--sha256 pins one model's digest: give one MODEL with it")
-    trust = ModelTrust(SecurityConfig("enforce", tuple(args.key), tuple(args.certificate)))
+    sigstore = (root, args.identity, args.issuer)
+    if any(sigstore) and not all(sigstore):
+        raise UsageError("Sigstore needs --sigstore-trust-root, --identity and --issuer")
+    signers = ((args.identity, args.issuer),) if root else ()
+    config = SecurityConfig("enforce", tuple(args.key), tuple(args.certificate), root, signers)
+    trust = ModelTrust(config)
     verdicts = [trust.check(m, args.sha256, args.signature) for m in args.models]
     for verdict in verdicts:
         if INSTALL_HINT in verdict.reason:

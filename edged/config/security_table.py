@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from edged.config.checks import Checker, Table, show
@@ -31,12 +33,61 @@ def security(check: Checker, data: Mapping[str, Any], models: tuple) -> Security
                 raise check.fail(f"security.{key}[{index}]", f"no such file: {path}")
             paths.append(path)
         files[key] = tuple(paths)
-    if mode == "enforce" and not any(files.values()):
+    sigstore_root, signers = _sigstore(check, t)
+    config = SecurityConfig(
+        mode, files["trusted_keys"], files["trusted_certificates"], sigstore_root, signers
+    )
+    if mode == "enforce" and not config.signers:
         unpinned = [f"models[{i}] ({m.name})" for i, m in enumerate(models) if m.sha256 is None]
         if unpinned:
             raise check.fail(
                 "security.models",
-                "enforce with no trusted_keys or trusted_certificates needs a sha256 on every "
-                f"model; none on {', '.join(unpinned)}",
+                "enforce with no trusted_keys, trusted_certificates or Sigstore signers needs "
+                f"a sha256 on every model; none on {', '.join(unpinned)}",
             )
-    return SecurityConfig(mode, files["trusted_keys"], files["trusted_certificates"])
+    return config
+
+
+TRUST_ROOT_TYPES = (
+    "application/vnd.dev.sigstore.trustedroot+json",
+    "application/vnd.dev.sigstore.clienttrustconfig",
+)
+
+
+def _sigstore(check: Checker, t: Table) -> tuple[Path | None, tuple[tuple[str, str], ...]]:
+    """sigstore_trust_root (a trusted_root.json or a client trust config: its media type is
+    checked here, its keys by the verifier) and sigstore_signers ([{identity, issuer}]):
+    both or neither."""
+    raw_root, raw_signers = t.get("sigstore_trust_root"), t.get("sigstore_signers")
+    if raw_root is None and not raw_signers:
+        return None, ()
+    if raw_root is None or not raw_signers:
+        missing = "sigstore_signers" if raw_root is not None else "sigstore_trust_root"
+        raise check.fail(f"security.{missing}", "Sigstore needs a trust root and its signers")
+    key = "security.sigstore_trust_root"
+    root = check.path(check.string(raw_root, key), key)
+    try:
+        media = json.loads(root.read_text()).get("mediaType", "")
+    except (OSError, ValueError, AttributeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not a JSON object"
+        raise check.fail(key, f"{root}: {why}") from None
+    if not str(media).startswith(TRUST_ROOT_TYPES):
+        raise check.fail(
+            key,
+            f"{root}: mediaType {show(media)} is neither a Sigstore trusted root nor a client "
+            "trust config",
+        )
+    if not isinstance(raw_signers, list | tuple):
+        raise check.fail("security.sigstore_signers", "must be a list of {identity, issuer}")
+    signers = []
+    for index, entry in enumerate(raw_signers):
+        key = f"security.sigstore_signers[{index}]"
+        if not isinstance(entry, Mapping):
+            raise check.fail(key, 'expected { identity = "...", issuer = "https://..." }')
+        check.keys(entry, key, ("identity", "issuer"))
+        identity = check.string(entry.get("identity"), f"{key}.identity")
+        issuer = check.string(entry.get("issuer"), f"{key}.issuer")
+        if not identity or not issuer:
+            raise check.fail(key, "identity and issuer must both be given")
+        signers.append((identity, issuer))
+    return root, tuple(signers)

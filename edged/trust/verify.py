@@ -1,11 +1,11 @@
 """The verdict on one model file, and the policy that acts on it.
 
 A file is **verified** when its signature (by default `<file>.sig` beside it) verifies with a
-trusted key or certificate chain, **pinned** when it has no signature but its sha256 is the
-one the config pins for it, **unsigned** when it has neither, and **failed** when the pin or
-the signature says it is not the file that was signed (or it cannot be read). Under
-"enforce" only verified and pinned files load; under "warn" every file loads and the others
-are said (log, status); "off" checks nothing.
+trusted key, certificate chain or Sigstore signer, **pinned** when it has no signature but
+its sha256 is the one the config pins for it, **unsigned** when it has neither, and
+**failed** when the pin or the signature says it is not the file that was signed (or it
+cannot be read). Under "enforce" only verified and pinned files load; under "warn" every
+file loads and the others are said (log, status); "off" checks nothing.
 
 `ModelTrust` keeps each file's verdict with the file's identity (sysconf-free: dev, inode,
 size, times) and the signature's, so a verdict is computed once per change of either file:
@@ -118,7 +118,11 @@ class ModelTrust:
         if _id(sig) is not None:
             try:
                 signer = verify(
-                    path, sig, self.config.trusted_keys, self.config.trusted_certificates
+                    path,
+                    sig,
+                    self.config.trusted_keys,
+                    self.config.trusted_certificates,
+                    self.config.sigstore,
                 )
             except SignatureError as exc:
                 return Verdict(str(path), "failed", digest, None, str(sig), f"signature: {exc}")

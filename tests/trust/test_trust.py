@@ -97,8 +97,9 @@ def test_the_security_table(signed, tmp_path: Path) -> None:
         '[security]\nmodels = "strict"\n' + base
     )
     assert (
-        "enforce with no trusted_keys or trusted_certificates needs a sha256 on every "
-        "model; none on models[0] (cls)" in error('[security]\nmodels = "enforce"\n' + base)
+        "enforce with no trusted_keys, trusted_certificates or Sigstore signers needs a "
+        "sha256 on every model; none on models[0] (cls)"
+        in error('[security]\nmodels = "enforce"\n' + base)
     )
     assert "security.trusted_keys[0]: no such file" in error(
         '[security]\nmodels = "enforce"\ntrusted_keys = ["nope.pub"]\n' + base
