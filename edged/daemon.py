@@ -123,7 +123,7 @@ class Daemon(RepositoryControl, Supervision):
             "cpu_plan": self.cpu_plan.to_dict() if self.cpu_plan is not None else None,
             "memory_locked": self.memory_locked,
             "threads": thread_affinities(),
-            "tuning": self.tuning.status() if self.tuning is not None else None,
+            **self.care_status(),  # tuning, thermal
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -192,6 +192,7 @@ class Daemon(RepositoryControl, Supervision):
 
         register_collectors(self.metrics.registry, lambda: self.models, lambda: self)
         self.start_telemetry()
+        self.start_thermal()
         self._server = server = http_server(api, self.config.server, DRAIN_S)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -229,6 +230,7 @@ class Daemon(RepositoryControl, Supervision):
                 await grpc_server.stop(DRAIN_S)
             if frigate is not None:
                 await frigate.stop()
+            await asyncio.to_thread(self.stop_thermal)  # no step acts on a stopping worker
             await asyncio.to_thread(stop_workers, list(self.models.values()), DRAIN_S)
             await asyncio.to_thread(inference.tracer.close)  # the trace file, the last spans
             left = inference.shared_memory.close()  # no worker holds a view now

@@ -41,6 +41,27 @@ class Supervision:
     _spawn: Callable[[Coroutine[Any, Any, None]], None]
     _event: Callable[..., None]
     metrics: ServingMetrics
+    tuning: Any
+    thermal: Any = (
+        None  # edged.serving.thermal_admission.ThermalGovernor while [thermal] admission is on
+    )
+
+    def start_thermal(self) -> None:
+        from edged.serving.thermal_admission import start_thermal
+
+        config = self.config.thermal
+        self.thermal = start_thermal(config, lambda: self.models, lambda: self.hw, self._event)
+
+    def stop_thermal(self) -> None:
+        if self.thermal is not None:
+            self.thermal.stop()
+
+    def care_status(self) -> dict[str, Any]:
+        """The loops that act on what telemetry sees: the tuning loop and thermal admission."""
+        return {
+            "tuning": self.tuning.status() if self.tuning is not None else None,
+            "thermal": self.thermal.status() if self.thermal is not None else None,
+        }
 
     def _failover_hook(self, name: str) -> Callable[[str], None]:
         """What a model's worker calls when it fails over: counted, and told to the fleet."""

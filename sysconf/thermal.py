@@ -280,7 +280,7 @@ def read_thermal(root: SysRoot | None = None) -> ThermalState:
     """One snapshot. Some sensors (I2C, ACPI methods) take milliseconds to read: call it from
     the telemetry thread, never from the inference path."""
     root = root or SysRoot()
-    zones = _read_zones(root)
+    zones = read_zones(root)
     sensors = _psutil_sensors() if not zones and root.is_live else {}
     return ThermalState(
         zones=zones,
@@ -318,7 +318,8 @@ def _millidegrees(root: SysRoot, path: str) -> float | None:
     return None if value is None else value / 1000
 
 
-def _read_zones(root: SysRoot) -> list[ThermalZone]:
+def read_zones(root: SysRoot) -> list[ThermalZone]:
+    """Every thermal zone with its type, temperature and trips, in numeric order."""
     zones = []
     for _, name in _numbered(root, THERMAL_DIR, "thermal_zone"):
         base = f"{THERMAL_DIR}/{name}"

@@ -7,7 +7,7 @@ import tomllib
 from collections.abc import Collection
 from pathlib import Path
 
-from edged.config import sections, security_table, tuning_table
+from edged.config import sections, security_table, thermal_table, tuning_table
 from edged.config.checks import Checker, ConfigError
 from edged.config.models import models
 from edged.config.schema import Config, toml_keys
@@ -74,6 +74,7 @@ def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = 
     trace = sections.trace(check, check.table(doc, "trace"))
     tuning = tuning_table.tuning(check, check.table(doc, "tuning"))
     security = security_table.security(check, check.table(doc, "security"), found)
+    thermal = thermal_table.thermal(check, check.table(doc, "thermal"))
     return Config(
         check.absolute,
         server,
@@ -85,4 +86,5 @@ def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = 
         trace,
         tuning,
         security,
+        thermal,
     )

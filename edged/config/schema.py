@@ -19,6 +19,7 @@ from edged.autotune.settings import TuningConfig
 from edged.quantize.calibration_spec import CalibrationSpec, Preprocess
 from edged.selection.policy import Policy
 from edged.telemetry.settings import MqttSettings
+from edged.thermal.settings import ThermalConfig
 from edged.tracing.settings import TraceConfig
 from edged.trust.settings import SecurityConfig
 from edged.vision.settings import Preprocessing
@@ -264,6 +265,7 @@ class Config:
     security: SecurityConfig = field(
         default_factory=SecurityConfig, metadata={"table": SecurityConfig}
     )
+    thermal: ThermalConfig = field(default_factory=ThermalConfig, metadata={"table": ThermalConfig})
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

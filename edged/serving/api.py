@@ -106,7 +106,7 @@ class Api(ControlRoutes, DeepStackRoutes):
                 raise HttpError(405, f"{method} {path} is not supported")
             await self._get(send, path, scope.get("query_string", b""))
         except HttpError as exc:
-            await send_json(send, exc.status, {"error": str(exc)})
+            await send_json(send, exc.status, {"error": str(exc)}, exc.retry_after)
 
     # -- GET routes --------------------------------------------------------------------------
     async def _get(self, send, path: str, query: bytes = b"") -> None:

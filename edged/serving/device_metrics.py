@@ -14,6 +14,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from edged.thermal.ladder import STEPS
+
 
 class DeviceCollector:
     def __init__(
@@ -21,10 +23,42 @@ class DeviceCollector:
         models: Callable[[], Mapping[str, Any]],
         telemetry: Callable[[], Any],
         publisher: Callable[[], Any],
+        thermal: Callable[[], Any] = lambda: None,
     ) -> None:
         self._models = models
+        self._thermal = thermal  # edged.serving.thermal_admission.ThermalGovernor, or None
         self._telemetry = telemetry  # the TelemetryLoop, or None
         self._publisher = publisher  # the MQTT publisher, or None
+
+    def _admission(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Thermal admission's headroom and each model's step, while it is on."""
+        governor = self._thermal()
+        if governor is None or governor.last is None:
+            return
+        headroom = GaugeMetricFamily(
+            "edged_thermal_headroom",
+            "How near a watched zone is to its first throttling trip (1.0: at it)",
+            labels=["zone", "type"],
+        )
+        for zone in governor.last.zones:
+            if zone.headroom is not None:
+                headroom.add_metric([zone.zone, zone.type], zone.headroom)
+        yield headroom
+        step = GaugeMetricFamily(
+            "edged_thermal_step",
+            "A model's step on the thermal ladder: 0 normal, 1 cheaper, 2 limit, 3 shed",
+            labels=["model"],
+        )
+        refused = CounterMetricFamily(
+            "edged_thermal_refused",
+            "Requests refused (503, Retry-After) while the device cools",
+            labels=["model"],
+        )
+        for name, care in sorted(governor.cares.items()):
+            step.add_metric([name], float(STEPS.index(care.ladder.name)))
+            refused.add_metric([name], float(care.gate.refused))
+        yield step
+        yield refused
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         loop = self._telemetry()
@@ -69,6 +103,7 @@ class DeviceCollector:
             for verdict in served.trust:
                 trust.add_metric([name, verdict["path"], verdict["state"]], 1.0)
         yield trust
+        yield from self._admission()
         publisher = self._publisher()
         if publisher is not None and hasattr(publisher, "spool"):
             stats = publisher.stats()
@@ -110,5 +145,10 @@ def register_collectors(
         )
     )
     registry.register(
-        DeviceCollector(models, lambda: daemon().telemetry, lambda: daemon().publisher)
+        DeviceCollector(
+            models,
+            lambda: daemon().telemetry,
+            lambda: daemon().publisher,
+            lambda: getattr(daemon(), "thermal", None),
+        )
     )

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +81,8 @@ class ModelWorker(SessionSwitching):
         # against max_queue_size so that a flood is refused before its bodies are in memory.
         # Touched only on the event loop.
         self.admitting = 0
+        # edged.serving.admission.Gate while [thermal] admission is on (None: admit all).
+        self.gate: Any = None
         # (session, feed signatures check_feeds accepted for it): see _check_feeds.
         self._checked: tuple[Session | None, set[tuple]] = (None, set())
 
@@ -181,6 +184,8 @@ class ModelWorker(SessionSwitching):
             raise NotServing(f"{self.name}: shutting down")
         if not self.alive():
             raise NotServing(f"{self.name}: worker is not running")
+        if self.gate is not None:
+            self.gate.check()  # Throttled (503, Retry-After) while the device cools
         inflight = self._inflight
         admitted = len(self._queue) + self.admitting + (len(inflight) if inflight else 0)
         if admitted >= self.batching.max_queue_size + self._batch_room():

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 class RequestError(Exception):
     """A request refused or failed, with its HTTP status; gRPC maps the status to its code
-    (`edged.serving.grpc_server.STATUS_CODES`)."""
+    (`edged.serving.grpc_server.STATUS_CODES`). `retry_after`: seconds a refused client is
+    told to wait (HTTP's Retry-After), when the refusal is for a while (a cooling device)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after

@@ -169,6 +169,19 @@ class SessionSwitching:
                 if old is not None:
                     self._retired.append(old)
 
+    def promote_standby(self) -> bool:
+        """The standby serves from the next batch on, as the pick, and the session it
+        replaces is closed once its batch is done; the standby slot is left empty. False
+        when there is no standby."""
+        with self._switch_lock:
+            if self.standby is None:
+                return False
+            old, self.session, self.standby = self.session, self.standby, None
+            self.primary = self.session.candidate.key
+            if old is not self.session:
+                self._retired.append(old)
+            return True
+
     def _close_retired(self) -> None:
         """Close the sessions switched away from: called by the worker between batches, so
         none is closed while a batch runs on it."""

@@ -133,7 +133,8 @@ class DeepStackRoutes:
                 raise RequestError(404, f"no route {path}")
             predictions = await self._detect(scope, receive, name)
         except RequestError as exc:
-            await send_json(send, exc.status, {"success": False, "error": str(exc)})
+            body = {"success": False, "error": str(exc)}
+            await send_json(send, exc.status, body, exc.retry_after)
             return
         if predictions is None:
             return  # the client went away

@@ -129,8 +129,9 @@ async def send_body(send, status: int, body: bytes, headers: list[tuple[bytes, b
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_json(send, status: int, doc: Any) -> None:
-    await send_body(send, status, json.dumps(doc, separators=(",", ":")).encode(), JSON)
+async def send_json(send, status: int, doc: Any, retry_after: int | None = None) -> None:
+    headers = JSON if retry_after is None else [*JSON, (b"retry-after", str(retry_after).encode())]
+    await send_body(send, status, json.dumps(doc, separators=(",", ":")).encode(), headers)
 
 
 async def lifespan(receive, send) -> None:

@@ -233,7 +233,7 @@ class Inference:
             raise RequestError(400, str(exc)) from None
         except EngineError as exc:
             code = exc.status
-            raise RequestError(exc.status, str(exc)) from None
+            raise RequestError(exc.status, str(exc), getattr(exc, "retry_after", None)) from None
         except BackendError as exc:
             code = 500
             raise RequestError(500, str(exc)) from None

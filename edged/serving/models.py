@@ -55,6 +55,7 @@ class ServedModel:
     pictures: Pictures | None = None
     serves_as: tuple[str, ...] = ()
     trust: list[dict] = field(default_factory=list)  # edged.trust verdicts of its files
+    cooling: str = ""  # on a cheaper session while the device cools (edged.thermal): why
     recovering: bool = False  # a re-verification of the pick is running
     last_recovery: float = 0.0  # time.monotonic() of the last attempt
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -137,7 +138,7 @@ class ServedModel:
         passes verification against the original once more; the session serving meanwhile
         becomes the standby again. Runs on a thread of its own (a recompile can take
         minutes): serving goes on meanwhile. None when not degraded."""
-        if not self.worker.degraded:
+        if not self.worker.degraded or self.cooling:  # a cooling model goes back by itself
             return None
         if not self._recover_lock.acquire(blocking=False):
             return "a re-verification of the pick is already running"
@@ -340,7 +341,13 @@ class ServedModel:
             "last_error": self.worker.last_error,
             "variants_job": self.job.status() if self.job is not None else None,
             "trust": self.trust,
+            "cooling": self.cooling or None,
+            "admission": self.worker.gate.to_dict() if self.worker.gate is not None else None,
         }
+
+    def load_options(self) -> LoadOptions:
+        """How this model's sessions are loaded (threads, CPUs, shapes, caches)."""
+        return _load_options(self.policy, self.worker.batching, self.selection, self.state_dir)
 
 
 # The most of the available memory a standby may take when `standby` is left to edged.

@@ -48,6 +48,7 @@ EDGED_ORDER = (
     "tracing",
     "autotune",
     "trust",
+    "thermal",
     "config",
     "serving",
     "fleet",
