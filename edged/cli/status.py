@@ -145,7 +145,12 @@ def format_status(status: dict[str, Any]) -> str:
         used = m.get("device_used")
         if used and used != m["device"]:
             lines.append(f"  {m['name']:14} runs on: {used}")
-        if m.get("degraded"):
+        if m.get("cooling"):  # [thermal] admission: a cheaper way to run it while it cools
+            lines.append(f"  {m['name']:14} COOLING: serving on {m['cooling']}")
+        admission = m.get("admission") or {}
+        if admission.get("mode") not in (None, "open"):
+            lines.append(f"  {m['name']:14} admission {admission['mode']}: {admission['reason']}")
+        if m.get("degraded") and not m.get("cooling"):
             lines.append(
                 f"  {m['name']:14} DEGRADED: serving on a fall-back; its pick {m['pick']} "
                 + ("is being verified again" if m.get("recovering") else "is not serving")

@@ -170,7 +170,7 @@ class ThermalGovernor:
             return f"back from {was}: no pick kept to go back to (serving as it is)"
         hw = self._hw()
         standby = served.load_standby(hw) if hw is not None else "no standby"
-        return f"back on {served.worker.primary} from {was}; {standby}"
+        return f"back to the pick {served.worker.primary} (was {was}); {standby}"
 
     def status(self) -> dict[str, Any]:
         return {
