@@ -80,6 +80,7 @@ class DeviceCollector:
             "1 while the CPU is held below its maximum by heat",
             value=1.0 if thermal.get("throttling") else 0.0,
         )
+        yield from _energy(loop)
         outliers = CounterMetricFamily(
             "edged_latency_outliers",
             "Latency outliers on the inference cores, by the cause telemetry attributed",
@@ -152,3 +153,33 @@ def register_collectors(
             lambda: getattr(daemon(), "thermal", None),
         )
     )
+
+
+def _energy(loop: Any) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """What the board's own meters measured (sysconf.energy, read by the telemetry loop):
+    joules per domain, the last window's watts, and the joules attributed to each model's
+    inferences (rate(...) over rate(nv_inference_count) is energy per inference)."""
+    if loop is None or not loop.energy_domains:
+        return
+    joules = CounterMetricFamily(
+        "edged_energy_joules", "Energy the board measured, per domain", labels=["domain", "source"]
+    )
+    watts = GaugeMetricFamily(
+        "edged_power_watts",
+        "Mean power over the last window, per domain",
+        labels=["domain", "source"],
+    )
+    for domain in loop.energy_domains:
+        joules.add_metric([domain.name, domain.source], domain.joules)
+        if domain.watts is not None:
+            watts.add_metric([domain.name, domain.source], domain.watts)
+    yield joules
+    yield watts
+    by_model = CounterMetricFamily(
+        "edged_inference_energy_joules",
+        "The device's energy attributed to a model's inferences by its compute time",
+        labels=["model"],
+    )
+    for name, value in sorted(loop.energy_by_model.items()):
+        by_model.add_metric([name], value)
+    yield by_model

@@ -19,9 +19,11 @@ from typing import Any, Protocol
 
 import orjson
 
+from edged.telemetry.energy_share import per_inference_mj
 from edged.telemetry.sampler import CoreSampler, name_thread
 from edged.telemetry.summary import BatchingSummary
 from sysconf import SysRoot
+from sysconf.energy import EnergyMeter
 from sysconf.intrusions import (
     CounterTable,
     TaskScan,
@@ -196,6 +198,7 @@ class TelemetryLoop:
             else IntruderWatch(self._root, wait=self._wait)
         )
         self._cpu_use = CpuUseSampler()
+        self._energy = EnergyMeter(self._root)  # the board's own meters (none on most VMs)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._throttling = False
@@ -209,6 +212,8 @@ class TelemetryLoop:
         # For /metrics (edged.serving.device_metrics): the last window's thermal reading and
         # the latency outliers counted so far, by model and cause.
         self.last_thermal: dict[str, Any] | None = None
+        self.energy_domains = self._energy.domains  # their totals, for /metrics
+        self.energy_by_model: dict[str, float] = {}  # joules attributed so far, for /metrics
         self.outliers_total: dict[tuple[str, str], int] = {}
 
     def start(self) -> None:
@@ -218,6 +223,7 @@ class TelemetryLoop:
             self._sampler.ensure_horizon(self.interval_s + 1.0)
             self._sampler.start()
         read_system(self._root, self._cpu_use)  # the first CPU-use sample is the baseline
+        self._energy.read(time.monotonic())  # and the first energy reading
         self._intrusions(self._models())  # and the first counter readings, for the rates
         self._thread = threading.Thread(target=self._loop, name="edged-telemetry", daemon=True)
         self._thread.start()
@@ -304,12 +310,20 @@ class TelemetryLoop:
             log.exception("telemetry: finding the threads on the inference cores failed")
         system = read_system(self._root, self._cpu_use).to_dict()
         system["intrusions"] = self._intrusions(self._models())
-        return {
+        payload = {
             "interval_s": self.interval_s,
             "models": models,
             "thermal": read_thermal(self._root).to_dict(),  # incl. hottest, throttling
             "system": system,
         }
+        if self._energy.domains or self._energy.notes:
+            energy = self._energy.read(time.monotonic())
+            payload["energy"] = energy.to_dict()
+            for name, mj in per_inference_mj(models, energy.joules).items():
+                models[name]["energy_mj_per_inference"] = mj
+                joules = mj / 1e3 * models[name]["compute"]["count"]
+                self.energy_by_model[name] = self.energy_by_model.get(name, 0.0) + joules
+        return payload
 
     def _intrusions(self, models: Mapping[str, Served]) -> dict[str, Any]:
         """What interrupted inference since the last payload, as rates: hard interrupts and
