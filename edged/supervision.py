@@ -162,10 +162,16 @@ class Supervision:
             await asyncio.sleep(self._supervise_interval())
 
     def _supervise_interval(self) -> float:
-        """A tenth of the shortest watchdog_ms (a stall is seen at most 10 % late), within
-        SUPERVISE_S and SUPERVISE_MAX_S: 2 wake-ups a second at the default 5 s, not 10."""
-        bounds = [m.worker.batching.watchdog_ms / 1000.0 for m in self.models.values()]
-        return min(SUPERVISE_MAX_S, max(SUPERVISE_S, min(bounds, default=10.0) / 10))
+        """While a batch runs: a tenth of the shortest watchdog_ms (a stall is seen at most
+        10 % late), within SUPERVISE_S and SUPERVISE_MAX_S. While none runs, nothing can be
+        stalled before a whole watchdog_ms has passed (a batch starting now is the earliest),
+        so the next look is that far off, at most RECOVER_S: an idle daemon's supervisor
+        wakes once per watchdog_ms (5 s by default), not twice a second."""
+        workers = [m.worker for m in self.models.values()]
+        shortest = min((w.batching.watchdog_ms / 1000.0 for w in workers), default=10.0)
+        if not any(w.busy for w in workers):
+            return min(RECOVER_S, max(SUPERVISE_S, shortest))
+        return min(SUPERVISE_MAX_S, max(SUPERVISE_S, shortest / 10))
 
     async def _recover(self, served: ServedModel) -> None:
         """Re-verify a degraded model's pick on a thread (a recompile may take minutes;

@@ -127,6 +127,11 @@ class ModelWorker(SessionSwitching):
         busy = self._busy_since
         return busy is not None and time.monotonic() - busy > bound_s * self._size_scale()
 
+    @property
+    def busy(self) -> bool:
+        """A batch is running now (one that may stall)."""
+        return self._busy_since is not None
+
     def _size_scale(self) -> float:
         largest = self._largest_done
         return max(1.0, self._inflight_bytes / largest) if largest else 1.0

@@ -10,7 +10,9 @@ import contextlib
 import os
 import socket
 import stat
+import time
 from collections.abc import Iterator
+from email.utils import formatdate
 from typing import Any
 
 from edged.config import Config, ServerConfig
@@ -59,9 +61,11 @@ class _Server:
 
     uvicorn's main loop wakes every 0.1 s, idle or not, to refresh its Date header (once a
     second) and to notice `should_exit`: 10 of an idle daemon's 36 wake-ups a second
-    (scripts/bench_idle.py). Here it ticks once a second, which keeps the Date header's
-    one-second resolution, and `request_exit()` (the daemon's SIGTERM) ends the wait at
-    once; `exit_requested` lets gRPC's drain start at the same moment."""
+    (scripts/bench_idle.py). Here the Date header is made when a response asks for it
+    (`_DatedState`, cached for its second), so the main loop has nothing to do on a timer:
+    it waits for `request_exit()` (the daemon's SIGTERM), and `exit_requested` lets gRPC's
+    drain start at the same moment. (uvicorn's tick also serves `limit_max_requests` and
+    `callback_notify`, neither of which edged sets.)"""
 
     def __new__(cls, config):
         import uvicorn
@@ -70,6 +74,7 @@ class _Server:
             def __init__(self, config) -> None:
                 super().__init__(config)
                 self.exit_requested = asyncio.Event()
+                self.server_state = _dated_state()
 
             @contextlib.contextmanager
             def capture_signals(self) -> Iterator[None]:
@@ -80,16 +85,41 @@ class _Server:
                 self.exit_requested.set()
 
             async def main_loop(self) -> None:
-                counter = 0
-                should_exit = await self.on_tick(counter)
-                while not should_exit:
-                    # on_tick refreshes the Date header when counter % 10 == 0: every tick.
-                    counter = (counter + 10) % 864000
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.exit_requested.wait(), 1.0)
-                    should_exit = await self.on_tick(counter)
+                if not await self.on_tick(0):  # sets the default headers once
+                    await self.exit_requested.wait()
 
         return Server(config)
+
+
+def _dated_state():
+    """uvicorn's ServerState whose `default_headers` carry a Date made when a response reads
+    them, once per second at most (uvicorn refreshes it from a 0.1 s timer instead)."""
+    from uvicorn.server import ServerState
+
+    class _DatedState(ServerState):
+        def __init__(self) -> None:
+            self._rest: list[tuple[bytes, bytes]] = []
+            self._dated = True
+            self._second = -1
+            self._headers: list[tuple[bytes, bytes]] = []
+            super().__init__()
+
+        @property  # type: ignore[override]
+        def default_headers(self) -> list[tuple[bytes, bytes]]:
+            now = int(time.time())
+            if now != self._second:
+                date = [(b"date", formatdate(now, usegmt=True).encode())] if self._dated else []
+                self._second, self._headers = now, date + self._rest
+            return self._headers
+
+        @default_headers.setter
+        def default_headers(self, value: list[tuple[bytes, bytes]]) -> None:
+            # uvicorn's on_tick sets [date (when config.date_header)] + the config's headers
+            self._dated = any(name == b"date" for name, _ in value)
+            self._rest = [(name, v) for name, v in value if name != b"date"]
+            self._second = -1
+
+    return _DatedState()
 
 
 def bind_sockets(config: Config) -> list[socket.socket]:

@@ -59,6 +59,50 @@ def cls_input(seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.integration
+def test_the_date_header_is_current_though_the_server_never_ticks(daemon: Daemon) -> None:
+    """The HTTP server's main loop has no timer (an idle daemon lets the core sleep): the
+    Date header is made when a response asks for it."""
+    import time
+    from email.utils import parsedate_to_datetime
+
+    dates = []
+    for _ in range(2):
+        conn = http.client.HTTPConnection(daemon.address, timeout=10)
+        conn.request("GET", "/v2/health/ready")
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        dates.append(parsedate_to_datetime(response.getheader("date")).timestamp())
+        time.sleep(1.1)
+    assert abs(dates[0] - time.time()) < 5 and dates[1] > dates[0]
+
+
+def test_the_supervisor_looks_often_only_while_a_batch_runs() -> None:
+    """A stall is seen at most a tenth of watchdog_ms late while a batch runs; with none
+    running, nothing can stall before a whole watchdog_ms, so it looks that far off."""
+    from types import SimpleNamespace
+
+    from edged.supervision import Supervision
+
+    def care(*models: tuple[bool, int]) -> float:
+        looker = Supervision()
+        looker.models = {
+            str(i): SimpleNamespace(
+                worker=SimpleNamespace(busy=busy, batching=SimpleNamespace(watchdog_ms=ms))
+            )
+            for i, (busy, ms) in enumerate(models)
+        }
+        return looker._supervise_interval()
+
+    assert care((False, 5000)) == 5.0  # idle: one look per watchdog_ms, not two a second
+    assert care((True, 5000)) == 0.5
+    assert care((False, 5000), (True, 200)) == pytest.approx(0.1)  # the shortest bound rules
+    assert care((False, 200), (False, 5000)) == pytest.approx(0.2)
+    assert care((False, 600_000)) == 30.0  # at most RECOVER_S (a fall-back tries its pick)
+    assert care() == 10.0
+
+
+@pytest.mark.integration
 def test_tritonclient_health_and_metadata(daemon: Daemon) -> None:
     import tritonclient.http as th
 
