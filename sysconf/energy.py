@@ -11,6 +11,10 @@ Three kinds of source, each read through a `SysRoot` (a fixture tree in tests):
   (mA), power = V x I, named by `inK_label` (VDD_IN, VDD_CPU_GPU_CV, ...); and L4T's IIO
   driver's `in_powerK_input` (mW) with `rail_name_K`.
 
+- **an NPU runtime's own power reading** (HailoRT's power measurement, which edged's Hailo
+  sessions report as `power_watts`): handed to `read` by the caller, integrated like hwmon
+  power. One per device, however many models run on it.
+
 Since Linux 5.10, `energy_uj` is readable by root only (a side channel, CVE-2020-8694): a
 counter that exists but cannot be read is reported with the fix, never silently skipped.
 Each read is a few small files: the telemetry loop calls `read` once per window."""
@@ -20,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sysconf.sysroot import SysRoot
@@ -41,7 +46,7 @@ ROOT_ONLY_FIX = (
 @dataclass
 class Domain:
     name: str  # package-0, VDD_IN, amd_energy/Esocket0, ...
-    source: str  # rapl, hwmon-energy, hwmon-power, ina3221, ina3221-iio
+    source: str  # rapl, hwmon-energy, hwmon-power, ina3221, ina3221-iio, npu
     kind: str  # "counter" (µJ that only grows, maybe wrapping) or "power" (µW, integrated)
     paths: tuple[str, ...]  # counter: (energy,); power: (power,) or (mV, mA)
     wrap_uj: int | None = None  # a counter's range (RAPL's max_energy_range_uj)
@@ -188,15 +193,26 @@ class EnergyMeter:
             if d.kind == "counter" and root_only(self.root, d.paths[0])
         ]
 
-    def read(self, now: float) -> EnergyReading:
+    def read(self, now: float, npu_watts: Mapping[str, float] | None = None) -> EnergyReading:
         """Each domain's joules since the last read (wrap-around and integration handled),
-        added to its total; the device's joules and mean watts over the interval."""
+        added to its total; the device's joules and mean watts over the interval.
+        `npu_watts`: device name -> watts now, from an NPU runtime's own power reading."""
+        for name in npu_watts or {}:
+            if not any(d.source == "npu" and d.name == name for d in self.domains):
+                self.domains.append(Domain(name, "npu", "power", ()))
         device_j, device_dt, known = 0.0, None, False
         for d in self.domains:
             try:
-                value = _microunits(self.root, d)
+                if d.source == "npu":
+                    watts = (npu_watts or {}).get(d.name)
+                    if watts is None:
+                        raise ValueError("its runtime gave no power reading this time")
+                    value: float | None = watts * 1e6
+                else:
+                    value = _microunits(self.root, d)
             except (OSError, ValueError) as exc:
-                d.problem, d.watts, d.last = f"cannot read {d.paths[0]}: {exc}", None, None
+                where = d.paths[0] if d.paths else d.name
+                d.problem, d.watts, d.last = f"cannot read {where}: {exc}", None, None
                 continue
             d.problem = ""
             if value is None:

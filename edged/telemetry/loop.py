@@ -278,6 +278,7 @@ class TelemetryLoop:
 
     def collect(self) -> dict[str, Any]:
         models: dict[str, Any] = {}
+        npu_watts: dict[str, float] = {}  # an NPU runtime's own power, once per device
         preempted: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
         for name, served in self._models().items():
             worker = served.worker
@@ -296,6 +297,8 @@ class TelemetryLoop:
             readings = device_readings(session)
             if readings:
                 stats["device"] = readings
+                if "power_watts" in readings:
+                    npu_watts[f"{candidate.backend}:{candidate.device}"] = readings["power_watts"]
             stats["queue_depth"] = worker.queue_depth
             models[name] = stats
             if window.outliers.get("preempted") and worker.cpus:
@@ -316,8 +319,8 @@ class TelemetryLoop:
             "thermal": read_thermal(self._root).to_dict(),  # incl. hottest, throttling
             "system": system,
         }
-        if self._energy.domains or self._energy.notes:
-            energy = self._energy.read(time.monotonic())
+        if self._energy.domains or self._energy.notes or npu_watts:
+            energy = self._energy.read(time.monotonic(), npu_watts)
             payload["energy"] = energy.to_dict()
             for name, mj in per_inference_mj(models, energy.joules).items():
                 models[name]["energy_mj_per_inference"] = mj

@@ -150,6 +150,20 @@ def test_jetson_l4t_iio_rails(tmp_path: Path) -> None:
     assert meter.read(11.0).joules == pytest.approx(4.0)
 
 
+def test_an_npu_runtimes_own_power_is_a_domain(tmp_path: Path) -> None:
+    """A Raspberry Pi with a Hailo measures no energy itself; HailoRT's power reading (the
+    Hailo session's `power_watts`, once per device) is integrated like a hwmon rail."""
+    meter = EnergyMeter(SysRoot.at(tmp_path))
+    assert meter.domains == [] and meter.read(0.0).joules is None
+    meter.read(10.0, {"hailo:HAILO8": 2.5})
+    reading = meter.read(12.0, {"hailo:HAILO8": 3.5})
+    assert reading.joules == pytest.approx(6.0) and reading.domains[0].source == "npu"
+    missed = meter.read(14.0, {})
+    assert "no power reading" in missed.domains[0].problem and missed.joules is None
+    check_energy = {"ts": 1.0, "seq": 1, "bdSeq": 0, "models": {}, "thermal": {}, "system": {}}
+    check("telemetry", {**check_energy, "energy": reading.to_dict()})
+
+
 def test_energy_per_inference_is_shared_by_compute_time() -> None:
     models = {
         "det": {"compute": {"count": 10, "mean_ms": 30.0}},  # 300 ms of compute
