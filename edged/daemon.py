@@ -213,7 +213,7 @@ class Daemon(RepositoryControl, Supervision):
             tasks.append(asyncio.ensure_future(self._watchdog(interval)))
         if grpc_server is not None:  # serving before HTTP, so READY=1 means both; drains with it
             await grpc_server.start()
-            stop = grpc_server.stop_when(lambda: server.should_exit, DRAIN_S, server.exit_requested)
+            stop = grpc_server.stop_when(server.exit_requested, DRAIN_S)
             tasks.append(asyncio.ensure_future(stop))
         if frigate is not None:
             frigate.start()

@@ -26,7 +26,6 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -83,16 +82,11 @@ class GrpcServer:
             if self._unix is not None:
                 self._unix.remove()
 
-    async def stop_when(
-        self, should_exit: Callable[[], bool], grace_s: float, woken: asyncio.Event
-    ) -> None:
-        """Stop as soon as `should_exit()` (uvicorn's flag, set at SIGTERM): gRPC drains
-        while HTTP does, not after it. `woken` (set with the flag) ends the wait at once;
-        the flag is still looked at every second, so an idle daemon is not woken 20 times
-        a second for it (a 50 ms poll did)."""
-        while not should_exit():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), 1.0)
+    async def stop_when(self, exit_requested: asyncio.Event, grace_s: float) -> None:
+        """Stop as soon as the HTTP server is asked to exit (the daemon's SIGTERM sets
+        `exit_requested`): gRPC drains while HTTP does, not after it. Nothing is polled,
+        so an idle daemon is not woken for it (a 50 ms poll woke it 20 times a second)."""
+        await exit_requested.wait()
         await self.stop(grace_s)
 
 
