@@ -1,7 +1,8 @@
 """What the worker thread tells telemetry around every batch, and what the sampler follows.
 
 Around every batch the worker reads its context switches (getrusage(RUSAGE_THREAD)) and its
-CPU clock (`batch_begin` / `batch_end`, ≈3 µs a batch): the exact figures that
+CPU clock, and at its end the run queue's wait (`batch_begin` / `batch_end`, ≈6 µs a
+batch): the exact figures that
 edged.telemetry.attribution asks first when it attributes an outlier ("preempted"). The same
 two calls keep the process's `Activity` (batches in flight, the last one's end), which the
 CoreSampler (edged.telemetry.sampler) follows so that it samples only while a batch is in
@@ -13,6 +14,7 @@ All times are `time.perf_counter()` seconds (CLOCK_MONOTONIC on Linux, as the en
 from __future__ import annotations
 
 import math
+import os
 import resource
 import threading
 import time
@@ -77,7 +79,8 @@ class Activity:
 
 ACTIVITY = Activity()  # this process's models (one daemon per process)
 
-# Per worker thread: (perf_counter, involuntary, voluntary switches) at its last batch's end.
+# Per worker thread: (perf_counter, involuntary, voluntary switches, run-queue wait in ns or
+# None) at its last batch's end, and its open schedstat file.
 _last_batch = threading.local()
 _getrusage, _RUSAGE_THREAD, _thread_time = (
     resource.getrusage,
@@ -86,10 +89,31 @@ _getrusage, _RUSAGE_THREAD, _thread_time = (
 )  # looked up once: these run twice a batch
 
 # At a batch's start: (involuntary switches, voluntary switches, CPU seconds, _last_batch).
-BatchUsage = tuple[int, int, float, tuple[float, int, int] | None]
+BatchUsage = tuple[int, int, float, tuple[float, int, int, int | None] | None]
 # How the worker got to the batch: (free since: the previous batch's end, perf_counter;
-# involuntary switches since then; voluntary switches since then).
-Waking = tuple[float, int, int]
+# involuntary switches since then; voluntary switches since then; seconds it spent runnable
+# but waiting for a core since then, wake-up and batch both: None where not known).
+Waking = tuple[float, int, int, float | None]
+
+
+def run_delay_ns() -> int | None:
+    """The calling thread's time spent runnable on a run queue, waiting for a core, so far
+    (the second field of /proc/thread-self/schedstat, kept by the scheduler whatever its
+    policy: CFS or EEVDF). The file stays open per thread and is read with one pread
+    (≈2 µs). None where the kernel has no schedstat (CONFIG_SCHED_INFO off).
+
+    Why: a core shared with a busy thread may delay the worker before a batch rather than
+    during it (EEVDF lets a woken thread wait for the other's slice to end, with no
+    involuntary switch to count), and a delay every request has is the window's usual
+    queue time, so neither switches nor queue times name it. The run queue's own clock does."""
+    fd = getattr(_last_batch, "schedstat", None)
+    try:
+        if fd is None:
+            fd = _last_batch.schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        return int(os.pread(fd, 96, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        _last_batch.schedstat = -1 if fd is None else fd
+        return None
 
 
 def batch_begin(activity: Activity = ACTIVITY) -> BatchUsage:
@@ -114,14 +138,19 @@ def batch_end(
     waiting for a core, a lock, the GIL or a runtime's own threads; without
     IRQ_TIME_ACCOUNTING never interrupt handling, which the kernel charges to the thread it
     interrupted. It only matters for a batch that was switched out involuntarily, so the
-    clock is read again only then (None otherwise). Both ends together: three syscalls in
-    the common case, ≈3 µs a batch on the dev VM against ≈1.1 µs for the two getrusage
-    calls alone (tests/telemetry/test_latency.py prints it)."""
+    clock is read again only then (None otherwise). Then the run queue's wait so far
+    (`run_delay_ns`), for how the next batch was got to. Both ends together: four syscalls
+    in the common case, ≈6 µs a batch on the dev VM (≈3 µs without the schedstat read,
+    ≈1.1 µs for the two getrusage calls alone; tests/telemetry/test_latency.py prints it)."""
     usage = _getrusage(_RUSAGE_THREAD)
     involuntary, voluntary, cpu_before, last = begun
     switches = usage.ru_nivcsw - involuntary
     off_cpu = max(0.0, wall_s - (_thread_time() - cpu_before)) if switches else None
+    delay = run_delay_ns() if getattr(_last_batch, "schedstat", None) != -1 else None
     activity.end()
-    _last_batch.end = (activity.last_end, usage.ru_nivcsw, usage.ru_nvcsw)
-    waking = None if last is None else (last[0], involuntary - last[1], voluntary - last[2])
+    _last_batch.end = (activity.last_end, usage.ru_nivcsw, usage.ru_nvcsw, delay)
+    waking = None
+    if last is not None:
+        waited = None if delay is None or last[3] is None else (delay - last[3]) / 1e9
+        waking = (last[0], involuntary - last[1], voluntary - last[2], waited)
     return switches, off_cpu, waking

@@ -253,8 +253,9 @@ class LatencyRecorder:
         self._active = [_new_histogram() for _ in PHASES]
         self._spare = [_new_histogram() for _ in PHASES]
         # Min-heap of the window's slowest spans: (total_s, start, end, switches, off_cpu_s,
-        # wake_s), the last two -1.0 when not known (floats, so tied entries still compare).
-        self._candidates: list[tuple[float, float, float, int, float, float]] = []
+        # wake_s, exact), the two times -1.0 when not known (floats, so tied entries still
+        # compare); exact 1.0 when wake_s is the run queue's own figure (see `record`).
+        self._candidates: list[tuple[float, float, float, int, float, float, float]] = []
         self._window_count = 0
         self._last_count = 0  # the previous window's, to size the heap from the start
         self._opened = time.perf_counter()
@@ -280,19 +281,24 @@ class LatencyRecorder:
         `batch_end` said of the worker thread: its involuntary context switches and time off
         the CPU during that span (None: not measured), and how it got to the batch.
 
-        From `waking`, the request's wake-up delay: the part of its queue time after the
-        worker was free (its previous batch had ended), i.e. from max(arrival, free) to
-        start. It counts as time kept off the core only if the worker did not sleep again
-        on the way (at most the one sleep waiting for work, or an involuntary switch): a
-        second sleep is the GIL, a lock or a batching delay, not a busy core."""
+        From `waking`, the time the request was kept off the core. Where the kernel says it
+        (schedstat's run-queue wait since the previous batch ended, edged.telemetry.batches.
+        run_delay_ns), that exact figure: the wake-up's wait for a core and any wait during
+        the batch. Otherwise an estimate: the part of its queue time after the worker was
+        free (its previous batch had ended), i.e. from max(arrival, free) to start, counted
+        only if the worker did not sleep again on the way (at most the one sleep waiting for
+        work, or an involuntary switch): a second sleep is the GIL, a lock or a batching
+        delay, not a busy core; and only beyond the window's usual queue time."""
         total_us = min(int(total_s * 1e6 + 0.5), HIGHEST_US)
         queue_us = min(int(queue_s * 1e6 + 0.5), HIGHEST_US)
         compute_us = min(int(compute_s * 1e6 + 0.5), HIGHEST_US)
         off = -1.0 if off_cpu_s is None else off_cpu_s
-        wake = -1.0
+        wake, exact = -1.0, 0.0
         if waking is not None:
-            free_at, involuntary, voluntary = waking
-            if involuntary > 0 or voluntary <= 1:
+            free_at, involuntary, voluntary, waited = waking
+            if waited is not None:
+                wake, exact = max(0.0, waited), 1.0
+            elif involuntary > 0 or voluntary <= 1:
                 wake = max(0.0, start - max(start - queue_s, free_at))
         with self._lock:
             total, queue, compute = self._active
@@ -312,9 +318,9 @@ class LatencyRecorder:
                 ),
             )
             if len(heap) < keep:
-                heapq.heappush(heap, (total_s, start, end, switches, off, wake))
+                heapq.heappush(heap, (total_s, start, end, switches, off, wake, exact))
             elif total_s > heap[0][0]:
-                heapq.heapreplace(heap, (total_s, start, end, switches, off, wake))
+                heapq.heapreplace(heap, (total_s, start, end, switches, off, wake, exact))
 
     def rotate(self, sampler: CoreSampler | None = None, batch_delay_s: float = 0.0) -> WindowStats:
         """Close the current window, open the next, and return the closed one's stats (its
@@ -366,9 +372,11 @@ class LatencyRecorder:
                     end,
                     switches,
                     None if off < 0 else off,
-                    None if wake < 0 else max(0.0, wake - usual),
+                    None if wake < 0 else wake if exact else max(0.0, wake - usual),
                 )
-                for total_s, start, end, switches, off, wake in sorted(candidates, reverse=True)
+                for total_s, start, end, switches, off, wake, exact in sorted(
+                    candidates, reverse=True
+                )
                 if total_s * 1e3 > threshold_ms
             ]
         stats = WindowStats(

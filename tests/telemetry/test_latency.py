@@ -14,7 +14,13 @@ import pytest
 from hdrh.histogram import HdrHistogram
 
 from edged.telemetry.attribution import attribute, attribution
-from edged.telemetry.batches import Activity, batch_begin, batch_end, thread_involuntary_switches
+from edged.telemetry.batches import (
+    Activity,
+    batch_begin,
+    batch_end,
+    run_delay_ns,
+    thread_involuntary_switches,
+)
 from edged.telemetry.latency import MAX_OUTLIERS, LatencyRecorder, PhaseStats
 from edged.telemetry.sampler import MAX_SAMPLER_RING, CoreSampler, Sample, cpufreq_reader
 from sysconf import SysRoot
@@ -385,24 +391,44 @@ def test_brackets_too_far_from_the_request_are_not_used() -> None:
 def test_record_keeps_the_wake_up_delay_kept_off_the_core() -> None:
     recorder = LatencyRecorder("m")
     for i in range(1000):
-        recorder.record(0.0011, 0.0001, 0.001, float(i), i + 0.001, 0, 0.0, (i - 1.0, 0, 1))
+        recorder.record(0.0011, 0.0001, 0.001, float(i), i + 0.001, 0, 0.0, (i - 1.0, 0, 1, None))
     # Arrived at 99.990 while the worker was free since 99.0: 5 ms until it started.
-    recorder.record(0.006, 0.005, 0.001, 1000.0, 1000.001, 0, 0.0, (999.0, 0, 1))
+    recorder.record(0.006, 0.005, 0.001, 1000.0, 1000.001, 0, 0.0, (999.0, 0, 1, None))
     # The same, but the worker slept twice on the way (the GIL, a lock): not the core.
-    recorder.record(0.0061, 0.005, 0.0011, 1001.0, 1001.0011, 0, 0.0, (1000.0, 0, 2))
+    recorder.record(0.0061, 0.005, 0.0011, 1001.0, 1001.0011, 0, 0.0, (1000.0, 0, 2, None))
     # Behind the previous batch (free only 1 ms before it started): 1 ms, not 5.
-    recorder.record(0.0062, 0.005, 0.0012, 1002.0, 1002.0012, 0, 0.0, (1001.999, 0, 1))
+    recorder.record(0.0062, 0.005, 0.0012, 1002.0, 1002.0012, 0, 0.0, (1001.999, 0, 1, None))
     stats = recorder.rotate(batch_delay_s=0.0)
     assert stats.queue.p50_ms == pytest.approx(0.1)
     wakes = {start: wake for start, _, _, _, wake in stats.outlier_spans}
     assert wakes[1000.0] == pytest.approx(0.005 - 0.0001, abs=1e-6)  # beyond the median
     assert wakes[1001.0] is None
     assert wakes[1002.0] == pytest.approx(0.001 - 0.0001, abs=1e-6)
-    recorder.record(0.006, 0.005, 0.001, 2000.0, 2000.001, 0, 0.0, (1999.0, 0, 1))
+    recorder.record(0.006, 0.005, 0.001, 2000.0, 2000.001, 0, 0.0, (1999.0, 0, 1, None))
     for i in range(200):
         recorder.record(0.0011, 0.0001, 0.001, float(i), i + 0.001)
     [(_, _, _, _, wake)] = recorder.rotate(batch_delay_s=0.004).outlier_spans
     assert wake == pytest.approx(0.001)  # a 4 ms batching delay is meant
+
+
+def test_the_run_queues_own_wait_is_kept_whole() -> None:
+    """Where schedstat says how long the worker waited for a core, that is the figure, even
+    when every request of the window waited about as long (a busy thread sharing the core
+    delays each wake-up: the window's usual queue time is then that delay)."""
+    recorder = LatencyRecorder("m")
+    for i in range(300):
+        recorder.record(
+            0.0045, 0.0025, 0.002, float(i), i + 0.002, 0, None, (i - 1.0, 0, 1, 0.0022)
+        )
+    recorder.record(0.009, 0.006, 0.003, 500.0, 500.003, 0, None, (499.0, 0, 1, 0.0065))
+    stats = recorder.rotate(batch_delay_s=0.0)
+    assert stats.queue.p50_ms == pytest.approx(2.5, abs=0.01)
+    wakes = {start: wake for start, _, _, _, wake in stats.outlier_spans}
+    assert wakes[500.0] == pytest.approx(0.0065)  # not less the usual 2.5 ms
+    assert attribute([(500.0, 500.003, 0, None, 0.0065)], [0], []) == {"preempted": 1}
+    first = run_delay_ns()
+    assert first is not None and first >= 0  # this kernel keeps schedstat
+    assert run_delay_ns() >= first
 
 
 @pytest.mark.timing
@@ -477,9 +503,12 @@ def test_batch_usage_measures_off_cpu_time_exactly() -> None:
     switches, off_cpu, waking = batch_end(usage, t1 - t0, activity)
     assert switches > 0 or off_cpu is None
     assert waking is not None
-    free_at, _, voluntary = waking
+    free_at, _, voluntary, waited = waking
     assert t0 - 0.02 < free_at < t0 and voluntary >= 1
-    # Its cost, both ends: two getrusage calls, a thread_time (two if switched out), a lock.
+    # Sleeping is not waiting for a core: the run queue's wait is a small part of the 20 ms.
+    assert waited is not None and 0 <= waited < 0.01
+    # Its cost, both ends: two getrusage calls, a thread_time (two if switched out), a
+    # schedstat pread, a lock.
     per_batch = []
     for _ in range(20):
         t0 = time.perf_counter()
