@@ -50,6 +50,10 @@ class Checker:
         self.max_model_bytes = default_of(
             next(f for f in fields(ServerConfig) if f.name == "max_model_bytes")
         )
+        # Whether a model file may be read for its checks (path, sha256 pin, signature):
+        # under [security] models = "enforce", only a trusted one (edged.trust), so no byte
+        # of an untrusted file is parsed, not even its header. Set once [security] is read.
+        self.may_read: Callable[[Path, str | None, Path | None], bool] = lambda *_: True
 
     def fail(self, key: str | None, problem: str) -> ConfigError:
         return ConfigError(self.source, key, problem)

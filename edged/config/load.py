@@ -66,6 +66,8 @@ def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = 
     server = sections.server(check, check.table(doc, "server"))
     check.max_model_bytes = server.max_model_bytes
     selection = sections.selection(check, check.table(doc, "selection"))
+    security = security_table.security(check, check.table(doc, "security"))
+    security_table.gate(check, security)
     found = models(check, doc.get("models", []))
     telemetry = sections.telemetry(check, check.table(doc, "telemetry"))
     audit = sections.audit(check, check.table(doc, "audit"))
@@ -73,7 +75,7 @@ def parse_config(text: str, source: Path, online_cpus: Collection[int] | None = 
     frigate = sections.frigate(check, check.table(doc, "frigate"), server)
     trace = sections.trace(check, check.table(doc, "trace"))
     tuning = tuning_table.tuning(check, check.table(doc, "tuning"))
-    security = security_table.security(check, check.table(doc, "security"), found)
+    security_table.checkable(check, security, found)
     thermal = thermal_table.thermal(check, check.table(doc, "thermal"))
     return Config(
         check.absolute,

@@ -82,6 +82,10 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
             f"must be letters, digits, '_', '.' or '-' (not only dots), got {name!r}",
         )
     path = _model_file(check, t.string("path"), f"{prefix}.path")
+    sha256 = _sha256(check, t) if "sha256" in t else None
+    signature = check.path(t.string("signature"), t.key("signature")) if "signature" in t else None
+    if not check.may_read(path, sha256, signature):
+        return _unread(check, t, name, path, sha256, signature)
     _sniff(check, path, f"{prefix}.path")
     variants = _variants(check, t, path)
     precision = t.string("precision")
@@ -125,10 +129,34 @@ def _model(check: Checker, data: Any, prefix: str) -> ModelConfig:
             t.read("detector", vision.detector, check, path, shapes) if "detector" in t else None
         ),
         serves_as=t.read("serves_as", vision.serves_as, check),
-        sha256=_sha256(check, t) if "sha256" in t else None,
-        signature=check.path(t.string("signature"), t.key("signature"))
-        if "signature" in t
-        else None,
+        sha256=sha256,
+        signature=signature,
+    )
+
+
+def _unread(
+    check: Checker, t: Table, name: str, path: Path, sha256: str | None, signature: Path | None
+) -> ModelConfig:
+    """Under [security] models = "enforce", a model whose file is not trusted: no byte of it
+    is read here (not even its header, as the checks of its variants, pictures, detector,
+    scores and calibration would), and the daemon refuses it at load, naming why. Only what
+    the table itself says is checked; a reload once the file is trusted checks the rest."""
+    variants = t.data.get("variants", [])
+    return ModelConfig(
+        name=name,
+        path=path,
+        variants=tuple(
+            _model_file(check, raw, f"{t.key('variants')}[{i}]")
+            for i, raw in enumerate(variants if isinstance(variants, list) else [])
+            if isinstance(raw, str)
+        ),
+        backend=_backend(check, t.string("backend"), t.key("backend")),
+        threads=t.integer("threads", 1, MAX_THREADS),
+        cpus=t.read("cpus", check.cpus),
+        serves_as=t.read("serves_as", vision.serves_as, check),
+        sha256=sha256,
+        signature=signature,
+        unread=True,
     )
 
 
@@ -255,6 +283,9 @@ def _variants(check: Checker, t: Table, original: Path) -> tuple[Path, ...]:
         if not isinstance(raw, str):
             raise check.fail(key, f"must be a path, got {show(raw)}")
         path = _model_file(check, raw, key)
+        paths.append(path)
+        if not check.may_read(path, None, None):
+            continue  # enforce: left unread; the daemon refuses the model for it at load
         _sniff(check, path, key)
         try:
             got = signature(path)
@@ -263,7 +294,6 @@ def _variants(check: Checker, t: Table, original: Path) -> tuple[Path, ...]:
         problem = signature_mismatch(want, got) if want and got else None
         if problem:
             raise check.fail(key, f"{path} does not match its original {original}: {problem}")
-        paths.append(path)
     return tuple(paths)
 
 

@@ -209,6 +209,9 @@ class ModelConfig:
     # (None: <path>.sig beside it; a variant's is always beside it).
     sha256: str | None = None
     signature: Path | None = None
+    # Under [security] models = "enforce": its file was not trusted when the config was read,
+    # so nothing of it was read (edged.config.models._unread); the daemon refuses it.
+    unread: bool = field(default=False, metadata=_NOT_A_KEY)
 
     @property
     def period_s(self) -> float | None:

@@ -12,9 +12,10 @@ from edged.trust.settings import MODES as SECURITY_MODES
 from edged.trust.settings import SecurityConfig
 
 
-def security(check: Checker, data: Mapping[str, Any], models: tuple) -> SecurityConfig:
-    """[security]: which model files load (edged.trust). Under enforce, every model must be
-    checkable: a trusted key or certificate chain, or its own sha256 pin."""
+def security(check: Checker, data: Mapping[str, Any]) -> SecurityConfig:
+    """[security]: which model files load (edged.trust); `checkable` then holds the models
+    to it. Read before the models, so that under enforce their checks read no byte of a
+    file that is not trusted (`Checker.may_read`, set by `gate`)."""
     t = Table(check, data, "security", SecurityConfig)
     mode = t.string("models")
     if mode not in SECURITY_MODES:
@@ -34,10 +35,26 @@ def security(check: Checker, data: Mapping[str, Any], models: tuple) -> Security
             paths.append(path)
         files[key] = tuple(paths)
     sigstore_root, signers = _sigstore(check, t)
-    config = SecurityConfig(
+    return SecurityConfig(
         mode, files["trusted_keys"], files["trusted_certificates"], sigstore_root, signers
     )
-    if mode == "enforce" and not config.signers:
+
+
+def gate(check: Checker, config: SecurityConfig) -> None:
+    """Under enforce, the model checks read a file only once it is trusted (verified,
+    pinned): an untrusted one is left unread, and refused when the daemon loads it."""
+    if config.models != "enforce":
+        return
+    from edged.trust.verify import for_config
+
+    trust = for_config(config)
+    check.may_read = lambda path, pin, signature: trust.check(path, pin, signature).trusted
+
+
+def checkable(check: Checker, config: SecurityConfig, models: tuple) -> None:
+    """Under enforce, every model must be checkable: a trusted key, certificate chain or
+    Sigstore signer, or its own sha256 pin."""
+    if config.models == "enforce" and not config.signers:
         unpinned = [f"models[{i}] ({m.name})" for i, m in enumerate(models) if m.sha256 is None]
         if unpinned:
             raise check.fail(
@@ -45,7 +62,6 @@ def security(check: Checker, data: Mapping[str, Any], models: tuple) -> Security
                 "enforce with no trusted_keys, trusted_certificates or Sigstore signers needs "
                 f"a sha256 on every model; none on {', '.join(unpinned)}",
             )
-    return config
 
 
 TRUST_ROOT_TYPES = (

@@ -16,7 +16,7 @@ from edged.config import Config, ModelConfig
 from edged.logs import event
 from edged.serving.models import ServedModel, load_model
 from edged.serving.pictures import pictures_of
-from edged.trust.verify import activate
+from edged.trust.verify import UntrustedModel, activate
 from sysconf.hardware import HardwareFacts
 
 log = logging.getLogger("edged")  # the daemon's log: its lines keep their logger name
@@ -77,6 +77,12 @@ def load_models(
             # Every file of the family checked before any is read by a runtime (edged.trust).
             verdicts = [trust.require(mc.path, mc.sha256, mc.signature, f"model {mc.name}")]
             verdicts += [trust.require(v, what=f"model {mc.name} variant") for v in mc.variants]
+            if mc.unread:  # trusted only since its config was read: that read checked nothing
+                raise UntrustedModel(
+                    f"refused by [security] models = enforce: model {mc.name}: its files were "
+                    "not trusted when the config was read, so none was checked; reload "
+                    "(SIGHUP) to check them again"
+                )
             served = load_model(
                 mc.name,
                 mc.path,

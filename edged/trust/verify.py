@@ -228,6 +228,14 @@ def active() -> ModelTrust:
     return _active
 
 
+def for_config(config: SecurityConfig) -> ModelTrust:
+    """A policy for `config` that shares the active one's digests (a file read for the
+    config's checks is not hashed again when the daemon loads it)."""
+    trust = ModelTrust(config)
+    trust.digests = _active.digests
+    return trust
+
+
 def activate(config: SecurityConfig) -> ModelTrust:
     """Make `config` the policy every load asks (at start and on each reload); verdicts and
     digests already computed are kept when the keys did not change."""

@@ -38,6 +38,7 @@ CHANGED = {  # a value other than the default, for each field
     "serves_as": ("yolo.onnx",),
     "sha256": "0" * 64,
     "signature": Path("/elsewhere/m.sig"),
+    "unread": True,
 }
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from backends import probe_hardware
 from edged.cli.main import main
 from edged.config import ConfigError, parse_config
+from edged.serving.model_set import load_models
 from edged.trust.settings import SecurityConfig
 from edged.trust.verify import ModelTrust, UntrustedModel
 from tests.support.model_keys import flip_one_byte, make_key
@@ -150,3 +153,40 @@ def test_the_audit_says_which_model_files_are_not_trusted(signed, tmp_path: Path
     assert "not the one that was signed" in found[str(changed)]["title"]
     code, report = audit("off")
     assert code == 0 and [f["status"] for f in report["findings"]] == ["skip"]
+
+
+def test_enforce_reads_no_byte_of_an_untrusted_file(signed, tmp_path: Path) -> None:
+    """Under enforce the config's checks (the model's header, its variants, pictures,
+    detector) read a file only once it is trusted: a file that is not the one signed is
+    left unread (a crafted one cannot reach a parser), and the daemon refuses it at load.
+    Under warn the same file is read, and its garbage is the config's error."""
+    model, _, public = signed
+    signed_bytes = model.read_bytes()
+    model.write_bytes(b"\x00garbage, not a model" * 64)  # no longer the signed file
+    variant = tmp_path / "cls_int8.onnx"
+    variant.write_bytes(b"not a model either")  # no signature at all
+    table = f'[[models]]\nname = "cls"\npath = "{model}"\nvariants = ["{variant}"]\n'
+    table += 'threads = 2\nserves_as = ["cls.onnx"]\n'
+
+    def config(mode: str):
+        text = f'[security]\nmodels = "{mode}"\ntrusted_keys = ["{public}"]\n{table}'
+        return parse_config(text, tmp_path / "edged.toml")
+
+    enforced = config("enforce").models[0]
+    assert enforced.unread and enforced.variants == (variant,) and enforced.threads == 2
+    assert enforced.serves_as == ("cls.onnx",)
+    with pytest.raises(ConfigError, match=r"models\[0\]\.path"):
+        config("warn")  # read, and it is not a model
+    trust = ModelTrust(SecurityConfig("enforce", (public,)))
+    with pytest.raises(UntrustedModel, match="not the one that was signed"):
+        trust.require(model, what="model cls")
+    # Trusted again after its config was read (put back before a load): still refused, as
+    # nothing of it was checked; a reload reads the config, and so the file, again.
+    unread = config("enforce")
+    model.write_bytes(signed_bytes)
+    variant.unlink()
+    unread = replace(unread, models=(replace(unread.models[0], variants=()),))
+    models, failed = load_models(unread, {}, probe_hardware(), lambda *a: None, lambda n: print)
+    assert models == {} and "none was checked; reload (SIGHUP)" in failed["cls"]
+    table = table.replace(f'variants = ["{variant}"]\n', "")
+    assert not config("enforce").models[0].unread  # read and checked again: it is trusted
