@@ -148,7 +148,7 @@ def discover(root: SysRoot) -> list[Domain]:
     return found
 
 
-def _microunits(root: SysRoot, domain: Domain) -> float | None:
+def _microunits(root: SysRoot, domain: Domain) -> float:
     """µJ (counter) or µW (power) now; raises OSError when a file cannot be read."""
     values = []
     for path in domain.paths:
@@ -207,7 +207,7 @@ class EnergyMeter:
                     watts = (npu_watts or {}).get(d.name)
                     if watts is None:
                         raise ValueError("its runtime gave no power reading this time")
-                    value: float | None = watts * 1e6
+                    value = watts * 1e6
                 else:
                     value = _microunits(self.root, d)
             except (OSError, ValueError) as exc:
@@ -215,8 +215,6 @@ class EnergyMeter:
                 d.problem, d.watts, d.last = f"cannot read {where}: {exc}", None, None
                 continue
             d.problem = ""
-            if value is None:
-                continue
             previous, d.last = d.last, (now, value)
             if previous is None or now <= previous[0]:
                 continue

@@ -31,12 +31,12 @@ def model_trust(config: Config) -> dict[str, Any]:
     """[security] models and the verdict on every configured model file (edged.trust), as the
     MDL check reads them. In the daemon the active policy's cached verdicts answer (a stat per
     file); `edgectl audit --config` hashes each file once."""
-    from edged.trust.verify import ModelTrust, active
+    from edged.trust.verify import for_config
 
     security = config.security
     if not security.checking:
         return {"mode": security.models, "verdicts": []}
-    trust = active() if active().config == security else ModelTrust(security)
+    trust = for_config(security)
     verdicts = []
     for mc in config.models:
         files = [(mc.path, mc.sha256, mc.signature), *((v, None, None) for v in mc.variants)]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from backends.base import Candidate, LoadOptions
 from edged.selection.candidates import find_candidate
+from edged.serving.models import is_accelerator
 
 if TYPE_CHECKING:
     from backends.model_info import ModelInfo
@@ -42,8 +43,6 @@ def threads_of(served: ServedModel) -> int:
 def cost(ev: Evidence, threads: int) -> float | None:
     if ev.latency is None:
         return None
-    from edged.serving.models import is_accelerator
-
     return ev.latency.p50_ms * (1 if is_accelerator(ev.candidate) else threads)
 
 
@@ -77,8 +76,6 @@ def cheaper_plan(served: ServedModel, hw: HardwareFacts | None) -> Plan | None:
             )
             candidate = find_candidate(hw, best_model, best.candidate)
             return Plan(best_model, candidate, options, why)
-    from edged.serving.models import is_accelerator
-
     model = getattr(running, "model", None)
     if threads > 1 and not is_accelerator(running.candidate) and model is not None:
         why = f"{running.candidate.key} on one thread instead of {threads}"

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from edged.selection.bench import pinned_thread
 from edged.serving.admission import Gate
 from edged.serving.cheaper import cheaper_plan
+from edged.serving.models import load_session
 from edged.thermal.ladder import STEPS, Ladder
 from edged.thermal.settings import ThermalConfig
 from sysconf.headroom import Headroom, HeadroomWatch
@@ -153,8 +154,6 @@ class ThermalGovernor:
         plan = cheaper_plan(served, self._hw())
         if plan is None:
             return "no cheaper verified way to run it: serving as before"
-        from edged.serving.models import load_session
-
         try:
             with pinned_thread(served.policy.cpus):
                 session = load_session(plan.model, plan.candidate, plan.options)

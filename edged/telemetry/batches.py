@@ -107,6 +107,8 @@ def run_delay_ns() -> int | None:
     involuntary switch to count), and a delay every request has is the window's usual
     queue time, so neither switches nor queue times name it. The run queue's own clock does."""
     fd = getattr(_last_batch, "schedstat", None)
+    if fd == -1:  # not on this kernel: asked once per thread
+        return None
     try:
         if fd is None:
             fd = _last_batch.schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
@@ -146,7 +148,7 @@ def batch_end(
     involuntary, voluntary, cpu_before, last = begun
     switches = usage.ru_nivcsw - involuntary
     off_cpu = max(0.0, wall_s - (_thread_time() - cpu_before)) if switches else None
-    delay = run_delay_ns() if getattr(_last_batch, "schedstat", None) != -1 else None
+    delay = run_delay_ns()
     activity.end()
     _last_batch.end = (activity.last_end, usage.ru_nivcsw, usage.ru_nvcsw, delay)
     waking = None

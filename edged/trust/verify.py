@@ -228,22 +228,30 @@ def active() -> ModelTrust:
     return _active
 
 
+_prepared: ModelTrust | None = None  # the last `for_config` policy, for `activate`
+
+
 def for_config(config: SecurityConfig) -> ModelTrust:
-    """A policy for `config` that shares the active one's digests (a file read for the
-    config's checks is not hashed again when the daemon loads it)."""
-    trust = ModelTrust(config)
-    trust.digests = _active.digests
-    return trust
+    """The policy `activate(config)` will make active: the active one when `config` is its
+    own, else a new one sharing its digests (a file's digest does not depend on the
+    policy). The config's checks ask it, so a file hashed and verified for them is not
+    hashed nor verified again when the daemon loads it."""
+    global _prepared
+    if config == _active.config:
+        return _active
+    if _prepared is None or _prepared.config != config:
+        _prepared = ModelTrust(config)
+        _prepared.digests = _active.digests
+    return _prepared
 
 
 def activate(config: SecurityConfig) -> ModelTrust:
     """Make `config` the policy every load asks (at start and on each reload); verdicts and
     digests already computed are kept when the keys did not change."""
-    global _active
+    global _active, _prepared
     if config != _active.config:
-        fresh = ModelTrust(config)
-        fresh.digests = _active.digests  # a file's digest does not depend on the policy
+        fresh = for_config(config)
         fresh._files = dict(_active._files)
         fresh._made = dict(_active._made)
-        _active = fresh
+        _active, _prepared = fresh, None
     return _active
