@@ -94,7 +94,7 @@ def verify(
 
 # A client trust config that only verifies: the library reads the trust root from it, and
 # its format requires a signing config (services to sign with), which a device never uses.
-_VERIFY_ONLY = {
+VERIFY_ONLY_SIGNING_CONFIG = {
     "mediaType": "application/vnd.dev.sigstore.signingconfig.v0.2+json",
     "caUrls": [],
     "oidcUrls": [],
@@ -120,7 +120,7 @@ def _client_trust_config(root: Path, folder: Path) -> Path:
             {
                 "mediaType": "application/vnd.dev.sigstore.clienttrustconfig.v0.1+json",
                 "trustedRoot": doc,
-                "signingConfig": _VERIFY_ONLY,
+                "signingConfig": VERIFY_ONLY_SIGNING_CONFIG,
             }
         )
     )

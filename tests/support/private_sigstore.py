@@ -27,6 +27,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
+from edged.trust.signatures import VERIFY_ONLY_SIGNING_CONFIG
+
 ISSUER_OID = ObjectIdentifier("1.3.6.1.4.1.57264.1.1")  # Fulcio's OIDC issuer (raw text)
 SCT_LIST_OID = ObjectIdentifier("1.3.6.1.4.1.11129.2.4.2")  # RFC 6962 embedded SCTs
 ORIGIN = "rekor.edged.test - 1"  # the checkpoint's origin line: the log's name and tree id
@@ -60,6 +62,21 @@ def _der_octet_string(data: bytes) -> bytes:
     return b"\x04" + bytes([0x80 | len(size)]) + size + data
 
 
+def _key_usage(certificate_authority: bool) -> x509.KeyUsage:
+    """A CA signs certificates (and CRLs); a signing certificate signs, nothing else."""
+    return x509.KeyUsage(
+        digital_signature=not certificate_authority,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=certificate_authority,
+        crl_sign=certificate_authority,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def _u24(n: int) -> bytes:
     return n.to_bytes(3, "big")
 
@@ -88,20 +105,7 @@ class PrivateSigstore:
             .not_valid_before(now - dt.timedelta(days=1))
             .not_valid_after(now + dt.timedelta(days=365))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=False,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(certificate_authority=True), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
             .sign(self.ca_key, hashes.SHA256())
         )
@@ -141,22 +145,13 @@ class PrivateSigstore:
             path = self.folder / "trusted_root.json"
             path.write_text(json.dumps(root, indent=2))
             return path
-        signing = {
-            "mediaType": "application/vnd.dev.sigstore.signingconfig.v0.2+json",
-            "caUrls": [],
-            "oidcUrls": [],
-            "rekorTlogUrls": [],
-            "tsaUrls": [],
-            "rekorTlogConfig": {"selector": "ANY"},
-            "tsaConfig": {"selector": "ANY"},
-        }
         path = self.folder / "trust_config.json"
         path.write_text(
             json.dumps(
                 {
                     "mediaType": "application/vnd.dev.sigstore.clienttrustconfig.v0.1+json",
                     "trustedRoot": root,
-                    "signingConfig": signing,
+                    "signingConfig": VERIFY_ONLY_SIGNING_CONFIG,
                 },
                 indent=2,
             )
@@ -182,20 +177,7 @@ class PrivateSigstore:
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=1))
             .not_valid_after(now + dt.timedelta(minutes=10))
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(certificate_authority=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
             .add_extension(
