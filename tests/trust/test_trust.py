@@ -18,7 +18,7 @@ from edged.cli.main import main
 from edged.config import ConfigError, parse_config
 from edged.serving.model_set import load_models
 from edged.trust.settings import SecurityConfig
-from edged.trust.verify import ModelTrust, UntrustedModel
+from edged.trust.verify import ModelTrust, UntrustedModel, activate
 from tests.support.model_keys import flip_one_byte, make_key
 
 
@@ -186,7 +186,10 @@ def test_enforce_reads_no_byte_of_an_untrusted_file(signed, tmp_path: Path) -> N
     model.write_bytes(signed_bytes)
     variant.unlink()
     unread = replace(unread, models=(replace(unread.models[0], variants=()),))
-    models, failed = load_models(unread, {}, probe_hardware(), lambda *a: None, lambda n: print)
+    try:
+        models, failed = load_models(unread, {}, probe_hardware(), lambda *a: None, lambda n: print)
+    finally:  # load_models made enforce this process's policy: later tests load unsigned files
+        activate(SecurityConfig())
     assert models == {} and "none was checked; reload (SIGHUP)" in failed["cls"]
     table = table.replace(f'variants = ["{variant}"]\n', "")
     assert not config("enforce").models[0].unread  # read and checked again: it is trusted
